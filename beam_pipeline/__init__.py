@@ -1,0 +1,1 @@
+"""img2tfrecord: options, pipeline assembly and entry points."""

@@ -1,0 +1,175 @@
+"""Entry points: `img2tfrecord <command>` / `python -m beam_pipeline <command>`.
+
+`run(argv)` runs a conversion and returns its summary; `main(argv)` is the CLI, which turns
+user errors into one line on stderr and an exit status.
+"""
+
+from __future__ import annotations
+
+import json
+import logging
+import os
+import sys
+import uuid
+
+import apache_beam as beam
+from apache_beam.io.filesystems import FileSystems
+from apache_beam.options.pipeline_options import (
+    DirectOptions,
+    PipelineOptions,
+    SetupOptions,
+    StandardOptions,
+)
+
+from beam_pipeline.options import ConvertOptions, UserError, check_args, validate
+from beam_pipeline.pipeline import build_pipeline
+from transforms.listing import has_image_extension, normalize_root
+from transforms.write import FAILURES_FILE, SUMMARY_FILE, USER_ERROR_MARKER
+
+# Exit statuses (documented in README.md).
+EXIT_OK = 0
+EXIT_FAILED = 1
+EXIT_USAGE = 2
+
+# The local runner. Beam's "DirectRunner" first tries to download the Prism binary and
+# falls back to this one; naming it directly skips that.
+LOCAL_RUNNER = "FnApiRunner"
+_LOCAL_NAMES = {None, "DirectRunner", "directrunner", "direct", "FnApiRunner"}
+
+
+def _given(argv: list[str], flag: str) -> bool:
+    return any(a == flag or a.startswith(flag + "=") for a in argv)
+
+
+def _local_defaults(options: PipelineOptions, argv: list[str]) -> None:
+    """Local runs use the in-process runner and every core unless told otherwise."""
+    standard = options.view_as(StandardOptions)
+    if standard.runner not in _LOCAL_NAMES:
+        return
+    standard.runner = LOCAL_RUNNER
+    direct = options.view_as(DirectOptions)
+    if not _given(argv, "--direct_num_workers"):
+        direct.direct_num_workers = os.cpu_count() or 1
+    if not _given(argv, "--direct_running_mode"):
+        direct.direct_running_mode = "multi_threading"
+
+
+def _check_input(root: str) -> None:
+    """Fails fast on a missing input or one without a single image file.
+
+    Stops at the first image found: the listing itself happens inside the pipeline.
+    """
+    if "://" in root:
+        found = FileSystems.match([root + "/**"], limits=[1])[0].metadata_list
+        if not any(has_image_extension(m.path) for m in found) and not _any_image_remote(root):
+            raise UserError(f"--input {root}: no image files found")
+        return
+    if not os.path.isdir(root):
+        raise UserError(f"--input {root}: no such folder")
+    for _, _, names in os.walk(root):
+        if any(has_image_extension(n) for n in names):
+            return
+    raise UserError(f"--input {root}: no image files found")
+
+
+def _any_image_remote(root: str) -> bool:
+    found = FileSystems.match([root + "/**"])[0].metadata_list
+    return any(has_image_extension(m.path) for m in found)
+
+
+def _check_output(output_dir: str, overwrite: bool) -> None:
+    """Refuses to mix with an existing dataset; checks that the folder can be written."""
+    summary = FileSystems.join(output_dir, SUMMARY_FILE)
+    existing = FileSystems.exists(summary) or bool(
+        FileSystems.match([FileSystems.join(output_dir, "*-?????-of-?????.tfrecord*")])[0].metadata_list
+    )
+    if existing and not overwrite:
+        raise UserError(f"--output_dir {output_dir} already holds a dataset; pass --overwrite to replace it")
+    try:
+        if "://" not in output_dir:
+            os.makedirs(output_dir, exist_ok=True)
+        probe = FileSystems.join(output_dir, f".img2tfrecord-probe-{uuid.uuid4().hex}")
+        with FileSystems.create(probe) as f:
+            f.write(b"")
+        FileSystems.delete([probe])
+    except Exception as e:  # noqa: BLE001 - any failure here means "cannot write"
+        raise UserError(f"--output_dir {output_dir} is not writable: {e}") from None
+
+
+def run(argv: list[str] | None = None, save_main_session: bool = True) -> dict:
+    """Runs one conversion and returns its summary (the content of summary.json).
+
+    Raises:
+      UserError: bad options, missing input, unwritable or occupied output.
+    """
+    argv = list(sys.argv[1:] if argv is None else argv)
+    check_args(argv)
+    options = PipelineOptions(argv)
+    opts = options.view_as(ConvertOptions)
+    validate(opts)
+    _check_input(normalize_root(opts.input))
+    output_dir = normalize_root(opts.output_dir)
+    _check_output(output_dir, opts.overwrite)
+    options.view_as(SetupOptions).save_main_session = save_main_session
+    _local_defaults(options, argv)
+
+    run_id = uuid.uuid4().hex
+    p = beam.Pipeline(options=options)
+    build_pipeline(p, opts, run_id)
+    try:
+        p.run().wait_until_finish()
+    except Exception as e:
+        # A user error found inside the pipeline (e.g. nothing to convert) arrives
+        # wrapped by the runner; anything else is a bug and propagates.
+        message = str(e)
+        if USER_ERROR_MARKER in message:
+            raise UserError(message.split(USER_ERROR_MARKER, 1)[1].splitlines()[0].strip(" '\"")) from None
+        raise
+    try:
+        with FileSystems.open(FileSystems.join(output_dir, SUMMARY_FILE)) as f:
+            summary = json.loads(f.read().decode("utf-8"))
+    except OSError:
+        raise UserError(f"the job finished without writing {SUMMARY_FILE}") from None
+    return summary
+
+
+def _convert(argv: list[str]) -> int:
+    summary = run(argv)
+    print(
+        f"img2tfrecord: wrote {summary['written']} of {summary['listed']} images "
+        f"({summary['failed']} failed, see {FAILURES_FILE})",
+        file=sys.stderr,
+    )
+    return EXIT_OK
+
+
+def _demo(argv: list[str]) -> int:
+    from beam_pipeline import demo
+
+    return demo.main(argv)
+
+
+COMMANDS = {"convert": _convert, "demo": _demo}
+
+
+def main(argv: list[str] | None = None) -> int:
+    """The CLI. `convert` is the default command, so schedulers may pass flags only."""
+    argv = list(sys.argv[1:] if argv is None else argv)
+    logging.basicConfig(level=logging.WARNING, format="%(levelname)s %(name)s: %(message)s")
+    command = "convert"
+    if argv and not argv[0].startswith("-"):
+        command = argv.pop(0)
+    if command in ("-h", "--help", "help"):
+        print(f"usage: img2tfrecord {{{','.join(COMMANDS)}}} [flags]; see README.md")
+        return EXIT_OK
+    if command not in COMMANDS:
+        print(
+            f"img2tfrecord: error: unknown command {command!r} (one of {', '.join(COMMANDS)})",
+            file=sys.stderr,
+        )
+        return EXIT_USAGE
+    try:
+        return COMMANDS[command](argv)
+    except UserError as e:
+        print(f"img2tfrecord: error: {e}", file=sys.stderr)
+        return EXIT_USAGE

@@ -1,0 +1,79 @@
+"""Shared fixtures: real images written with Pillow, and reading TFRecords back with TensorFlow."""
+
+from __future__ import annotations
+
+import glob
+import os
+from pathlib import Path
+
+import numpy as np
+import pytest
+from PIL import Image
+
+os.environ.setdefault("TF_CPP_MIN_LOG_LEVEL", "2")
+
+
+def write_image(path: Path, size=(24, 16), mode: str = "RGB", fmt: str | None = None, seed: int = 0) -> Path:
+    """Writes a random image of `size` (w, h) and `mode` to `path` (format from `fmt` or suffix)."""
+    path.parent.mkdir(parents=True, exist_ok=True)
+    rng = np.random.default_rng(seed)
+    w, h = size
+    if mode in ("1", "L", "P"):
+        img = Image.fromarray(rng.integers(0, 256, (h, w), dtype=np.uint8), "L").convert(mode)
+    elif mode == "I;16":
+        img = Image.fromarray(rng.integers(0, 65535, (h, w), dtype=np.uint16), "I;16")
+    else:
+        bands = len(mode)
+        img = Image.fromarray(rng.integers(0, 256, (h, w, bands), dtype=np.uint8), mode if bands > 1 else "L")
+    img.save(path, format=fmt)
+    return path
+
+
+def read_records(output_dir: Path | str, split: str = "train") -> list[dict]:
+    """Every Example of a split's shards, parsed with TensorFlow's own ops and decoded."""
+    import tensorflow as tf
+
+    spec = {
+        "image/encoded": tf.io.FixedLenFeature([], tf.string),
+        "image/format": tf.io.FixedLenFeature([], tf.string),
+        "image/class/label": tf.io.VarLenFeature(tf.int64),
+        "image/class/text": tf.io.VarLenFeature(tf.string),
+        "image/height": tf.io.FixedLenFeature([], tf.int64),
+        "image/width": tf.io.FixedLenFeature([], tf.int64),
+        "image/channels": tf.io.FixedLenFeature([], tf.int64),
+        "image/filename": tf.io.FixedLenFeature([], tf.string),
+    }
+    shards = sorted(glob.glob(os.path.join(str(output_dir), f"{split}-*-of-*.tfrecord*")))
+    compression = "GZIP" if shards and shards[0].endswith(".gz") else ""
+    out = []
+    for raw in tf.data.TFRecordDataset(shards, compression_type=compression):
+        ex = tf.io.parse_single_example(raw, spec)
+        image = tf.io.decode_image(ex["image/encoded"], expand_animations=False)
+        out.append(
+            {
+                "filename": ex["image/filename"].numpy().decode("utf-8"),
+                "format": ex["image/format"].numpy().decode(),
+                "label": tf.sparse.to_dense(ex["image/class/label"]).numpy().tolist(),
+                "text": [t.decode("utf-8") for t in tf.sparse.to_dense(ex["image/class/text"]).numpy()],
+                "height": int(ex["image/height"]),
+                "width": int(ex["image/width"]),
+                "channels": int(ex["image/channels"]),
+                "decoded_shape": tuple(image.shape),
+                "encoded": ex["image/encoded"].numpy(),
+            }
+        )
+    return out
+
+
+@pytest.fixture
+def image_tree(tmp_path: Path) -> Path:
+    """A small labelled folder: three classes (one Korean, one with a space), nested folders."""
+    root = tmp_path / "images"
+    write_image(root / "cat" / "a.jpg", (32, 20), seed=1)
+    write_image(root / "cat" / "deep" / "er" / "b.JPEG", (20, 32), seed=2, fmt="JPEG")
+    write_image(root / "dog house" / "c.png", (16, 16), "RGBA", seed=3)
+    write_image(root / "dog house" / "d.PNG", (8, 12), "L", seed=4)
+    write_image(root / "서울광장" / "e.gif", (10, 10), "P", seed=5)
+    write_image(root / "서울광장" / "f.bmp", (12, 9), "RGB", seed=6)
+    (root / "cat" / "notes.txt").write_text("not an image")
+    return root

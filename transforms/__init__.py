@@ -1,0 +1,1 @@
+"""Beam transforms and the plain functions they call (testable without Beam)."""

@@ -1,0 +1,38 @@
+"""The failure output: tag, record and reasons shared by every stage."""
+
+from __future__ import annotations
+
+import dataclasses
+import json
+
+# Tagged-output names. Never written as bare strings elsewhere.
+FAILED = "failed"
+WRITTEN = "written"
+
+
+@dataclasses.dataclass(frozen=True)
+class Failure:
+    """An input that was listed but not written, and why.
+
+    Attributes:
+      path: the image path as listed (or the label row's key for orphan rows).
+      reason: one line a person can act on.
+      stage: the pipeline stage that rejected it ('list', 'label', 'read', 'decode').
+      split: the split the image was assigned to, if it got that far.
+      class_key: the image's label text, if known.
+    """
+
+    path: str
+    reason: str
+    stage: str
+    split: str | None = None
+    class_key: str | None = None
+
+    def to_json(self) -> str:
+        """One JSON line; UTF-8 text where the path is valid Unicode, escapes where not."""
+        text = json.dumps(dataclasses.asdict(self), ensure_ascii=False, sort_keys=True)
+        try:
+            text.encode("utf-8")
+        except UnicodeEncodeError:  # undecodable bytes in a file name
+            text = json.dumps(dataclasses.asdict(self), sort_keys=True)
+        return text

@@ -1,0 +1,73 @@
+"""Small metadata records that travel through the pipeline.
+
+Image bytes never travel in a PCollection: only these records do, so every shuffle
+(join, split assignment, shard planning) moves a few hundred bytes per image.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+
+
+@dataclasses.dataclass(frozen=True)
+class ImageFile:
+    """One listed file. `relpath` is '/'-separated and relative to the input root."""
+
+    path: str
+    relpath: str
+    size: int
+
+
+@dataclasses.dataclass(frozen=True)
+class ImageRecord:
+    """A listed image with everything known before its bytes are read.
+
+    Attributes:
+      path: full path (local or gs://).
+      relpath: path relative to the input root; written as `image/filename`.
+      size: file size in bytes (used to plan shard sizes).
+      labels: class names of the image (one for single-label data; may be empty
+        for unlabeled inference sets).
+      split: name of the split the image is written to.
+      extras: further (name, value) features carried into the Example.
+    """
+
+    path: str
+    relpath: str
+    size: int
+    labels: tuple[str, ...] = ()
+    split: str = "train"
+    extras: tuple[tuple[str, object], ...] = ()
+
+    @property
+    def class_key(self) -> str:
+        """The label text used for per-class counts (multi-labels joined by '|')."""
+        return "|".join(self.labels)
+
+
+@dataclasses.dataclass(frozen=True)
+class ShardTask:
+    """All records of one output shard, in the order they are written."""
+
+    split: str
+    index: int
+    records: tuple[ImageRecord, ...]
+
+
+@dataclasses.dataclass(frozen=True)
+class ShardResult:
+    """A shard written to its temporary path, waiting to be renamed."""
+
+    split: str
+    index: int
+    temp_path: str
+    records: int
+    bytes: int
+
+
+@dataclasses.dataclass(frozen=True)
+class Written:
+    """One written image, reduced to what the summary counts."""
+
+    split: str
+    class_key: str
