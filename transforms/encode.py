@@ -9,9 +9,10 @@ from __future__ import annotations
 import dataclasses
 
 from transforms.example import serialize_example
-from transforms.image import DEFAULT_MAX_PIXELS, ImageError, ImageInfo, inspect_image
+from transforms.image import DEFAULT_MAX_PIXELS, inspect_image
 from transforms.labels import ClassIndex
 from transforms.records import ImageRecord
+from transforms.schema import DEFAULT_SCHEMA, get_schema
 
 
 @dataclasses.dataclass(frozen=True)
@@ -19,42 +20,17 @@ class EncodeSettings:
     """How images are checked and which features are written."""
 
     max_pixels: int = DEFAULT_MAX_PIXELS
-
-
-def slim_features(record: ImageRecord, data: bytes, info: ImageInfo, class_index: ClassIndex) -> dict:
-    """The TF-slim / inception feature set, with the original bytes as `image/encoded`."""
-    try:
-        ids = [class_index.id_of(name) for name in record.labels]
-    except KeyError as e:
-        raise ImageError(f"label {e.args[0]!r} is not in the class index") from None
-    features = {
-        "image/encoded": data,
-        "image/format": info.format,
-        "image/class/label": ids,
-        "image/class/text": list(record.labels),
-        "image/height": info.height,
-        "image/width": info.width,
-        "image/channels": info.channels,
-        "image/colorspace": info.colorspace,
-        "image/filename": record.relpath,
-    }
-    features.update(dict(record.extras))
-    return features
-
-
-SLIM_KINDS = {"image/class/label": "int64", "image/class/text": "bytes"}
+    schema: str = DEFAULT_SCHEMA
 
 
 def encode_record(
-    record: ImageRecord,
-    data: bytes,
-    class_index: ClassIndex,
-    settings: EncodeSettings = EncodeSettings(),
+    record: ImageRecord, data: bytes, class_index: ClassIndex, settings: EncodeSettings = EncodeSettings()
 ) -> bytes:
     """Checks `data` and returns the serialized Example for `record`.
 
     Raises:
       ImageError: the image does not decode or cannot be written; the message says why.
     """
+    schema = get_schema(settings.schema)
     info = inspect_image(data, max_pixels=settings.max_pixels)
-    return serialize_example(slim_features(record, data, info, class_index), SLIM_KINDS)
+    return serialize_example(schema.build(record, data, info, class_index), schema.kinds)

@@ -191,6 +191,7 @@ def build_summary(
         "failed_by_stage": dict(sorted(reasons.items())),
         "written_per_class": dict(sorted(written_per_class.items())),
         "num_classes": len(class_index.names),
+        "class_names": list(class_index.names),
         "label_offset": class_index.offset,
         "splits": dict(sorted(splits.items())),
     }
