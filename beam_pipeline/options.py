@@ -30,6 +30,9 @@ class ConvertOptions(PipelineOptions):
             "Empty: everything is 'train'.",
         )
         parser.add_argument(
+            "--stratify", action="store_true", help="With ratio splits: keep each class's ratio in every split."
+        )
+        parser.add_argument(
             "--seed", type=int, default=DEFAULT_SEED, help="Seed of the shuffle and split hash."
         )
         parser.add_argument(
@@ -66,6 +69,8 @@ def validate(opts: ConvertOptions) -> None:
         raise UserError("--num_shards must be 0 (size-based) or positive")
     if opts.max_pixels <= 0:
         raise UserError("--max_pixels must be positive")
+    if opts.stratify and opts.splits in ("", "folders"):
+        raise UserError("--stratify needs ratio splits (--splits train=0.8,...)")
     if opts.splits and opts.splits != "folders":
         try:
             parse_split_ratios(opts.splits)

@@ -44,7 +44,9 @@ def build_pipeline(p: beam.Pipeline, opts: ConvertOptions, run_id: str) -> Pipel
 
     files = p | "ListImages" >> ListImages(opts.input)  # ImageFile(path, relpath, size)
     labeled = files | "LabelFromFolders" >> LabelFromFolders(opts.splits == "folders")  # .records, .failed
-    records = labeled.records | "AssignSplits" >> AssignSplits(ratios, opts.seed)  # ImageRecord
+    records = labeled.records | "AssignSplits" >> AssignSplits(
+        ratios, opts.seed, opts.stratify
+    )  # ImageRecord
     classes = records | "BuildClassIndex" >> BuildClassIndex(opts.label_offset)  # singleton ClassIndex
     tasks = records | "PlanShards" >> PlanShards(
         opts.seed, target_bytes, opts.num_shards or None

@@ -7,6 +7,7 @@ runner and with any number of workers, and classes are mixed inside every shard.
 
 from __future__ import annotations
 
+import dataclasses
 import hashlib
 from collections.abc import Iterable, Sequence
 
@@ -16,9 +17,9 @@ from transforms.records import ImageRecord, ShardTask
 
 DEFAULT_SEED = 42
 DEFAULT_SHARD_SIZE_MB = 128
-# Bytes a record adds to the file's own size: Example framing, the other features
-# (a few dozen bytes) and the TFRecord header and CRCs.
-_RECORD_OVERHEAD = 200
+# Bytes a record adds to the file's own size besides its path and labels: feature keys,
+# the other values and the TFRecord framing (measured for the slim keys: 247).
+_RECORD_OVERHEAD = 250
 
 
 def _hash64(*parts: str) -> int:
@@ -73,9 +74,35 @@ def split_for_key(key: str, seed: int, ratios: Sequence[tuple[str, float]]) -> s
     return ratios[-1][0]
 
 
+def stratified_splits(
+    records: Iterable[ImageRecord], seed: int, ratios: Sequence[tuple[str, float]]
+) -> list[tuple[str, ImageRecord]]:
+    """Splits one class's records so that each split gets its ratio of the class.
+
+    Records are ordered by the same seeded hash as `split_for_key` and cut at the
+    cumulative ratios, so every class is represented in each split as closely as whole
+    images allow. Unlike the plain hash, adding images can move a few existing ones.
+    """
+    ordered = sorted(records, key=lambda r: (_hash64("split", str(seed), r.relpath), r.relpath))
+    n = len(ordered)
+    out = []
+    for i, record in enumerate(ordered):
+        point = (i + 0.5) / n
+        cumulative = 0.0
+        split = ratios[-1][0]
+        for name, ratio in ratios:
+            cumulative += ratio
+            if point < cumulative:
+                split = name
+                break
+        out.append((split, record))
+    return out
+
+
 def record_size(record: ImageRecord) -> int:
     """Estimated bytes of the record in a TFRecord file."""
-    return record.size + len(record.relpath) * 2 + _RECORD_OVERHEAD
+    text = len(record.relpath.encode("utf-8", "surrogateescape")) + sum(len(x.encode("utf-8")) for x in record.labels)
+    return record.size + text + _RECORD_OVERHEAD
 
 
 def plan_shards(
@@ -120,21 +147,38 @@ def plan_shards(
 
 
 class AssignSplits(beam.PTransform):
-    """Sets each record's split from a seeded hash of its path (unless `ratios` is empty)."""
+    """Sets each record's split from a seeded hash of its path (unless `ratios` is empty).
 
-    def __init__(self, ratios: Sequence[tuple[str, float]] = (), seed: int = DEFAULT_SEED):
+    With `stratify`, each class is split by the ratios on its own (a GroupByKey of
+    metadata per class), so class proportions are the same in every split.
+    """
+
+    def __init__(
+        self, ratios: Sequence[tuple[str, float]] = (), seed: int = DEFAULT_SEED, stratify: bool = False
+    ):
         super().__init__()
         self._ratios = tuple(ratios)
         self._seed = seed
+        self._stratify = stratify
 
     def expand(self, records: beam.PCollection[ImageRecord]) -> beam.PCollection[ImageRecord]:
         if not self._ratios:
             return records
-        import dataclasses
-
         ratios, seed = self._ratios, self._seed
-        return records | beam.Map(
-            lambda r: dataclasses.replace(r, split=split_for_key(r.relpath, seed, ratios))
+        if not self._stratify:
+            return records | "HashSplit" >> beam.Map(
+                lambda r: dataclasses.replace(r, split=split_for_key(r.relpath, seed, ratios))
+            )
+
+        def split_class(item: tuple[str, Iterable[ImageRecord]]) -> Iterable[ImageRecord]:
+            for split, record in stratified_splits(item[1], seed, ratios):
+                yield dataclasses.replace(record, split=split)
+
+        return (
+            records
+            | "KeyByClass" >> beam.Map(lambda r: (r.class_key, r))
+            | "GroupByClass" >> beam.GroupByKey()  # (class, [ImageRecord]) metadata only
+            | "SplitEachClass" >> beam.FlatMap(split_class)
         )
 
 
