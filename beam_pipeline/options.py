@@ -30,7 +30,9 @@ class ConvertOptions(PipelineOptions):
             "Empty: everything is 'train'.",
         )
         parser.add_argument(
-            "--stratify", action="store_true", help="With ratio splits: keep each class's ratio in every split."
+            "--stratify",
+            action="store_true",
+            help="With ratio splits: keep each class's ratio in every split.",
         )
         parser.add_argument(
             "--seed", type=int, default=DEFAULT_SEED, help="Seed of the shuffle and split hash."

@@ -56,8 +56,10 @@ def test_byte_identical_across_runs_and_workers_mixed_and_sized(dataset, tmp_pat
     import tensorflow as tf
 
     for path in a[:-1]:
-        texts = [tf.train.Example.FromString(r.numpy()).features.feature["image/class/text"].bytes_list.value[0]
-                 for r in tf.data.TFRecordDataset([path])]
+        texts = [
+            tf.train.Example.FromString(r.numpy()).features.feature["image/class/text"].bytes_list.value[0]
+            for r in tf.data.TFRecordDataset([path])
+        ]
         counts = collections.Counter(texts)
         assert len(counts) == 3 and max(counts.values()) < 0.8 * len(texts), counts  # not class-sorted
 
@@ -88,8 +90,19 @@ def test_stratified_splits_keep_class_ratios_and_gzip(tmp_path):
     for c, (cls, n) in enumerate((("rare", 10), ("common", 50))):
         for i in range(n):
             write_image(root / cls / f"{i}.png", (8, 8), seed=c * 100 + i)
-    summary = _convert(["--input", str(root), "--output_dir", str(tmp_path / "out"), "--stratify",
-                        "--splits", "train=0.8,test=0.2", "--compression", "gzip"])
+    summary = _convert(
+        [
+            "--input",
+            str(root),
+            "--output_dir",
+            str(tmp_path / "out"),
+            "--stratify",
+            "--splits",
+            "train=0.8,test=0.2",
+            "--compression",
+            "gzip",
+        ]
+    )
     per = {s: summary["splits"][s]["classes"] for s in ("train", "test")}
     assert per["train"]["rare"]["written"] == 8 and per["test"]["rare"]["written"] == 2
     assert per["train"]["common"]["written"] == 40 and per["test"]["common"]["written"] == 10

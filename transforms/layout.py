@@ -101,7 +101,9 @@ def stratified_splits(
 
 def record_size(record: ImageRecord) -> int:
     """Estimated bytes of the record in a TFRecord file."""
-    text = len(record.relpath.encode("utf-8", "surrogateescape")) + sum(len(x.encode("utf-8")) for x in record.labels)
+    text = len(record.relpath.encode("utf-8", "surrogateescape")) + sum(
+        len(x.encode("utf-8")) for x in record.labels
+    )
     return record.size + text + _RECORD_OVERHEAD
 
 
