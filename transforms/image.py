@@ -24,6 +24,7 @@ import dataclasses
 import io
 import math
 import struct
+import warnings
 
 import numpy as np
 from PIL import Image, ImageOps
@@ -59,6 +60,11 @@ _MODE_CHANNELS = {"L": 1, "LA": 2, "RGB": 3, "RGBA": 4, "I;16": 1}
 _SIXTEEN_BIT = ("I;16", "I;16B", "I;16L", "I;16N")
 _EXIF_ORIENTATION = 0x0112
 _RESAMPLE = Image.Resampling.BICUBIC
+
+# Our own limit (checked from the header, before decoding) decides; Pillow's warning for
+# images above its MAX_IMAGE_PIXELS would only repeat it. Set once: catch_warnings is not
+# thread-safe.
+warnings.filterwarnings("ignore", category=Image.DecompressionBombWarning)
 
 
 class ImageError(ValueError):
@@ -371,7 +377,9 @@ def _convert(
     _load(img, fmt)
     if options.exif_transpose:
         img = ImageOps.exif_transpose(img)
-    transforms = options.store == "raw" or options.color != "keep" or target_size(*img.size, options) != img.size
+    transforms = (
+        options.store == "raw" or options.color != "keep" or target_size(*img.size, options) != img.size
+    )
     img = _normalize_mode(img, keep_16bit=not transforms and options.image_format != "jpeg")
     img = _resize(_apply_color(img, options.color), options)
     channels = _MODE_CHANNELS[img.mode]

@@ -103,9 +103,7 @@ class Schema:
             for key, kind in self.kinds.items()
         }
 
-    def features(
-        self, record: ImageRecord, data: bytes, info: ImageInfo, class_index: ClassIndex
-    ) -> dict:
+    def features(self, record: ImageRecord, data: bytes, info: ImageInfo, class_index: ClassIndex) -> dict:
         """The feature dict of one image, with the custom renames applied."""
         features = self.build(record, data, info, class_index)
         if not self.renames:
