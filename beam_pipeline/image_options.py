@@ -95,6 +95,7 @@ def encode_settings(opts) -> EncodeSettings:
         color=opts.color,
         exif_transpose=opts.exif_transpose,
         store=opts.store,
+        single_frame=schema.single_frame,
         schema=opts.schema,
         rename_keys=renames,
     )

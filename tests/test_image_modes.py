@@ -162,6 +162,14 @@ def test_exif_transpose_only_touches_rotated_images():
     assert out.converted == "rotated by EXIF orientation" and out.info.format == "jpeg"
 
 
+def test_single_frame_stores_the_first_frame_of_animations():
+    data = CASES["gif_animated"][0]()
+    out = prepare_image(data, ImageOptions(single_frame=True))
+    assert out.converted == "animated: first frame kept" and out.info.format == "png"
+    first = tf.io.decode_image(data, expand_animations=False).numpy()
+    assert np.array_equal(tf.io.decode_image(out.data).numpy(), first)  # default expand_animations
+
+
 def test_pad_keeps_aspect_and_fills_black():
     img = Image.new("RGB", (20, 10), (255, 255, 255))
     out = prepare_image(_save(img, "PNG"), ImageOptions(resize=(10, 10), resize_mode="pad"))

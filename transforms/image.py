@@ -98,6 +98,8 @@ class ImageOptions:
       color: 'keep', 'rgb' (3 channels; alpha dropped) or 'grayscale' (1 channel).
       exif_transpose: apply the EXIF orientation (re-encodes rotated images).
       store: 'encoded' or 'raw' (decoded uint8 pixels, row-major HWC).
+      single_frame: store animated images as their first frame (PNG), for readers that
+        call `decode_image` with its default `expand_animations=True` (TFDS, ODAPI).
     """
 
     max_pixels: int = DEFAULT_MAX_PIXELS
@@ -109,6 +111,7 @@ class ImageOptions:
     color: str = "keep"
     exif_transpose: bool = False
     store: str = "encoded"
+    single_frame: bool = False
 
     def changes_pixels(self) -> bool:
         """True if records may differ in size from the source files (re-encoding, raw...)."""
@@ -182,7 +185,7 @@ def _tf_problem(fmt: str, data: bytes, img: Image.Image) -> str | None:
     if fmt == "bmp" and _bmp_layout(data) != (24, 0):
         bits, compression = _bmp_layout(data)
         return f"{bits}-bit BMP (compression {compression}) is misread by TensorFlow"
-    if fmt == "webp" and getattr(img, "n_frames", 1) > 1:
+    if fmt == "webp" and getattr(img, "is_animated", False):
         return "animated WebP crashes TensorFlow's decoder"
     return None
 
@@ -296,6 +299,8 @@ def _needs_change(img: Image.Image, fmt: str, channels: int, options: ImageOptio
         return f"converted to {options.color}"
     if options.exif_transpose and _orientation(img) != 1:
         return "rotated by EXIF orientation"
+    if options.single_frame and getattr(img, "is_animated", False):
+        return "animated: first frame kept"
     return None
 
 
@@ -416,6 +421,7 @@ def prepare_image(data: bytes, options: ImageOptions = ImageOptions()) -> Prepar
 
 # Bytes per pixel per channel of a re-encoded image, for shard planning only.
 _PNG_RATIO = 0.6  # photos; flat artwork compresses far better
+_CROSS_CODEC = 5.0  # at most this many times the source's own bytes per pixel
 _JPEG_BITS = {50: 1.0, 75: 1.6, 90: 2.8, 95: 3.8, 100: 8.0}  # bits per pixel, RGB photos
 
 
@@ -424,12 +430,23 @@ def _jpeg_bytes_per_pixel(quality: int, channels: int) -> float:
     return _JPEG_BITS[q] / 8 * (1.0 if channels >= 3 else 0.5)
 
 
+def _converted_channels(img: Image.Image) -> int:
+    """Channels of `img` once `_normalize_mode` has converted it."""
+    mode = img.mode
+    if mode in ("1", "I", "F") or mode in _SIXTEEN_BIT:
+        return 1
+    if mode == "P":
+        return 4 if "transparency" in img.info else 3
+    return _MODE_CHANNELS.get(mode, 4 if mode in ("PA", "La", "RGBa") else 3)
+
+
 def estimate_stored_size(header: bytes, file_size: int, options: ImageOptions) -> int:
     """Estimated bytes stored for an image, from its first bytes and its file size.
 
-    Used to plan shards when options change the pixels. Raw storage is exact; re-encoded
-    sizes scale the source's own bytes per pixel by the pixel ratio when the codec stays
-    the same, else use typical ratios for photos. Falls back to `file_size` when the
+    Used to plan shards when options change the pixels. Raw storage is exact. Re-encoded
+    images keep the source's bytes per pixel when the codec stays the same; across codecs
+    a typical photo ratio is used, capped at 5x the source's bytes per pixel (flat
+    artwork compresses well in every codec). Falls back to `file_size` when the
     header cannot be read (the image then fails or is checked when it is written).
     """
     try:
@@ -439,20 +456,19 @@ def estimate_stored_size(header: bytes, file_size: int, options: ImageOptions) -
         return file_size
     width, height = img.size
     tw, th = target_size(width, height, options)
-    channels = {"rgb": 3, "grayscale": 1}.get(options.color) or _MODE_CHANNELS.get(
-        img.mode, 4 if "A" in img.mode else 3
-    )
+    channels = {"rgb": 3, "grayscale": 1}.get(options.color) or _converted_channels(img)
     pixels = tw * th
     if options.store == "raw":
         return pixels * channels
     if problem is None and _needs_change(img, fmt, _tf_channels(fmt, header, img), options) is None:
         return file_size
+    scaled = file_size * pixels / (width * height)  # the source's bytes per pixel, kept
     out_fmt = _output_format(fmt, problem, options)
-    same_codec = out_fmt == fmt or (out_fmt == "png" and fmt in ("gif", "bmp", "tiff"))
-    if same_codec and out_fmt == "png" and fmt != "png":
-        return int(min(file_size * pixels / (width * height), pixels * channels * _PNG_RATIO) + 1)
-    if same_codec:
-        return int(file_size * pixels / (width * height)) + 1
+    if out_fmt == fmt:
+        return int(scaled) + 1
+    # Another codec: a typical photo ratio, bounded by how well the source itself compressed.
     if out_fmt == "jpeg":
-        return int(pixels * _jpeg_bytes_per_pixel(options.jpeg_quality, channels)) + 1
-    return int(pixels * channels * _PNG_RATIO) + 1
+        typical = pixels * _jpeg_bytes_per_pixel(options.jpeg_quality, channels)
+    else:
+        typical = pixels * channels * _PNG_RATIO
+    return int(min(typical, _CROSS_CODEC * scaled)) + 1

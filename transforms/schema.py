@@ -78,6 +78,8 @@ class Schema:
         when `--label_offset` decides (tfds: 0, odapi: 1).
       renames: custom key renames (old -> new) applied on top of the preset.
       raw_ok: whether the consumer can read `--store raw` records.
+      single_frame: the consumer decodes with `expand_animations=True` (a 4-D tensor for
+        an animated GIF), so animated images are stored as their first frame.
     """
 
     name: str
@@ -90,6 +92,7 @@ class Schema:
     label_offset: int | None = None
     renames: tuple[tuple[str, str], ...] = ()
     raw_ok: bool = True
+    single_frame: bool = False
 
     def parse_spec(self) -> dict:
         """The `tf.io.parse_single_example` spec for this preset (imports TensorFlow)."""
@@ -259,6 +262,7 @@ TFDS = Schema(
     roles={"image": "image", "label": "label", "filename": "image/filename", "sha256": SHA256_KEY},
     label_offset=0,
     raw_ok=False,
+    single_frame=True,  # tfds.features.Image decodes with expand_animations=True
 )
 
 
@@ -319,6 +323,7 @@ ODAPI = Schema(
     },
     label_offset=1,
     raw_ok=False,
+    single_frame=True,  # tf-slim's decoder falls back to decode_image for GIF
 )
 
 PRESETS: dict[str, Schema] = {s.name: s for s in (SLIM, TUTORIAL, TFDS, ODAPI)}
