@@ -35,7 +35,18 @@ def label_ids(record: ImageRecord, class_index: ClassIndex) -> list[int]:
 
 SHA256_KEY = "image/key/sha256"
 # Roles a preset may fill; readers look keys up by role (`Schema.roles`).
-ROLES = ("image", "label", "text", "format", "height", "width", "channels", "filename", "sha256")
+ROLES = (
+    "image",
+    "label",
+    "text",
+    "format",
+    "height",
+    "width",
+    "channels",
+    "colorspace",
+    "filename",
+    "sha256",
+)
 
 
 def content_key(data: bytes) -> str:
@@ -107,8 +118,13 @@ class Schema:
         }
 
     def features(self, record: ImageRecord, data: bytes, info: ImageInfo, class_index: ClassIndex) -> dict:
-        """The feature dict of one image, with the custom renames applied."""
-        features = self.build(record, data, info, class_index)
+        """The feature dict of one image: the preset's keys, the content hash and the
+        record's extra features, with the custom renames applied."""
+        features = {
+            **self.build(record, data, info, class_index),
+            SHA256_KEY: content_key(data),
+            **dict(record.extras),
+        }
         if not self.renames:
             return features
         mapping = dict(self.renames)
@@ -141,8 +157,25 @@ class Schema:
         )
 
 
+def preset(
+    name: str, build: FeatureBuilder, kinds: dict[str, str], lists: set[str], roles: dict, **kw
+) -> Schema:
+    """A Schema whose keys are `kinds` plus `image/key/sha256`; all but `lists` are scalar."""
+    kinds = {**kinds, SHA256_KEY: "bytes"}
+    return Schema(
+        name=name,
+        build=build,
+        kinds=kinds,
+        image_key=roles["image"],
+        label_key=roles["label"],
+        scalar=frozenset(kinds) - lists,
+        roles={**roles, "sha256": SHA256_KEY},
+        **kw,
+    )
+
+
 def _slim(record: ImageRecord, data: bytes, info: ImageInfo, class_index: ClassIndex) -> dict:
-    features = {
+    return {
         "image/encoded": data,
         "image/format": info.format,
         "image/class/label": label_ids(record, class_index),
@@ -152,114 +185,66 @@ def _slim(record: ImageRecord, data: bytes, info: ImageInfo, class_index: ClassI
         "image/channels": info.channels,
         "image/colorspace": info.colorspace,
         "image/filename": record.relpath,
-        SHA256_KEY: content_key(data),
     }
-    features.update(dict(record.extras))
-    return features
 
 
-SLIM = Schema(
-    name="slim",
-    build=_slim,
-    kinds={
-        "image/encoded": "bytes",
-        "image/format": "bytes",
-        "image/class/label": "int64",
-        "image/class/text": "bytes",
-        "image/height": "int64",
-        "image/width": "int64",
-        "image/channels": "int64",
-        "image/colorspace": "bytes",
-        "image/filename": "bytes",
-        SHA256_KEY: "bytes",
-    },
-    image_key="image/encoded",
-    label_key="image/class/label",
-    scalar=frozenset(
-        {
-            "image/encoded",
-            "image/format",
-            "image/height",
-            "image/width",
-            "image/channels",
-            "image/colorspace",
-            "image/filename",
-            SHA256_KEY,
-        }
-    ),
-    roles={
-        "image": "image/encoded",
-        "label": "image/class/label",
-        "text": "image/class/text",
-        "format": "image/format",
-        "height": "image/height",
-        "width": "image/width",
-        "channels": "image/channels",
-        "filename": "image/filename",
-        "sha256": SHA256_KEY,
-    },
+# role -> (key, kind): the TF-slim / inception keys.
+_SLIM = {
+    "image": ("image/encoded", "bytes"),
+    "format": ("image/format", "bytes"),
+    "label": ("image/class/label", "int64"),
+    "text": ("image/class/text", "bytes"),
+    "height": ("image/height", "int64"),
+    "width": ("image/width", "int64"),
+    "channels": ("image/channels", "int64"),
+    "colorspace": ("image/colorspace", "bytes"),
+    "filename": ("image/filename", "bytes"),
+}
+SLIM = preset(
+    "slim",
+    _slim,
+    dict(_SLIM.values()),
+    lists={"image/class/label", "image/class/text"},
+    roles={role: key for role, (key, _) in _SLIM.items()},
 )
 
 
 def _tutorial(record: ImageRecord, data: bytes, info: ImageInfo, class_index: ClassIndex) -> dict:
-    features = {
+    return {
         "height": info.height,
         "width": info.width,
         "depth": info.channels,
         "label": single_label_id(record, class_index, "tutorial"),
         "image_raw": data,
-        SHA256_KEY: content_key(data),
     }
-    features.update(dict(record.extras))
-    return features
 
 
-TUTORIAL = Schema(
-    name="tutorial",
-    build=_tutorial,
-    kinds={
-        "height": "int64",
-        "width": "int64",
-        "depth": "int64",
-        "label": "int64",
-        "image_raw": "bytes",
-        SHA256_KEY: "bytes",
-    },
-    image_key="image_raw",
-    label_key="label",
-    scalar=frozenset({"height", "width", "depth", "label", "image_raw", SHA256_KEY}),
-    roles={
-        "image": "image_raw",
-        "label": "label",
-        "height": "height",
-        "width": "width",
-        "channels": "depth",
-        "sha256": SHA256_KEY,
-    },
+# The TensorFlow TFRecord tutorial's keys (tensorflow.org/tutorials/load_data/tfrecord).
+TUTORIAL = preset(
+    "tutorial",
+    _tutorial,
+    {"height": "int64", "width": "int64", "depth": "int64", "label": "int64", "image_raw": "bytes"},
+    lists=set(),
+    roles={"image": "image_raw", "label": "label", "height": "height", "width": "width", "channels": "depth"},
 )
 
 
 def _tfds(record: ImageRecord, data: bytes, info: ImageInfo, class_index: ClassIndex) -> dict:
-    features = {
+    return {
         "image": data,
         "label": single_label_id(record, class_index, "tfds"),
         "image/filename": record.relpath,
-        SHA256_KEY: content_key(data),
     }
-    features.update(dict(record.extras))
-    return features
 
 
 # TFDS's ImageFolder features: `image` (tfds.features.Image), `label` (ClassLabel, ids
 # from 0) and `image/filename` (Text). TFDS parses only the keys it declares.
-TFDS = Schema(
-    name="tfds",
-    build=_tfds,
-    kinds={"image": "bytes", "label": "int64", "image/filename": "bytes", SHA256_KEY: "bytes"},
-    image_key="image",
-    label_key="label",
-    scalar=frozenset({"image", "label", "image/filename", SHA256_KEY}),
-    roles={"image": "image", "label": "label", "filename": "image/filename", "sha256": SHA256_KEY},
+TFDS = preset(
+    "tfds",
+    _tfds,
+    {"image": "bytes", "label": "int64", "image/filename": "bytes"},
+    lists=set(),
+    roles={"image": "image", "label": "label", "filename": "image/filename"},
     label_offset=0,
     raw_ok=False,
     single_frame=True,  # tfds.features.Image decodes with expand_animations=True
@@ -267,60 +252,24 @@ TFDS = Schema(
 
 
 def _odapi(record: ImageRecord, data: bytes, info: ImageInfo, class_index: ClassIndex) -> dict:
-    features = {
-        "image/encoded": data,
-        "image/format": info.format,
-        "image/height": info.height,
-        "image/width": info.width,
-        "image/filename": record.relpath,
-        "image/source_id": record.relpath,
-        SHA256_KEY: content_key(data),
-        "image/class/label": label_ids(record, class_index),
-        "image/class/text": list(record.labels),
-    }
-    features.update(dict(record.extras))
-    return features
+    features = _slim(record, data, info, class_index)
+    del features["image/channels"], features["image/colorspace"]
+    return {**features, "image/source_id": record.relpath}
 
 
 # The keys of object_detection/core/standard_fields.py TfExampleFields that exist
 # without boxes; ODAPI label maps start at id 1 (0 is the background).
-ODAPI = Schema(
-    name="odapi",
-    build=_odapi,
-    kinds={
-        "image/encoded": "bytes",
-        "image/format": "bytes",
-        "image/height": "int64",
-        "image/width": "int64",
-        "image/filename": "bytes",
+ODAPI = preset(
+    "odapi",
+    _odapi,
+    {
+        **{
+            k: v for k, v in SLIM.kinds.items() if k not in ("image/channels", "image/colorspace", SHA256_KEY)
+        },
         "image/source_id": "bytes",
-        SHA256_KEY: "bytes",
-        "image/class/label": "int64",
-        "image/class/text": "bytes",
     },
-    image_key="image/encoded",
-    label_key="image/class/label",
-    scalar=frozenset(
-        {
-            "image/encoded",
-            "image/format",
-            "image/height",
-            "image/width",
-            "image/filename",
-            "image/source_id",
-            SHA256_KEY,
-        }
-    ),
-    roles={
-        "image": "image/encoded",
-        "label": "image/class/label",
-        "text": "image/class/text",
-        "format": "image/format",
-        "height": "image/height",
-        "width": "image/width",
-        "filename": "image/filename",
-        "sha256": SHA256_KEY,
-    },
+    lists={"image/class/label", "image/class/text"},
+    roles={role: key for role, (key, _) in _SLIM.items() if role not in ("channels", "colorspace")},
     label_offset=1,
     raw_ok=False,
     single_frame=True,  # tf-slim's decoder falls back to decode_image for GIF
