@@ -170,6 +170,19 @@ def test_single_frame_stores_the_first_frame_of_animations():
     assert np.array_equal(tf.io.decode_image(out.data).numpy(), first)  # default expand_animations
 
 
+def test_exif_rotation_then_resize_of_a_large_jpeg():
+    img = Image.new("RGB", (800, 400), (255, 0, 0))
+    img.paste((0, 0, 255), (400, 0, 800, 400))  # left half red, right half blue
+    exif = Image.Exif()
+    exif[0x0112] = 6  # displayed turned 90 degrees clockwise: red on top, blue below
+    options = ImageOptions(exif_transpose=True, resize=(50, 100), resize_mode="stretch")
+    out = prepare_image(_save(img, "JPEG", exif=exif), options)
+    pixels = tf.io.decode_image(out.data).numpy().astype(int)
+    assert pixels.shape == (100, 50, 3) and out.info.format == "jpeg"
+    assert pixels[10, 25, 0] > 200 and pixels[10, 25, 2] < 50  # red
+    assert pixels[90, 25, 2] > 200 and pixels[90, 25, 0] < 50  # blue
+
+
 def test_pad_keeps_aspect_and_fills_black():
     img = Image.new("RGB", (20, 10), (255, 255, 255))
     out = prepare_image(_save(img, "PNG"), ImageOptions(resize=(10, 10), resize_mode="pad"))

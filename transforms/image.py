@@ -59,6 +59,7 @@ _PNG_CHANNELS = {0: 1, 2: 3, 3: 3, 4: 2, 6: 4}
 _MODE_CHANNELS = {"L": 1, "LA": 2, "RGB": 3, "RGBA": 4, "I;16": 1}
 _SIXTEEN_BIT = ("I;16", "I;16B", "I;16L", "I;16N")
 _EXIF_ORIENTATION = 0x0112
+_SWAPS_AXES = (5, 6, 7, 8)  # EXIF orientations that turn the image by 90 degrees
 _RESAMPLE = Image.Resampling.BICUBIC
 
 # Our own limit (checked from the header, before decoding) decides; Pillow's warning for
@@ -185,7 +186,7 @@ def _tf_problem(fmt: str, data: bytes, img: Image.Image) -> str | None:
     if fmt == "bmp" and _bmp_layout(data) != (24, 0):
         bits, compression = _bmp_layout(data)
         return f"{bits}-bit BMP (compression {compression}) is misread by TensorFlow"
-    if fmt == "webp" and getattr(img, "is_animated", False):
+    if fmt == "webp" and _is_animated(img):
         return "animated WebP crashes TensorFlow's decoder"
     return None
 
@@ -261,6 +262,13 @@ def inspect_image(data: bytes, max_pixels: int = DEFAULT_MAX_PIXELS) -> ImageInf
     return _check_as_stored(data, fmt, img)
 
 
+def _is_animated(img: Image.Image) -> bool:
+    try:
+        return bool(getattr(img, "is_animated", False))
+    except (OSError, SyntaxError, ValueError, EOFError, struct.error):
+        return False  # a damaged later frame: only the first one is checked and decoded
+
+
 def _orientation(img: Image.Image) -> int:
     try:
         return int(img.getexif().get(_EXIF_ORIENTATION, 1))
@@ -299,7 +307,7 @@ def _needs_change(img: Image.Image, fmt: str, channels: int, options: ImageOptio
         return f"converted to {options.color}"
     if options.exif_transpose and _orientation(img) != 1:
         return "rotated by EXIF orientation"
-    if options.single_frame and getattr(img, "is_animated", False):
+    if options.single_frame and _is_animated(img):
         return "animated: first frame kept"
     return None
 
@@ -375,10 +383,12 @@ def _convert(
 ) -> PreparedImage:
     """Decodes, applies the options and re-encodes (or returns raw pixels)."""
     width, height = img.size
+    if options.exif_transpose and _orientation(img) in _SWAPS_AXES:
+        width, height = height, width  # the size the target is computed from
     scale = _decode_scale(width, height, options)
     if fmt == "jpeg" and scale < 0.5:
         # Let libjpeg decode at 1/2, 1/4 or 1/8 scale, never below the needed size.
-        img.draft(img.mode, (math.ceil(width * scale), math.ceil(height * scale)))
+        img.draft(img.mode, (math.ceil(img.width * scale), math.ceil(img.height * scale)))
     _load(img, fmt)
     if options.exif_transpose:
         img = ImageOps.exif_transpose(img)
