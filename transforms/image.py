@@ -474,6 +474,8 @@ def estimate_stored_size(header: bytes, file_size: int, options: ImageOptions) -
         return file_size
     scaled = file_size * pixels / (width * height)  # the source's bytes per pixel, kept
     out_fmt = _output_format(fmt, problem, options)
+    if out_fmt == fmt == "png":  # PNG size follows the channel count (e.g. --color grayscale)
+        return int(scaled * channels / _converted_channels(img)) + 1
     if out_fmt == fmt:
         return int(scaled) + 1
     # Another codec: a typical photo ratio, bounded by how well the source itself compressed.
