@@ -94,6 +94,8 @@ CASES = {
     "webp_rgb": (lambda: _save(_pixels("RGB"), "WEBP"), True, "webp", 3),
     "webp_rgba_lossless": (lambda: _save(_pixels("RGBA"), "WEBP", lossless=True), True, "webp", 4),
     "webp_animated": (lambda: _frames("WEBP"), False, "png", 3),
+    "tga_rgba": (lambda: _save(_pixels("RGBA"), "TGA"), False, "png", 4),
+    "ppm_rgb": (lambda: _save(_pixels("RGB"), "PPM"), False, "png", 3),
 }
 
 
@@ -229,6 +231,15 @@ def test_configured_limit_above_pillows_own_is_honoured():
     # With a larger limit Pillow must not refuse it first (the estimate reads the header).
     raw = ImageOptions(max_pixels=250_000_000, store="raw")
     assert estimate_stored_size(header, len(header), raw) == 20_000 * 10_000 * 3
+
+
+def test_formats_without_signature_are_identified_by_pillow_but_never_eps():
+    icon = _pixels("RGBA", (32, 32))
+    out = prepare_image(_save(icon, "ICO", sizes=[(32, 32)]))
+    assert (out.info.format, out.converted) == ("png", "ico is not decodable by TensorFlow")
+    assert np.array_equal(tf.io.decode_image(out.data).numpy(), np.asarray(icon))
+    with pytest.raises(ImageError, match="not an image"):
+        prepare_image(b"%!PS-Adobe-3.0 EPSF-3.0\n%%BoundingBox: 0 0 10 10\n")
 
 
 def test_lossy_32bit_modes_are_failures_with_a_reason():

@@ -12,7 +12,7 @@ rejected with a reason. What TensorFlow 2.21 does, verified by tests/test_image_
 - BMP other than 24-bit uncompressed: 32-bit gives a 4th channel from the padding byte,
   palette BMPs give palette indices, 1-bit fails -> PNG.
 - Animated WebP corrupts TensorFlow's heap (a crash at training time) -> PNG of frame 1.
-- TIFF (and anything else Pillow reads) is not decodable by TensorFlow -> PNG.
+- TIFF, PSD, ICO, TGA, PPM, ... (`_FALLBACK_FORMATS`) are not decodable by TensorFlow -> PNG.
 
 Re-encoding options (`ImageOptions`) resize, recolour, rotate by EXIF, re-encode as JPEG or
 PNG, or store raw uint8 pixels instead of encoded bytes.
@@ -40,6 +40,10 @@ _SIGNATURES: tuple[tuple[bytes, int, str], ...] = (
     (b"II*\x00", 0, "tiff"),
     (b"MM\x00*", 0, "tiff"),
 )
+
+# Pillow plugins tried for content without one of the signatures above; all are converted
+# to PNG. A short list on purpose: never EPS (Pillow runs Ghostscript on it).
+_FALLBACK_FORMATS = ("PSD", "ICO", "TGA", "PPM", "PCX", "SGI", "JPEG2000")
 
 # Formats whose original bytes TensorFlow's decode_image reads (with the exceptions above).
 TF_FORMATS = ("jpeg", "png", "gif", "bmp", "webp")
@@ -207,18 +211,21 @@ def _open(data: bytes, max_pixels: int) -> tuple[str, Image.Image]:
     if not data:
         raise ImageError("empty file")
     fmt = detect_format(data)
-    if fmt is None:
-        raise ImageError("not an image (unrecognised content)")
     # Pillow refuses images above 2 * MAX_IMAGE_PIXELS at open; a larger configured limit
     # must win. Our own check below runs before anything is decoded.
     if Image.MAX_IMAGE_PIXELS is not None and Image.MAX_IMAGE_PIXELS < max_pixels:
         Image.MAX_IMAGE_PIXELS = max_pixels
     try:
-        img = Image.open(io.BytesIO(data))
+        img = Image.open(io.BytesIO(data), formats=_FALLBACK_FORMATS if fmt is None else (fmt.upper(),))
+        fmt = fmt or img.format.lower()
+    except Image.UnidentifiedImageError:
+        if fmt is None:
+            raise ImageError("not an image (unrecognised content)") from None
+        raise ImageError(f"does not decode as {fmt}: corrupt header") from None
     except Image.DecompressionBombError as e:  # far above the limit; refused by Pillow itself
         raise ImageError(f"too large: more than {max_pixels} pixels ({e})") from None
-    except (Image.UnidentifiedImageError, OSError, SyntaxError, ValueError, EOFError):
-        raise ImageError(f"does not decode as {fmt}: corrupt header") from None
+    except (OSError, SyntaxError, ValueError, EOFError):
+        raise ImageError(f"does not decode as {fmt or 'an image'}: corrupt header") from None
     width, height = img.size
     if width <= 0 or height <= 0:
         raise ImageError(f"invalid size {width}x{height}")
