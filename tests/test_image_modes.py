@@ -224,6 +224,7 @@ def test_bomb_is_refused_from_the_header_without_decoding():
     assert time.monotonic() - start < 1  # never decoded
 
 
+@pytest.mark.filterwarnings("ignore::PIL.Image.DecompressionBombWarning")
 def test_configured_limit_above_pillows_own_is_honoured():
     header = _png_header(20_000, 10_000)  # 200 Mpx: above Pillow's 2 * 89.5 Mpx refusal
     with pytest.raises(ImageError, match="too large: 20000x10000 exceeds 178956970"):
