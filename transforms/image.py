@@ -390,14 +390,15 @@ def _convert(
 ) -> PreparedImage:
     """Decodes, applies the options and re-encodes (or returns raw pixels)."""
     width, height = img.size
-    if options.exif_transpose and _orientation(img) in _SWAPS_AXES:
+    orientation = _orientation(img) if options.exif_transpose else 1
+    if orientation in _SWAPS_AXES:
         width, height = height, width  # the size the target is computed from
     scale = _decode_scale(width, height, options)
     if fmt == "jpeg" and scale < 0.5:
         # Let libjpeg decode at 1/2, 1/4 or 1/8 scale, never below the needed size.
         img.draft(img.mode, (math.ceil(img.width * scale), math.ceil(img.height * scale)))
     _load(img, fmt)
-    if options.exif_transpose:
+    if orientation != 1:  # only a readable, non-upright orientation is applied
         img = ImageOps.exif_transpose(img)
     transforms = (
         options.store == "raw" or options.color != "keep" or target_size(*img.size, options) != img.size
