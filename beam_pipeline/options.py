@@ -6,6 +6,7 @@ import argparse
 
 from apache_beam.options.pipeline_options import PipelineOptions, _BeamArgumentParser
 
+from beam_pipeline.image_options import add_image_arguments, encode_settings
 from transforms.image import DEFAULT_MAX_PIXELS
 from transforms.layout import DEFAULT_SEED, DEFAULT_SHARD_SIZE_MB, parse_split_ratios
 from transforms.write import COMPRESSIONS
@@ -57,6 +58,7 @@ class ConvertOptions(PipelineOptions):
             "--overwrite", action="store_true", help="Replace an existing dataset in --output_dir."
         )
         parser.add_argument("--quiet", action="store_true", help="No progress output.")
+        add_image_arguments(parser)
 
 
 def validate(opts: ConvertOptions) -> None:
@@ -73,6 +75,10 @@ def validate(opts: ConvertOptions) -> None:
         raise UserError("--max_pixels must be positive")
     if opts.stratify and opts.splits in ("", "folders"):
         raise UserError("--stratify needs ratio splits (--splits train=0.8,...)")
+    try:
+        encode_settings(opts)
+    except ValueError as e:
+        raise UserError(str(e)) from None
     if opts.splits and opts.splits != "folders":
         try:
             parse_split_ratios(opts.splits)

@@ -13,11 +13,13 @@ import dataclasses
 import apache_beam as beam
 from apache_beam.io.filesystems import FileSystems
 
+from beam_pipeline.image_options import encode_settings, label_offset
 from beam_pipeline.options import ConvertOptions
 from transforms.encode import EncodeSettings
 from transforms.labels import BuildClassIndex, LabelFromFolders
 from transforms.layout import AssignSplits, PlanShards, parse_split_ratios
 from transforms.listing import ListImages, normalize_root
+from transforms.prescan import DropDuplicates, EstimateSizes
 from transforms.write import WriteMetadata, WriteShards
 
 
@@ -40,21 +42,30 @@ def build_pipeline(p: beam.Pipeline, opts: ConvertOptions, run_id: str) -> Pipel
     temp_dir = temp_dir_for(output_dir, run_id)
     ratios = parse_split_ratios(opts.splits) if opts.splits not in ("", "folders") else ()
     target_bytes = None if opts.num_shards else int(opts.shard_size_mb * 1024 * 1024)
-    settings = EncodeSettings(max_pixels=opts.max_pixels)
+    settings: EncodeSettings = encode_settings(opts)
+    # Options that change the stored bytes: plan shards by estimated sizes, not file sizes.
+    estimate_with = settings if settings.changes_pixels() else None
+    failed: list[beam.PCollection] = []
 
     files = p | "ListImages" >> ListImages(opts.input)  # ImageFile(path, relpath, size)
     labeled = files | "LabelFromFolders" >> LabelFromFolders(opts.splits == "folders")  # .records, .failed
     records = labeled.records | "AssignSplits" >> AssignSplits(
         ratios, opts.seed, opts.stratify
     )  # ImageRecord
-    classes = records | "BuildClassIndex" >> BuildClassIndex(opts.label_offset)  # singleton ClassIndex
-    tasks = records | "PlanShards" >> PlanShards(
+    classes = records | "BuildClassIndex" >> BuildClassIndex(label_offset(opts))  # singleton ClassIndex
+    to_plan = records
+    if opts.dedupe:
+        deduped = records | "DropDuplicates" >> DropDuplicates(estimate_with)  # .records, .failed
+        to_plan, failed = deduped.records, [deduped.failed]
+    elif estimate_with:
+        to_plan = records | "EstimateSizes" >> EstimateSizes(estimate_with)  # ImageRecord, size = estimate
+    tasks = to_plan | "PlanShards" >> PlanShards(
         opts.seed, target_bytes, opts.num_shards or None
     )  # ShardTask
     shards = tasks | "WriteShards" >> WriteShards(
         output_dir, temp_dir, classes, opts.compression, settings
     )  # .shards ShardResult, .written Written, .failed Failure
-    failures = (labeled.failed, shards.failed) | "FlattenFailures" >> beam.Flatten()
+    failures = (labeled.failed, shards.failed, *failed) | "FlattenFailures" >> beam.Flatten()
     summary = p | "WriteMetadata" >> WriteMetadata(
         output_dir,
         temp_dir,
@@ -65,5 +76,6 @@ def build_pipeline(p: beam.Pipeline, opts: ConvertOptions, run_id: str) -> Pipel
         failed=failures,
         shards=shards.shards,
         class_index=classes,
+        settings=settings,
     )  # the summary.json dict
     return PipelineOutputs(summary=summary, failures=failures)

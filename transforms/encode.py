@@ -7,30 +7,42 @@ reads each image right before encoding it so that image bytes never enter a PCol
 from __future__ import annotations
 
 import dataclasses
+import functools
 
 from transforms.example import serialize_example
-from transforms.image import DEFAULT_MAX_PIXELS, inspect_image
+from transforms.image import ImageOptions, prepare_image
 from transforms.labels import ClassIndex
 from transforms.records import ImageRecord
-from transforms.schema import DEFAULT_SCHEMA, get_schema
+from transforms.schema import DEFAULT_SCHEMA, Schema, get_schema
 
 
 @dataclasses.dataclass(frozen=True)
-class EncodeSettings:
-    """How images are checked and which features are written."""
+class EncodeSettings(ImageOptions):
+    """How images are checked and converted (ImageOptions), and which features are written.
 
-    max_pixels: int = DEFAULT_MAX_PIXELS
+    Attributes:
+      schema: the preset name (`--schema`).
+      rename_keys: custom key renames (old, new) applied on top of the preset.
+    """
+
     schema: str = DEFAULT_SCHEMA
+    rename_keys: tuple[tuple[str, str], ...] = ()
+
+
+@functools.lru_cache(maxsize=16)
+def _schema(name: str, renames: tuple[tuple[str, str], ...]) -> Schema:
+    return get_schema(name, renames)
 
 
 def encode_record(
     record: ImageRecord, data: bytes, class_index: ClassIndex, settings: EncodeSettings = EncodeSettings()
 ) -> bytes:
-    """Checks `data` and returns the serialized Example for `record`.
+    """Checks (and converts, if needed or asked for) `data`; returns the serialized Example.
 
     Raises:
       ImageError: the image does not decode or cannot be written; the message says why.
     """
-    schema = get_schema(settings.schema)
-    info = inspect_image(data, max_pixels=settings.max_pixels)
-    return serialize_example(schema.build(record, data, info, class_index), schema.kinds)
+    schema = _schema(settings.schema, settings.rename_keys)
+    prepared = prepare_image(data, settings)
+    features = schema.features(record, prepared.data, prepared.info, class_index)
+    return serialize_example(features, schema.kinds)

@@ -15,7 +15,7 @@ from apache_beam.io.filesystem import FileMetadata
 from transforms.records import ImageFile
 
 # Matched case-insensitively against the file name's last suffix.
-IMAGE_EXTENSIONS = (".jpg", ".jpeg", ".png", ".gif", ".bmp")
+IMAGE_EXTENSIONS = (".jpg", ".jpeg", ".png", ".gif", ".bmp", ".tif", ".tiff", ".webp", ".psd", ".ico", ".tga")
 
 
 def has_image_extension(path: str, extensions: tuple[str, ...] = IMAGE_EXTENSIONS) -> bool:

@@ -25,6 +25,7 @@ from transforms.encode import EncodeSettings, encode_record
 from transforms.failures import FAILED, WRITTEN, Failure
 from transforms.image import ImageError
 from transforms.labels import ClassIndex
+from transforms.prescan import DEDUPE_STAGE
 from transforms.records import ImageFile, ImageRecord, ShardResult, ShardTask, Written
 
 SHARD_TEMPLATE = "-SSSSS-of-NNNNN"
@@ -148,8 +149,13 @@ def build_summary(
     failures: list[Failure],
     shards: list[ShardResult],
     class_index: ClassIndex,
+    settings: EncodeSettings | None = None,
 ) -> dict:
-    """The summary.json document. Invariant: listed == written + failed at every level."""
+    """The summary.json document. Invariant: listed == written + failed at every level.
+
+    Duplicates dropped by --dedupe are failures (stage 'dedupe'), also counted in
+    `duplicates`; `schema`, `rename_keys`, `store` and `image_format` say how to parse.
+    """
 
     def counts() -> dict:
         return {"listed": 0, "written": 0, "failed": 0}
@@ -194,14 +200,29 @@ def build_summary(
         "class_names": list(class_index.names),
         "label_offset": class_index.offset,
         "splits": dict(sorted(splits.items())),
+        **_image_fields(settings or EncodeSettings(), reasons),
+    }
+
+
+def _image_fields(settings: EncodeSettings, reasons: collections.Counter) -> dict:
+    """How images were stored and which schema to parse them with (see transforms.schema)."""
+    return {
+        "schema": settings.schema,
+        "rename_keys": dict(settings.rename_keys),
+        "store": settings.store,
+        "image_format": settings.image_format,
+        "duplicates": reasons.get(DEDUPE_STAGE, 0),
     }
 
 
 class FinalizeFn(beam.DoFn):
     """Runs once after every shard is written: rename shards, then write the metadata."""
 
-    def __init__(self, output_dir: str, temp_dir: str, compression: str):
+    def __init__(
+        self, output_dir: str, temp_dir: str, compression: str, settings: EncodeSettings | None = None
+    ):
         self._output_dir, self._temp_dir, self._compression = output_dir, temp_dir, compression
+        self._settings = settings
 
     def process(self, _, listed_total, listed, written, failures, shards, class_index) -> Iterable[dict]:
         if listed_total == 0:
@@ -221,7 +242,9 @@ class FinalizeFn(beam.DoFn):
         out = self._output_dir
         write_text(FileSystems.join(out, FAILURES_FILE), "".join(f.to_json() + "\n" for f in failures))
         write_text(FileSystems.join(out, LABELS_FILE), "".join(n + "\n" for n in class_index.names))
-        summary = build_summary(listed_total, dict(listed), dict(written), failures, shards, class_index)
+        summary = build_summary(
+            listed_total, dict(listed), dict(written), failures, shards, class_index, self._settings
+        )
         # Written last: its presence marks a finished dataset.
         write_text(
             FileSystems.join(out, SUMMARY_FILE),
@@ -245,9 +268,10 @@ class WriteMetadata(beam.PTransform):
         failed: beam.PCollection[Failure],
         shards: beam.PCollection[ShardResult],
         class_index: beam.PCollection[ClassIndex],
+        settings: EncodeSettings | None = None,
     ):
         super().__init__()
-        self._fn = FinalizeFn(output_dir, temp_dir, compression)
+        self._fn = FinalizeFn(output_dir, temp_dir, compression, settings)
         self._files, self._records, self._written = files, records, written
         self._failed, self._shards, self._class_index = failed, shards, class_index
 

@@ -1,0 +1,140 @@
+"""Opt-in passes over the image files before shard planning: dedupe and size estimates.
+
+Shards are planned from file sizes before images are read. Two options need more:
+
+- `--dedupe` hashes every file's content (a streaming read; only (sha256, record) metadata
+  leaves the DoFn) and keeps the first path of each hash; every other copy is reported
+  as a failure with reason 'duplicate of <relpath>' (stage 'dedupe'). So
+  `listed == written + failed` still holds, and summary.json counts them in
+  `failed_by_stage.dedupe` and `duplicates`.
+- Options that change the stored bytes (resize, re-encode, colour, raw) make a record's
+  size differ from its file's. `EstimateSizes` reads each file's first bytes (the header)
+  and replaces `ImageRecord.size` with `estimate_stored_size(...)`, so size-based shards
+  still land near the target. With `--dedupe` the estimate comes from the same read.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import hashlib
+from collections.abc import Iterable
+
+import apache_beam as beam
+from apache_beam import pvalue
+from apache_beam.io.filesystem import CompressionTypes
+from apache_beam.io.filesystems import FileSystems
+from apache_beam.metrics import Metrics
+
+from transforms.failures import FAILED, Failure
+from transforms.image import ImageOptions, estimate_stored_size
+from transforms.records import ImageRecord
+
+DEDUPE_STAGE = "dedupe"
+# Enough for the headers of nearly every image (JPEG EXIF and ICC segments come first).
+HEADER_BYTES = 256 * 1024
+_CHUNK = 1 << 20
+
+
+def with_estimated_size(record: ImageRecord, header: bytes, options: ImageOptions) -> ImageRecord:
+    """The record with `size` replaced by the estimated stored size."""
+    return dataclasses.replace(record, size=estimate_stored_size(header, record.size, options))
+
+
+def hash_and_header(path: str) -> tuple[str, bytes]:
+    """(hex sha256 of the file, its first HEADER_BYTES), reading the file in chunks."""
+    digest = hashlib.sha256()
+    header = b""
+    with FileSystems.open(path, compression_type=CompressionTypes.UNCOMPRESSED) as f:
+        while chunk := f.read(_CHUNK):
+            if len(header) < HEADER_BYTES:
+                header += chunk[: HEADER_BYTES - len(header)]
+            digest.update(chunk)
+    return digest.hexdigest(), header
+
+
+class EstimateSizesFn(beam.DoFn):
+    """ImageRecord -> the same record with its estimated stored size."""
+
+    def __init__(self, options: ImageOptions):
+        self._options = options
+
+    def process(self, record: ImageRecord) -> Iterable[ImageRecord]:
+        try:
+            with FileSystems.open(record.path, compression_type=CompressionTypes.UNCOMPRESSED) as f:
+                header = f.read(HEADER_BYTES)
+        except OSError:  # reported by WriteShards when it reads the file
+            yield record
+            return
+        yield with_estimated_size(record, header, self._options)
+
+
+class EstimateSizes(beam.PTransform):
+    """Replaces each record's file size by the size it will have once converted."""
+
+    def __init__(self, options: ImageOptions):
+        super().__init__()
+        self._options = options
+
+    def expand(self, records: beam.PCollection[ImageRecord]) -> beam.PCollection[ImageRecord]:
+        return records | beam.ParDo(EstimateSizesFn(self._options))
+
+
+class HashContentFn(beam.DoFn):
+    """ImageRecord -> (content key, record); unreadable files get a key of their own."""
+
+    def __init__(self, options: ImageOptions | None):
+        self._options = options
+        self._hashed = Metrics.counter(self.__class__, "images_hashed")
+
+    def process(self, record: ImageRecord) -> Iterable[tuple[str, ImageRecord]]:
+        try:
+            key, header = hash_and_header(record.path)
+        except OSError:  # reported by WriteShards when it reads the file
+            yield f"unreadable:{record.path}", record
+            return
+        self._hashed.inc()
+        if self._options is not None:
+            record = with_estimated_size(record, header, self._options)
+        yield key, record
+
+
+def split_duplicates(records: Iterable[ImageRecord]) -> tuple[ImageRecord, list[Failure]]:
+    """The record kept among same-content records (smallest relpath), and the others."""
+    kept, *others = sorted(records, key=lambda r: (r.relpath, r.path))
+    return kept, [
+        Failure(r.path, f"duplicate of {kept.relpath}", DEDUPE_STAGE, r.split, r.class_key) for r in others
+    ]
+
+
+class DropDuplicatesFn(beam.DoFn):
+    """(content key, [records]) -> the kept record; FAILED for every other copy."""
+
+    def __init__(self):
+        self._dropped = Metrics.counter(self.__class__, "duplicates_dropped")
+
+    def process(self, group: tuple[str, Iterable[ImageRecord]]) -> Iterable:
+        kept, failures = split_duplicates(group[1])
+        yield kept
+        for failure in failures:
+            self._dropped.inc()
+            yield pvalue.TaggedOutput(FAILED, failure)
+
+
+class DropDuplicates(beam.PTransform):
+    """Keeps one record per distinct file content. Outputs `.records` and `.failed`.
+
+    Args:
+      options: when given, the kept records' sizes are replaced by estimates (see module).
+    """
+
+    def __init__(self, options: ImageOptions | None = None):
+        super().__init__()
+        self._options = options
+
+    def expand(self, records: beam.PCollection[ImageRecord]) -> pvalue.DoOutputsTuple:
+        return (
+            records
+            | "HashContent" >> beam.ParDo(HashContentFn(self._options))  # (sha256, ImageRecord)
+            | "GroupByContent" >> beam.GroupByKey()  # (sha256, [ImageRecord]) metadata only
+            | "KeepFirst" >> beam.ParDo(DropDuplicatesFn()).with_outputs(FAILED, main="records")
+        )
