@@ -52,6 +52,11 @@ class ConvertOptions(PipelineOptions):
             "--overwrite", action="store_true", help="Replace an existing dataset in --output_dir."
         )
         parser.add_argument("--quiet", action="store_true", help="No progress output.")
+        parser.add_argument(
+            "--write_index",
+            action="store_true",
+            help="Write <shard>.idx files (offset length per record) for DALI / PyTorch tfrecord.",
+        )
 
 
 def validate(opts: ConvertOptions) -> None:
@@ -66,6 +71,8 @@ def validate(opts: ConvertOptions) -> None:
         raise UserError("--num_shards must be 0 (size-based) or positive")
     if opts.max_pixels <= 0:
         raise UserError("--max_pixels must be positive")
+    if opts.write_index and opts.compression != "none":
+        raise UserError("--write_index needs uncompressed shards (--compression none)")
     if opts.splits and opts.splits != "folders":
         try:
             parse_split_ratios(opts.splits)

@@ -50,7 +50,7 @@ def build_pipeline(p: beam.Pipeline, opts: ConvertOptions, run_id: str) -> Pipel
         opts.seed, target_bytes, opts.num_shards or None
     )  # ShardTask
     shards = tasks | "WriteShards" >> WriteShards(
-        output_dir, temp_dir, classes, opts.compression, settings
+        output_dir, temp_dir, classes, opts.compression, settings, write_index=opts.write_index
     )  # .shards ShardResult, .written Written, .failed Failure
     failures = (labeled.failed, shards.failed) | "FlattenFailures" >> beam.Flatten()
     summary = p | "WriteMetadata" >> WriteMetadata(
@@ -63,5 +63,6 @@ def build_pipeline(p: beam.Pipeline, opts: ConvertOptions, run_id: str) -> Pipel
         failed=failures,
         shards=shards.shards,
         class_index=classes,
+        schema=settings.schema,
     )  # the summary.json dict
     return PipelineOutputs(summary=summary, failures=failures)
