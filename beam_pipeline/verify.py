@@ -62,7 +62,9 @@ def check_layout(shards: dict[str, list[str]], summary: dict) -> list[str]:
     expected = summary.get("splits", {})
     for split, info in expected.items():
         if info.get("written", 0) and split not in shards:
-            problems.append(f"split {split!r}: summary.json lists {info['written']} records but no shards exist")
+            problems.append(
+                f"split {split!r}: summary.json lists {info['written']} records but no shards exist"
+            )
     for split, paths in shards.items():
         names = [_SHARD_NAME.match(p.rsplit("/", 1)[-1]) for p in paths]
         counts = {int(m["count"]) for m in names}
@@ -88,17 +90,23 @@ def check_counts(checks: list[ShardCheck], summary: dict, tfds_info: dict | None
         per_shard[c.path] = c.records
     for split, info in summary.get("splits", {}).items():
         if per_split[split] != info.get("written", 0):
-            problems.append(f"split {split!r}: {per_split[split]} records, summary.json says {info.get('written')}")
+            problems.append(
+                f"split {split!r}: {per_split[split]} records, summary.json says {info.get('written')}"
+            )
     for entry in (tfds_info or {}).get("splits", []):
         lengths = [int(n) for n in entry.get("shardLengths", [])]
         paths = sorted(p for p in per_shard if p.rsplit("/", 1)[-1].startswith(entry["name"] + "-"))
         got = [per_shard[p] for p in paths]
         if got != lengths:
-            problems.append(f"split {entry['name']!r}: shard lengths {got}, {DATASET_INFO_FILE} says {lengths}")
+            problems.append(
+                f"split {entry['name']!r}: shard lengths {got}, {DATASET_INFO_FILE} says {lengths}"
+            )
     return problems
 
 
-def _check_locally(paths: list[str], schema: str, names: list[str], offset: int, decode_all: bool) -> list[ShardCheck]:
+def _check_locally(
+    paths: list[str], schema: str, names: list[str], offset: int, decode_all: bool
+) -> list[ShardCheck]:
     return [check_shard(p, get_schema(schema), names, offset, decode_all=decode_all) for p in paths]
 
 
@@ -109,7 +117,13 @@ def _write_results(checks: Iterable[ShardCheck], path: str) -> None:
 
 
 def _check_with_beam(
-    paths: list[str], schema: str, names: list[str], offset: int, decode_all: bool, output_dir: str, beam_args: list[str]
+    paths: list[str],
+    schema: str,
+    names: list[str],
+    offset: int,
+    decode_all: bool,
+    output_dir: str,
+    beam_args: list[str],
 ) -> list[ShardCheck]:
     from beam_pipeline.main import _local_defaults
 

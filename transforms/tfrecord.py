@@ -38,12 +38,7 @@ def masked_crc32c(data: bytes) -> int:
 def frame_record(data: bytes) -> bytes:
     """`data` framed as one TFRecord (what the writer appends for an uncompressed shard)."""
     length = struct.pack("<Q", len(data))
-    return (
-        length
-        + struct.pack("<I", masked_crc32c(length))
-        + data
-        + struct.pack("<I", masked_crc32c(data))
-    )
+    return length + struct.pack("<I", masked_crc32c(length)) + data + struct.pack("<I", masked_crc32c(data))
 
 
 def _read_exactly(f: BinaryIO, n: int) -> bytes:

@@ -234,7 +234,9 @@ class FinalizeFn(beam.DoFn):
             sink = make_sink(self._output_dir, split, self._compression)
             temp_paths = sorted(s.temp_path for s in results)
             # finalize_write names the i-th sorted temp path shard i; indexes follow their shard.
-            move_indexes(temp_paths, [sink._get_final_name(i, len(temp_paths)) for i in range(len(temp_paths))])
+            move_indexes(
+                temp_paths, [sink._get_final_name(i, len(temp_paths)) for i in range(len(temp_paths))]
+            )
             list(sink.finalize_write(FileSystems.join(self._temp_dir, split), temp_paths, None))
             split_shards[split] = [s.records for s in sorted(results, key=lambda s: s.temp_path)]
         if FileSystems.exists(self._temp_dir):
