@@ -18,6 +18,7 @@ from transforms.tfds_metadata import is_single_label
 from transforms.write import SUMMARY_FILE
 
 SHARD_GLOB = "{split}-*-of-*.tfrecord*"
+SHARD_SUFFIXES = (".tfrecord", ".tfrecord.gz")  # not the .idx files next to them
 
 
 def _join(root: str, name: str) -> str:
@@ -48,7 +49,8 @@ def shard_paths(output_dir: str, split: str) -> list[str]:
     """The split's shards, in shard order."""
     import tensorflow as tf
 
-    return sorted(tf.io.gfile.glob(_join(output_dir, SHARD_GLOB.format(split=split))))
+    found = tf.io.gfile.glob(_join(output_dir, SHARD_GLOB.format(split=split)))
+    return sorted(p for p in found if p.endswith(SHARD_SUFFIXES))
 
 
 def parse_spec(output_dir_or_schema: str | Schema = DEFAULT_SCHEMA) -> dict:
