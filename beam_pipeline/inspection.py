@@ -43,7 +43,8 @@ class DatasetStats:
 
     def split_total(self, split: str) -> ClassStats:
         return ClassStats(
-            sum(c.records for c in self.splits[split].values()), sum(c.bytes for c in self.splits[split].values())
+            sum(c.records for c in self.splits[split].values()),
+            sum(c.bytes for c in self.splits[split].values()),
         )
 
     def class_totals(self) -> dict[str, ClassStats]:
@@ -154,7 +155,9 @@ def render_report(stats: DatasetStats, title: str) -> str:
         f"<h1>{e(title)}</h1>",
     ]
     for check in stats.bad:
-        parts.append(f'<p class="bad">Bad shard {e(check.path)}: offset {check.offset}: {e(check.error or "")}</p>')
+        parts.append(
+            f'<p class="bad">Bad shard {e(check.path)}: offset {check.offset}: {e(check.error or "")}</p>'
+        )
     parts.append("<h2>Splits</h2><table><tr><th>split</th><th>class</th><th>records</th><th>bytes</th></tr>")
     for split, classes in stats.splits.items():
         total = stats.split_total(split)
@@ -162,7 +165,9 @@ def render_report(stats: DatasetStats, title: str) -> str:
             f"<tr><th>{e(split)}</th><th>all</th><th>{total.records}</th><th>{human_bytes(total.bytes)}</th></tr>"
         )
         for key, c in classes.items():
-            parts.append(f"<tr><td></td><td>{e(key)}</td><td>{c.records}</td><td>{human_bytes(c.bytes)}</td></tr>")
+            parts.append(
+                f"<tr><td></td><td>{e(key)}</td><td>{c.records}</td><td>{human_bytes(c.bytes)}</td></tr>"
+            )
     parts.append("</table>")
     totals = stats.class_totals()
     parts += ["<h2>Classes</h2>", _histogram_svg(totals), "<h2>Samples</h2>"]

@@ -31,7 +31,14 @@ CLASSES = ["cat", "dog house", "서울광장"]
 def converted(tmp_path_factory) -> Path:
     """A converted dataset: 3 classes x 6 images (JPEG, PNG gray/RGBA, BMP), train/validation."""
     root = tmp_path_factory.mktemp("readers") / "images"
-    modes = [("RGB", "a.jpg"), ("L", "b.png"), ("RGBA", "c.png"), ("RGB", "d.bmp"), ("RGB", "e.jpeg"), ("L", "f.jpg")]
+    modes = [
+        ("RGB", "a.jpg"),
+        ("L", "b.png"),
+        ("RGBA", "c.png"),
+        ("RGB", "d.bmp"),
+        ("RGB", "e.jpeg"),
+        ("L", "f.jpg"),
+    ]
     for c, cls in enumerate(CLASSES):
         for i, (mode, name) in enumerate(modes):
             write_image(root / cls / name, (12 + 3 * i, 10 + 2 * c), mode, seed=10 * c + i)
@@ -91,7 +98,9 @@ def test_load_dataset_round_trip_matches_tensorflow_read_back(converted):
 
     summary = _summary(converted)
     for split, info in summary["splits"].items():
-        loaded = [(int(label), image.numpy()) for image, label in load_dataset(str(converted), split, channels=0)]
+        loaded = [
+            (int(label), image.numpy()) for image, label in load_dataset(str(converted), split, channels=0)
+        ]
         expected = read_records(converted, split)
         assert len(loaded) == info["written"] == len(expected)
 
@@ -101,11 +110,14 @@ def test_load_dataset_round_trip_matches_tensorflow_read_back(converted):
         import tensorflow as tf
 
         want = sorted(
-            key(r["label"][0], tf.io.decode_image(r["encoded"], expand_animations=False).numpy()) for r in expected
+            key(r["label"][0], tf.io.decode_image(r["encoded"], expand_animations=False).numpy())
+            for r in expected
         )
         assert sorted(key(label, px) for label, px in loaded) == want
 
-    batches = list(load_dataset(str(converted), "train", image_size=(8, 6), batch_size=4, shuffle_files=True, seed=1))
+    batches = list(
+        load_dataset(str(converted), "train", image_size=(8, 6), batch_size=4, shuffle_files=True, seed=1)
+    )
     assert sum(b[0].shape[0] for b in batches) == summary["splits"]["train"]["written"]
     assert all(tuple(b[0].shape[1:]) == (8, 6, 3) for b in batches)
     assert set(np.concatenate([b[1].numpy() for b in batches])) <= {0, 1, 2}
@@ -257,5 +269,16 @@ def test_gzip_output_verifies_and_loads_without_tfds_files(tmp_path, capsys):
     code, stdout, err = _run_cli(["verify", str(out)], capsys)
     assert code == 0 and "OK: 2 records in 1 shards" in stdout, err
     assert sorted(int(label) for _, label in load_dataset(str(out))) == [0, 1]
-    code, _, err = _run_cli(["--input", str(root), "--output_dir", str(tmp_path / "o2"), "--compression", "gzip", "--write_index"], capsys)
+    code, _, err = _run_cli(
+        [
+            "--input",
+            str(root),
+            "--output_dir",
+            str(tmp_path / "o2"),
+            "--compression",
+            "gzip",
+            "--write_index",
+        ],
+        capsys,
+    )
     assert code == 2 and "--write_index" in err
