@@ -282,3 +282,21 @@ def test_gzip_output_verifies_and_loads_without_tfds_files(tmp_path, capsys):
         capsys,
     )
     assert code == 2 and "--write_index" in err
+
+
+def test_gif_datasets_give_tfds_the_encoded_bytes(tmp_path):
+    import tensorflow as tf
+    import tensorflow_datasets as tfds
+
+    root = tmp_path / "images"
+    write_image(root / "a" / "x.gif", (6, 4), "P", seed=1)
+    write_image(root / "b" / "y.png", (5, 3), seed=2)
+    out = tmp_path / "out"
+    main.run(["--input", str(root), "--output_dir", str(out), "--quiet"], False)
+    builder = tfds.builder_from_directory(str(out))
+    assert isinstance(builder.info.features["image"]["encoded"], tfds.features.Text)
+    shapes = sorted(
+        tuple(tf.io.decode_image(ex["image"]["encoded"], expand_animations=False).shape)
+        for ex in builder.as_dataset(split="train")
+    )
+    assert shapes == [(3, 5, 3), (4, 6, 3)]

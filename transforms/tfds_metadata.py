@@ -28,6 +28,8 @@ TFDS_VERSION = "1.0.0"
 TFDS_FILEPATH_TEMPLATE = "{SPLIT}-{SHARD_X_OF_Y}.{FILEFORMAT}"
 # Keys under this prefix hold one value per object (boxes), never one per image.
 PER_OBJECT_PREFIX = "image/object/"
+# TFDS's Image feature decodes these as animations (4-D), so they are declared as bytes.
+ANIMATED_FORMATS = frozenset({"gif"})
 # Name given to ids below --label_offset (id 0 is "background" for ODAPI-style data).
 _BACKGROUND = "background"
 
@@ -92,11 +94,12 @@ def is_single_label(summary: dict) -> bool:
     return bool(names) and all(key in names for key in summary.get("written_per_class", {}))
 
 
-def features_json(schema: Schema, num_labels: int, single_label: bool) -> dict:
+def features_json(schema: Schema, num_labels: int, single_label: bool, image_as_bytes: bool = False) -> dict:
     """The TFDS `features.json` document for records written with `schema`.
 
-    The image becomes an `Image` (decoded to RGB), the label a `ClassLabel` (a `Sequence` of
-    them for multi-label data and per-object labels), other bytes `Text`, numbers `Tensor`.
+    The image becomes an `Image` (decoded to RGB; the encoded bytes as `Text` when
+    `image_as_bytes`), the label a `ClassLabel` (a `Sequence` of them for multi-label data and
+    per-object labels), other bytes `Text`, numbers `Tensor`.
 
     Raises:
       ValueError: a key is both a feature and a prefix of another one.
@@ -105,7 +108,7 @@ def features_json(schema: Schema, num_labels: int, single_label: bool) -> dict:
     for key, kind in sorted(schema.kinds.items()):
         scalar = key in schema.scalar
         if key == schema.image_key:
-            feature = _image()
+            feature = _tensor("bytes", True) if image_as_bytes else _image()
         elif key == schema.label_key:
             label = _class_label(num_labels)
             one = single_label and (scalar or not key.startswith(PER_OBJECT_PREFIX))
@@ -189,10 +192,12 @@ def write_reader_metadata(
     schema: Schema,
     split_shards: dict[str, list[int]],
     compression: str,
+    image_formats: set[str] | frozenset[str] = frozenset(),
 ) -> list[str]:
     """Writes the reader metadata files; returns their names.
 
-    TFDS reads uncompressed TFRecords only, so gzip output gets no TFDS files.
+    TFDS reads uncompressed TFRecords only, so gzip output gets no TFDS files. When GIFs are
+    among `image_formats`, TFDS gets the encoded image bytes instead of an `Image` feature.
     """
     names = summary.get("class_names", [])
     offset = summary.get("label_offset", 0)
@@ -203,7 +208,8 @@ def write_reader_metadata(
     if compression != "none" or not split_shards:
         return written
     labels = class_label_names(names, offset)
-    features = features_json(schema, len(labels), is_single_label(summary))
+    animated = bool(ANIMATED_FORMATS & set(image_formats))
+    features = features_json(schema, len(labels), is_single_label(summary), image_as_bytes=animated)
     _write(FileSystems.join(output_dir, class_label_file(schema)), "".join(n + "\n" for n in labels))
     _write(FileSystems.join(output_dir, FEATURES_FILE), json.dumps(features, indent=2) + "\n")
     split_bytes = {s: v.get("bytes", 0) for s, v in summary.get("splits", {}).items()}

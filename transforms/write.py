@@ -23,7 +23,7 @@ from apache_beam.metrics import Metrics
 
 from transforms.encode import EncodeSettings, encode_record
 from transforms.failures import FAILED, WRITTEN, Failure
-from transforms.image import ImageError
+from transforms.image import ImageError, detect_format
 from transforms.index import move_indexes, write_index
 from transforms.labels import ClassIndex
 from transforms.records import ImageFile, ImageRecord, ShardResult, ShardTask, Written
@@ -102,6 +102,7 @@ class WriteShardFn(beam.DoFn):
         writer = sink.open_writer(split_temp, f"{task.index:05d}-{uuid.uuid4().hex}")
         written = size = 0
         sizes: list[int] = []
+        formats: set[str] = set()
         for record in task.records:
             try:
                 data = read_file(record.path)
@@ -116,6 +117,7 @@ class WriteShardFn(beam.DoFn):
             written += 1
             size += len(serialized)
             sizes.append(len(serialized))
+            formats.add(detect_format(data) or "unknown")
             self._encoded.inc()
             yield pvalue.TaggedOutput(WRITTEN, Written(record.split, record.class_key))
         temp_path = writer.close()
@@ -125,7 +127,7 @@ class WriteShardFn(beam.DoFn):
             return
         if self._write_index:
             write_index(temp_path, sizes)
-        yield ShardResult(task.split, task.index, temp_path, written, size)
+        yield ShardResult(task.split, task.index, temp_path, written, size, tuple(sorted(formats)))
 
     def _failure(self, record: ImageRecord, reason: str, stage: str) -> pvalue.TaggedOutput:
         self._failed.inc()
@@ -246,7 +248,10 @@ class FinalizeFn(beam.DoFn):
         write_text(FileSystems.join(out, FAILURES_FILE), "".join(f.to_json() + "\n" for f in failures))
         write_text(FileSystems.join(out, LABELS_FILE), "".join(n + "\n" for n in class_index.names))
         summary = build_summary(listed_total, dict(listed), dict(written), failures, shards, class_index)
-        write_reader_metadata(out, summary, get_schema(self._schema), split_shards, self._compression)
+        formats = {f for s in shards for f in s.formats}
+        write_reader_metadata(
+            out, summary, get_schema(self._schema), split_shards, self._compression, formats
+        )
         # Written last: its presence marks a finished dataset.
         write_text(
             FileSystems.join(out, SUMMARY_FILE),
