@@ -178,6 +178,8 @@ def test_verify_passes_on_good_output_and_names_flipped_and_truncated_shards(con
     code, out, err = _run_cli(["verify", str(flipped), "--beam"], capsys)
     assert code == 1 and f"{shard}: offset {offset}: data CRC mismatch" in err.splitlines()[0]
     assert (flipped / "verify.json").exists()
+    code, out, err = _run_cli(["inspect", str(flipped)], capsys)
+    assert code == 1 and f"BAD SHARD {shard}: offset {offset}: data CRC mismatch" in out
 
     truncated = tmp_path / "truncated"
     shutil.copytree(converted, truncated)
