@@ -39,7 +39,7 @@ def load_summary(output_dir: str) -> dict:
     path = FileSystems.join(output_dir, SUMMARY_FILE)
     try:
         return json.loads(read_file(path).decode("utf-8"))
-    except (OSError, FileNotFoundError):
+    except OSError:
         raise UserError(f"{output_dir}: no {SUMMARY_FILE} (not a finished img2tfrecord dataset)") from None
     except ValueError as e:
         raise UserError(f"{path}: not valid JSON ({e})") from None
@@ -139,7 +139,8 @@ def _check_with_beam(
             | "WriteResults" >> beam.Map(_write_results, results)
         )
     lines = read_file(results).decode("utf-8").splitlines()
-    return [ShardCheck(**{**json.loads(line), "classes": ()}) for line in lines]
+    checks = [json.loads(line) for line in lines]
+    return [ShardCheck(**{**c, "classes": tuple(tuple(x) for x in c["classes"])}) for c in checks]
 
 
 def verify(

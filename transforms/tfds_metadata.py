@@ -206,6 +206,11 @@ def write_reader_metadata(
         _write(FileSystems.join(output_dir, LABEL_MAP_FILE), label_map_pbtxt(names, offset))
         written.append(LABEL_MAP_FILE)
     if compression != "none" or not split_shards:
+        # No TFDS files; none left from an earlier (--overwrite'n) run either.
+        stale = [FileSystems.join(output_dir, n) for n in (DATASET_INFO_FILE, FEATURES_FILE)]
+        stale = [p for p in stale if FileSystems.exists(p)]
+        if stale:
+            FileSystems.delete(stale)
         return written
     labels = class_label_names(names, offset)
     animated = bool(ANIMATED_FORMATS & set(image_formats))
