@@ -64,6 +64,16 @@ def test_multi_label_dataset_with_offset_loads_in_tfds_load_dataset_and_verify(t
     assert problems == [] and checks[0].records == 4 and checks[0].decoded == 4
     assert {k for k, _, _ in checks[0].classes} == {"a", "a|b", "", "b"}
 
+    # A record whose label id is not in the dataset's classes is reported at its offset.
+    shard = tmp_path / "train-00000-of-00001.tfrecord"
+    good = shard.read_bytes()
+    stray = encode_record(
+        ImageRecord("/x/c.png", "c.png", 1, labels=("c",)), _png(3, 3, 9), ClassIndex(("a", "b", "c"), 1)
+    )
+    shard.write_bytes(good + frame_record(stray))
+    _, problems = verify(str(tmp_path))
+    assert problems[0] == f"{shard}: offset {len(good)}: label ids [3] outside the 2 classes of summary.json"
+
 
 def test_per_object_preset_gets_sequences_and_a_label_map(tmp_path):
     import tensorflow_datasets as tfds

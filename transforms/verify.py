@@ -107,7 +107,12 @@ class _Checker:
                 except self._tf.errors.InvalidArgumentError as e:
                     raise RecordError(offset, f"Example does not parse: {_first_line(e.message)}") from None
         for (i, offset, data), ex in zip(batch, rows, strict=True):
-            key = class_key_of(_as_list(ex[self._schema.label_key]), self._names, self._offset)
+            ids = _as_list(ex[self._schema.label_key])
+            if any(not 0 <= i - self._offset < len(self._names) for i in ids):
+                raise RecordError(
+                    offset, f"label ids {ids} outside the {len(self._names)} classes of summary.json"
+                )
+            key = class_key_of(ids, self._names, self._offset)
             self.counts[key] += 1
             self.sizes[key] += len(data)
             want_sample = sum(1 for k, _ in self.kept if k == key) < self._samples
