@@ -149,7 +149,7 @@ def render_report(stats: DatasetStats, title: str) -> str:
         '<html lang="en"><head><meta charset="utf-8">',
         f"<title>{e(title)}</title>",
         "<style>body{font-family:sans-serif;margin:2em}table{border-collapse:collapse}"
-        "td,th{padding:2px 10px;text-align:right}td:first-child,th:first-child{text-align:left}"
+        "td,th{padding:2px 10px;text-align:right}td:nth-child(-n+2),th:nth-child(-n+2){text-align:left}"
         ".sheet img{margin:2px;border:1px solid #ccc;vertical-align:top}.bad{color:#b00}</style>",
         "</head><body>",
         f"<h1>{e(title)}</h1>",

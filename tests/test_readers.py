@@ -12,6 +12,7 @@ import io
 import json
 import re
 import shutil
+import subprocess
 from html.parser import HTMLParser
 from pathlib import Path
 
@@ -302,3 +303,29 @@ def test_gif_datasets_give_tfds_the_encoded_bytes(tmp_path):
         for ex in builder.as_dataset(split="train")
     )
     assert shapes == [(3, 5, 3), (4, 6, 3)]
+
+
+@pytest.mark.skipif(shutil.which("chromium") is None, reason="headless Chromium is not installed")
+def test_report_renders_in_headless_chromium(converted, tmp_path, capsys):
+    report, shot = tmp_path / "report.html", tmp_path / "shot.png"
+    assert _run_cli(["inspect", str(converted), "--report", str(report)], capsys)[0] == 0
+    subprocess.run(
+        [
+            "chromium",
+            "--headless",
+            "--no-sandbox",
+            "--disable-gpu",
+            f"--screenshot={shot}",
+            "--window-size=900,1200",
+        ]
+        + [report.as_uri()],
+        check=True,
+        capture_output=True,
+        timeout=120,
+    )
+    with Image.open(shot) as img:
+        pixels = list(img.convert("RGB").getdata())
+    assert img.size == (900, 1200)
+    bar = sum(1 for p in pixels if abs(p[0] - 0x4A) + abs(p[1] - 0x7B) + abs(p[2] - 0xD0) < 12)
+    assert bar > 3 * 100  # the three histogram bars were drawn
+    assert len(set(pixels)) > 1000  # and the (random-noise) sample images
