@@ -331,3 +331,39 @@ def test_report_renders_in_headless_chromium(converted, tmp_path, capsys):
     bar = int((np.abs(pixels - [0x4A, 0x7B, 0xD0]).sum(axis=1) < 12).sum())
     assert bar > 3 * 100  # the three histogram bars were drawn
     assert len(np.unique(pixels, axis=0)) > 1000  # and the (random-noise) sample images
+
+
+@pytest.fixture
+def gcs_bucket(monkeypatch):
+    """A gcp-storage-emulator server (in memory) with bucket 'bkt'; yields a storage client."""
+    import socket
+
+    from gcp_storage_emulator.server import create_server
+    from google.auth.credentials import AnonymousCredentials
+    from google.cloud import storage
+
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        port = s.getsockname()[1]
+    server = create_server("127.0.0.1", port, in_memory=True, default_bucket="bkt")
+    server.start()
+    monkeypatch.setenv("STORAGE_EMULATOR_HOST", f"http://127.0.0.1:{port}")
+    try:
+        yield storage.Client(credentials=AnonymousCredentials(), project="test").bucket("bkt")
+    finally:
+        server.stop()
+
+
+def test_verify_and_inspect_read_gcs(converted, gcs_bucket, tmp_path, capsys):
+    for path in converted.iterdir():
+        data = path.read_bytes()
+        if path.name == _shards(converted)[3].name:  # damage one shard on the way up
+            data = data[:-1] + bytes([data[-1] ^ 0xFF])
+        gcs_bucket.blob(f"out/{path.name}").upload_from_string(data)
+    code, out, err = _run_cli(["inspect", "gs://bkt/out", "--report", "gs://bkt/report.html"], capsys)
+    assert code == 1 and "validation: " in out
+    assert gcs_bucket.blob("report.html").download_as_bytes().startswith(b"<!DOCTYPE html>")
+    code, out, err = _run_cli(["verify", "gs://bkt/out"], capsys)
+    entries = parse_index(Path(str(_shards(converted)[3]) + ".idx").read_text())
+    bad = f"gs://bkt/out/{_shards(converted)[3].name}: offset {entries[-1][0]}: data CRC mismatch"
+    assert code == 1 and err.splitlines()[0] == f"img2tfrecord verify: FAILED: {bad}"
