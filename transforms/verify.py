@@ -69,12 +69,8 @@ def is_sampled(i: int) -> bool:
 
 
 def class_key_of(ids: Iterable[int], class_names: list[str], offset: int) -> str:
-    """The '|'-joined class names of label ids (ids outside the index are shown as '#id')."""
-    names = []
-    for i in ids:
-        j = int(i) - offset
-        names.append(class_names[j] if 0 <= j < len(class_names) else f"#{int(i)}")
-    return "|".join(names)
+    """The '|'-joined class names of label ids (the summary's per-class key)."""
+    return "|".join(class_names[int(i) - offset] for i in ids)
 
 
 class _Checker:
@@ -91,6 +87,7 @@ class _Checker:
         self.counts: collections.Counter = collections.Counter()
         self.sizes: collections.Counter = collections.Counter()
         self.kept: list[tuple[str, bytes]] = []
+        self._kept_per_class: collections.Counter = collections.Counter()
         self.decoded = 0
 
     def check(self, batch: list[tuple[int, int, bytes]]) -> None:
@@ -108,19 +105,20 @@ class _Checker:
                     raise RecordError(offset, f"Example does not parse: {_first_line(e.message)}") from None
         for (i, offset, data), ex in zip(batch, rows, strict=True):
             ids = _as_list(ex[self._schema.label_key])
-            if any(not 0 <= i - self._offset < len(self._names) for i in ids):
+            if any(not 0 <= x - self._offset < len(self._names) for x in ids):
                 raise RecordError(
                     offset, f"label ids {ids} outside the {len(self._names)} classes of summary.json"
                 )
             key = class_key_of(ids, self._names, self._offset)
             self.counts[key] += 1
             self.sizes[key] += len(data)
-            want_sample = sum(1 for k, _ in self.kept if k == key) < self._samples
+            want_sample = self._kept_per_class[key] < self._samples
             if self._decode_all or is_sampled(i) or want_sample:
                 encoded = ex[self._schema.image_key]
                 self._decode(ex, encoded, offset)
                 if want_sample:
                     self.kept.append((key, encoded))
+                    self._kept_per_class[key] += 1
 
     def _parse(self, serialized: list[bytes]) -> list[dict]:
         """Parses a batch; returns per record the values of the keys the checks need."""
