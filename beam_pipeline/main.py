@@ -149,7 +149,19 @@ def _demo(argv: list[str]) -> int:
     return demo.main(argv)
 
 
-COMMANDS = {"convert": _convert, "demo": _demo}
+def _verify(argv: list[str]) -> int:
+    from beam_pipeline import verify
+
+    return verify.main(argv)
+
+
+def _inspect(argv: list[str]) -> int:
+    from beam_pipeline import inspection
+
+    return inspection.main(argv)
+
+
+COMMANDS = {"convert": _convert, "demo": _demo, "verify": _verify, "inspect": _inspect}
 
 
 def main(argv: list[str] | None = None) -> int:

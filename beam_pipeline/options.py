@@ -59,6 +59,11 @@ class ConvertOptions(PipelineOptions):
         )
         parser.add_argument("--quiet", action="store_true", help="No progress output.")
         add_image_arguments(parser)
+        parser.add_argument(
+            "--write_index",
+            action="store_true",
+            help="Write <shard>.idx files (offset length per record) for DALI / PyTorch tfrecord.",
+        )
 
 
 def validate(opts: ConvertOptions) -> None:
@@ -79,6 +84,8 @@ def validate(opts: ConvertOptions) -> None:
         encode_settings(opts)
     except ValueError as e:
         raise UserError(str(e)) from None
+    if opts.write_index and opts.compression != "none":
+        raise UserError("--write_index needs uncompressed shards (--compression none)")
     if opts.splits and opts.splits != "folders":
         try:
             parse_split_ratios(opts.splits)

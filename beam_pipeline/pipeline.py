@@ -63,7 +63,7 @@ def build_pipeline(p: beam.Pipeline, opts: ConvertOptions, run_id: str) -> Pipel
         opts.seed, target_bytes, opts.num_shards or None
     )  # ShardTask
     shards = tasks | "WriteShards" >> WriteShards(
-        output_dir, temp_dir, classes, opts.compression, settings
+        output_dir, temp_dir, classes, opts.compression, settings, write_index=opts.write_index
     )  # .shards ShardResult, .written Written, .failed Failure
     failures = (labeled.failed, shards.failed, *failed) | "FlattenFailures" >> beam.Flatten()
     summary = p | "WriteMetadata" >> WriteMetadata(

@@ -44,6 +44,7 @@ def read_records(output_dir: Path | str, split: str = "train") -> list[dict]:
         "image/filename": tf.io.FixedLenFeature([], tf.string),
     }
     shards = sorted(glob.glob(os.path.join(str(output_dir), f"{split}-*-of-*.tfrecord*")))
+    shards = [s for s in shards if not s.endswith(".idx")]
     compression = "GZIP" if shards and shards[0].endswith(".gz") else ""
     out = []
     for raw in tf.data.TFRecordDataset(shards, compression_type=compression):

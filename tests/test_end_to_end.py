@@ -32,7 +32,10 @@ def test_convert_reads_back_with_tensorflow(image_tree, tmp_path):
     assert sorted(os.path.basename(f["path"]) for f in failures) == ["broken.jpg", "empty.png", "html.jpg"]
     assert all(f["reason"] for f in failures)
     assert sorted(os.listdir(out)) == [
+        "dataset_info.json",
         "failures.jsonl",
+        "features.json",
+        "image-class-label.labels.txt",
         "labels.txt",
         "summary.json",
         "train-00000-of-00001.tfrecord",

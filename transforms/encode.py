@@ -10,7 +10,7 @@ import dataclasses
 import functools
 
 from transforms.example import serialize_example
-from transforms.image import ImageOptions, prepare_image
+from transforms.image import ImageInfo, ImageOptions, prepare_image
 from transforms.labels import ClassIndex
 from transforms.records import ImageRecord
 from transforms.schema import DEFAULT_SCHEMA, Schema, get_schema
@@ -34,10 +34,13 @@ def _schema(name: str, renames: tuple[tuple[str, str], ...]) -> Schema:
     return get_schema(name, renames)
 
 
-def encode_record(
+def encode_image(
     record: ImageRecord, data: bytes, class_index: ClassIndex, settings: EncodeSettings = EncodeSettings()
-) -> bytes:
-    """Checks (and converts, if needed or asked for) `data`; returns the serialized Example.
+) -> tuple[bytes, ImageInfo]:
+    """Checks (and converts, if needed or asked for) `data`.
+
+    Returns:
+      The serialized Example and what TensorFlow will decode its stored image to.
 
     Raises:
       ImageError: the image does not decode or cannot be written; the message says why.
@@ -45,4 +48,11 @@ def encode_record(
     schema = _schema(settings.schema, settings.rename_keys)
     prepared = prepare_image(data, settings)
     features = schema.features(record, prepared.data, prepared.info, class_index)
-    return serialize_example(features, schema.kinds)
+    return serialize_example(features, schema.kinds), prepared.info
+
+
+def encode_record(
+    record: ImageRecord, data: bytes, class_index: ClassIndex, settings: EncodeSettings = EncodeSettings()
+) -> bytes:
+    """The serialized Example for `record` (see `encode_image`)."""
+    return encode_image(record, data, class_index, settings)[0]

@@ -63,6 +63,7 @@ class ShardResult:
     temp_path: str
     records: int
     bytes: int
+    formats: tuple[str, ...] = ()  # image formats stored in the shard (metadata for readers)
 
 
 @dataclasses.dataclass(frozen=True)

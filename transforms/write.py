@@ -21,12 +21,15 @@ from apache_beam.io.filesystems import FileSystems
 from apache_beam.io.tfrecordio import _TFRecordSink
 from apache_beam.metrics import Metrics
 
-from transforms.encode import EncodeSettings, encode_record
+from transforms.encode import EncodeSettings, encode_image
 from transforms.failures import FAILED, WRITTEN, Failure
 from transforms.image import ImageError
+from transforms.index import move_indexes, write_index
 from transforms.labels import ClassIndex
 from transforms.prescan import DEDUPE_STAGE
 from transforms.records import ImageFile, ImageRecord, ShardResult, ShardTask, Written
+from transforms.schema import schema_from_summary
+from transforms.tfds_metadata import write_reader_metadata
 
 SHARD_TEMPLATE = "-SSSSS-of-NNNNN"
 SUMMARY_FILE = "summary.json"
@@ -75,9 +78,18 @@ def write_text(path: str, text: str) -> None:
 class WriteShardFn(beam.DoFn):
     """ShardTask -> ShardResult; WRITTEN and FAILED per image as tagged outputs."""
 
-    def __init__(self, output_dir: str, temp_dir: str, compression: str, settings: EncodeSettings):
+    def __init__(
+        self,
+        output_dir: str,
+        temp_dir: str,
+        compression: str,
+        settings: EncodeSettings,
+        write_index: bool = False,
+    ):
         self._output_dir, self._temp_dir = output_dir, temp_dir
         self._compression, self._settings = compression, settings
+        # DALI/PyTorch index files exist for uncompressed shards only.
+        self._write_index = write_index and compression == "none"
         self._encoded = Metrics.counter(self.__class__, "images_encoded")
         self._failed = Metrics.counter(self.__class__, "images_failed")
         self._bytes = Metrics.counter(self.__class__, "bytes_written")
@@ -90,10 +102,12 @@ class WriteShardFn(beam.DoFn):
         # temp paths) numbers the shards in plan order.
         writer = sink.open_writer(split_temp, f"{task.index:05d}-{uuid.uuid4().hex}")
         written = size = 0
+        sizes: list[int] = []
+        formats: set[str] = set()
         for record in task.records:
             try:
                 data = read_file(record.path)
-                serialized = encode_record(record, data, class_index, self._settings)
+                serialized, info = encode_image(record, data, class_index, self._settings)
             except ImageError as e:
                 yield self._failure(record, str(e), "decode")
                 continue
@@ -103,6 +117,8 @@ class WriteShardFn(beam.DoFn):
             writer.write(serialized)
             written += 1
             size += len(serialized)
+            sizes.append(len(serialized))
+            formats.add(info.format)  # as stored, after any conversion
             self._encoded.inc()
             yield pvalue.TaggedOutput(WRITTEN, Written(record.split, record.class_key))
         temp_path = writer.close()
@@ -110,7 +126,9 @@ class WriteShardFn(beam.DoFn):
         if not written:
             FileSystems.delete([temp_path])
             return
-        yield ShardResult(task.split, task.index, temp_path, written, size)
+        if self._write_index:
+            write_index(temp_path, sizes)
+        yield ShardResult(task.split, task.index, temp_path, written, size, tuple(sorted(formats)))
 
     def _failure(self, record: ImageRecord, reason: str, stage: str) -> pvalue.TaggedOutput:
         self._failed.inc()
@@ -129,11 +147,12 @@ class WriteShards(beam.PTransform):
         class_index: beam.PCollection[ClassIndex],
         compression: str = "none",
         settings: EncodeSettings = EncodeSettings(),
+        write_index: bool = False,
     ):
         super().__init__()
         if compression not in COMPRESSIONS:
             raise ValueError(f"compression must be one of {sorted(COMPRESSIONS)}")
-        self._fn = WriteShardFn(output_dir, temp_dir, compression, settings)
+        self._fn = WriteShardFn(output_dir, temp_dir, compression, settings, write_index)
         self._class_index = class_index
 
     def expand(self, tasks: beam.PCollection[ShardTask]) -> pvalue.DoOutputsTuple:
@@ -232,10 +251,16 @@ class FinalizeFn(beam.DoFn):
         by_split: dict[str, list[ShardResult]] = collections.defaultdict(list)
         for s in shards:
             by_split[s.split].append(s)
+        split_shards: dict[str, list[int]] = {}
         for split, results in sorted(by_split.items()):
             sink = make_sink(self._output_dir, split, self._compression)
             temp_paths = sorted(s.temp_path for s in results)
+            # finalize_write names the i-th sorted temp path shard i; indexes follow their shard.
+            move_indexes(
+                temp_paths, [sink._get_final_name(i, len(temp_paths)) for i in range(len(temp_paths))]
+            )
             list(sink.finalize_write(FileSystems.join(self._temp_dir, split), temp_paths, None))
+            split_shards[split] = [s.records for s in sorted(results, key=lambda s: s.temp_path)]
         if FileSystems.exists(self._temp_dir):
             FileSystems.delete([self._temp_dir])
         failures = sorted(failures, key=lambda f: (f.path, f.stage))
@@ -244,6 +269,10 @@ class FinalizeFn(beam.DoFn):
         write_text(FileSystems.join(out, LABELS_FILE), "".join(n + "\n" for n in class_index.names))
         summary = build_summary(
             listed_total, dict(listed), dict(written), failures, shards, class_index, self._settings
+        )
+        formats = {f for s in shards for f in s.formats}
+        write_reader_metadata(
+            out, summary, schema_from_summary(summary), split_shards, self._compression, formats
         )
         # Written last: its presence marks a finished dataset.
         write_text(

@@ -1,0 +1,55 @@
+"""Per-shard index files (`<shard>.idx`) for NVIDIA DALI and the PyTorch `tfrecord` package.
+
+The format is that of DALI's `tools/tfrecord2idx` (and `tfrecord.tools.tfrecord2idx`): one
+`offset length` line per record, where `length` counts the whole framed record (header,
+data and CRC). The writer knows each record's size, so the index is built while writing and
+renamed next to its shard at finalize time. Only uncompressed shards can be indexed.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Iterable
+
+from apache_beam.io.filesystems import FileSystems
+
+from transforms.tfrecord import RECORD_OVERHEAD
+
+INDEX_SUFFIX = ".idx"
+
+
+def index_text(record_sizes: Iterable[int]) -> str:
+    """The index of a shard whose records hold `record_sizes` data bytes, in order."""
+    lines, offset = [], 0
+    for size in record_sizes:
+        framed = size + RECORD_OVERHEAD
+        lines.append(f"{offset} {framed}\n")
+        offset += framed
+    return "".join(lines)
+
+
+def parse_index(text: str) -> list[tuple[int, int]]:
+    """(offset, length) pairs of an index file's text."""
+    return [(int(a), int(b)) for a, b in (line.split() for line in text.splitlines() if line.strip())]
+
+
+def index_path(shard_path: str) -> str:
+    return shard_path + INDEX_SUFFIX
+
+
+def write_index(shard_path: str, record_sizes: Iterable[int]) -> str:
+    """Writes `<shard_path>.idx`; returns its path."""
+    path = index_path(shard_path)
+    with FileSystems.create(path, mime_type="text/plain") as f:
+        f.write(index_text(record_sizes).encode("ascii"))
+    return path
+
+
+def move_indexes(temp_shards: list[str], final_shards: list[str]) -> None:
+    """Renames the temp shards' index files next to their final shards (where they exist)."""
+    pairs = [
+        (index_path(t), index_path(d))
+        for t, d in zip(temp_shards, final_shards, strict=True)
+        if FileSystems.exists(index_path(t))
+    ]
+    if pairs:
+        FileSystems.rename([s for s, _ in pairs], [d for _, d in pairs])

@@ -1,0 +1,256 @@
+"""Checking written shards: framing, CRCs, Example parsing, image decoding, index files.
+
+`check_shard` is the pure core: it reads one shard record by record (`iter_records`),
+parses every Example with the schema's spec, decodes a sample of the images (or all), and
+counts records and bytes per class. It stops at the first bad record and reports its byte
+offset. `VerifyShards` runs it as a Beam transform (one element per shard) for outputs too
+big for one machine; `inspect` uses the same function for its statistics and samples.
+"""
+
+from __future__ import annotations
+
+import collections
+import dataclasses
+import json
+import zlib
+from collections.abc import Iterable
+
+import apache_beam as beam
+from apache_beam.io.filesystem import CompressionTypes
+from apache_beam.io.filesystems import FileSystems
+from apache_beam.metrics import Metrics
+
+from transforms.index import index_path, parse_index
+from transforms.schema import Schema, get_schema
+from transforms.tfrecord import RECORD_OVERHEAD, RecordError, iter_records
+
+_PARSE_BATCH = 256
+# Keys whose value the decoded image must match (when the schema has them).
+_SHAPE_KEYS = ("image/height", "image/width", "image/channels")
+
+
+@dataclasses.dataclass(frozen=True)
+class ShardCheck:
+    """What one shard holds, and the first problem found in it.
+
+    Attributes:
+      path: the shard.
+      records: records read before the first problem (all of them if `error` is None).
+      bytes: serialized Example bytes of those records.
+      decoded: images decoded.
+      error: the first problem, or None.
+      offset: byte offset (in the uncompressed stream) of the record with the problem.
+      classes: (class key, records, bytes) per class, sorted.
+      samples: (class key, encoded image) of up to `samples_per_class` images per class.
+    """
+
+    path: str
+    records: int = 0
+    bytes: int = 0
+    decoded: int = 0
+    error: str | None = None
+    offset: int | None = None
+    classes: tuple[tuple[str, int, int], ...] = ()
+    samples: tuple[tuple[str, bytes], ...] = ()
+
+    @property
+    def ok(self) -> bool:
+        return self.error is None
+
+    def to_json(self) -> str:
+        d = dataclasses.asdict(self)
+        d.pop("samples")
+        return json.dumps(d, ensure_ascii=False)
+
+
+def is_sampled(i: int) -> bool:
+    """The records decoded by default: 0, 1, 2, 4, 8, 16, ... (spread over the whole shard)."""
+    return i < 2 or (i & (i - 1)) == 0
+
+
+def class_key_of(ids: Iterable[int], class_names: list[str], offset: int) -> str:
+    """The '|'-joined class names of label ids (the summary's per-class key)."""
+    return "|".join(class_names[int(i) - offset] for i in ids)
+
+
+class _Checker:
+    """Parses and decodes the records of one shard in batches (TensorFlow ops)."""
+
+    def __init__(self, schema: Schema, class_names: list[str], offset: int, decode_all: bool, samples: int):
+        import tensorflow as tf
+
+        self._tf = tf
+        self._schema, self._names, self._offset = schema, class_names, offset
+        self._spec = schema.parse_spec()
+        self._decode_all, self._samples = decode_all, samples
+        self._shape_keys = [k for k in _SHAPE_KEYS if k in schema.kinds]
+        self.counts: collections.Counter = collections.Counter()
+        self.sizes: collections.Counter = collections.Counter()
+        self.kept: list[tuple[str, bytes]] = []
+        self._kept_per_class: collections.Counter = collections.Counter()
+        self.decoded = 0
+
+    def check(self, batch: list[tuple[int, int, bytes]]) -> None:
+        """Checks (index, offset, data) records. Raises RecordError for the first bad one."""
+        if not batch:
+            return
+        try:
+            rows = self._parse([d for _, _, d in batch])
+        except self._tf.errors.InvalidArgumentError:
+            rows = []
+            for _, offset, data in batch:  # find which record does not parse
+                try:
+                    rows += self._parse([data])
+                except self._tf.errors.InvalidArgumentError as e:
+                    raise RecordError(offset, f"Example does not parse: {_first_line(e.message)}") from None
+        for (i, offset, data), ex in zip(batch, rows, strict=True):
+            ids = _as_list(ex[self._schema.label_key])
+            if any(not 0 <= x - self._offset < len(self._names) for x in ids):
+                raise RecordError(
+                    offset, f"label ids {ids} outside the {len(self._names)} classes of summary.json"
+                )
+            key = class_key_of(ids, self._names, self._offset)
+            self.counts[key] += 1
+            self.sizes[key] += len(data)
+            want_sample = self._kept_per_class[key] < self._samples
+            if self._decode_all or is_sampled(i) or want_sample:
+                encoded = ex[self._schema.image_key]
+                self._decode(ex, encoded, offset)
+                if want_sample:
+                    self.kept.append((key, encoded))
+                    self._kept_per_class[key] += 1
+
+    def _parse(self, serialized: list[bytes]) -> list[dict]:
+        """Parses a batch; returns per record the values of the keys the checks need."""
+        tf = self._tf
+        parsed = tf.io.parse_example(serialized, self._spec)
+        columns = {}
+        for key in (self._schema.image_key, self._schema.label_key, *self._shape_keys):
+            value = parsed[key]
+            if isinstance(value, tf.SparseTensor):
+                columns[key] = tf.RaggedTensor.from_sparse(value).to_list()
+            else:
+                columns[key] = value.numpy().tolist()
+        return [{k: v[row] for k, v in columns.items()} for row in range(len(serialized))]
+
+    def _decode(self, ex: dict, encoded: bytes, offset: int) -> None:
+        tf = self._tf
+        try:
+            image = tf.io.decode_image(encoded, expand_animations=False)
+        except (tf.errors.InvalidArgumentError, ValueError) as e:
+            raise RecordError(offset, f"image does not decode: {_first_line(str(e))}") from None
+        self.decoded += 1
+        for key, got in zip(self._shape_keys, image.shape, strict=False):
+            want = ex[key]
+            if want != got:
+                raise RecordError(offset, f"{key} is {want} but the image decodes to {tuple(image.shape)}")
+
+
+def _as_list(value) -> list:
+    return value if isinstance(value, list) else [value]
+
+
+def _first_line(text: str) -> str:
+    return text.strip().splitlines()[0] if text.strip() else "unknown error"
+
+
+def check_index(path: str, offsets: list[tuple[int, int]]) -> None:
+    """Compares `<path>.idx` (if any) with the records' real (offset, length).
+
+    Raises:
+      RecordError: at the first record the index gets wrong.
+    """
+    idx = index_path(path)
+    if not FileSystems.exists(idx):
+        return
+    with FileSystems.open(idx, compression_type=CompressionTypes.UNCOMPRESSED) as f:
+        entries = parse_index(f.read().decode("ascii"))
+    for want, got in zip(offsets, entries, strict=False):
+        if want != got:
+            raise RecordError(want[0], f"index file says {got}, record is {want}")
+    if len(entries) != len(offsets):
+        at = offsets[len(entries)][0] if len(entries) < len(offsets) else sum(offsets[-1]) if offsets else 0
+        raise RecordError(at, f"index file has {len(entries)} entries for {len(offsets)} records")
+
+
+def check_shard(
+    path: str,
+    schema: Schema,
+    class_names: list[str],
+    offset: int = 0,
+    *,
+    decode_all: bool = False,
+    samples_per_class: int = 0,
+) -> ShardCheck:
+    """Reads and checks every record of one shard (local or gs://, gzip by suffix)."""
+    checker = _Checker(schema, class_names, offset, decode_all, samples_per_class)
+    records = size = 0
+    positions: list[tuple[int, int]] = []
+    batch: list[tuple[int, int, bytes]] = []
+    error, bad_offset = None, None
+    try:
+        with FileSystems.open(path, compression_type=CompressionTypes.AUTO) as f:
+            try:
+                for i, (at, data) in enumerate(iter_records(f)):
+                    positions.append((at, len(data) + RECORD_OVERHEAD))
+                    batch.append((i, at, data))
+                    if len(batch) == _PARSE_BATCH:
+                        checker.check(batch)
+                        records, size = records + len(batch), size + sum(len(d) for *_, d in batch)
+                        batch = []
+            except (EOFError, zlib.error, OSError) as e:  # a broken gzip stream
+                end = positions[-1][0] + positions[-1][1] if positions else 0
+                raise RecordError(end, f"compressed stream broken: {e}") from None
+        checker.check(batch)
+        records, size = records + len(batch), size + sum(len(d) for *_, d in batch)
+        check_index(path, positions)
+    except RecordError as e:
+        error, bad_offset = e.reason, e.offset
+        good = [length - RECORD_OVERHEAD for at, length in positions if at < e.offset]
+        records, size = len(good), sum(good)
+    return ShardCheck(
+        path=path,
+        records=records,
+        bytes=size,
+        decoded=checker.decoded,
+        error=error,
+        offset=bad_offset,
+        classes=tuple(sorted((k, n, checker.sizes[k]) for k, n in checker.counts.items())),
+        samples=tuple(checker.kept),
+    )
+
+
+class CheckShardFn(beam.DoFn):
+    """shard path -> ShardCheck (without image samples)."""
+
+    def __init__(self, schema: str, class_names: list[str], offset: int, decode_all: bool):
+        self._schema_name, self._names, self._offset = schema, class_names, offset
+        self._decode_all = decode_all
+        self._records = Metrics.counter(self.__class__, "records_checked")
+        self._bad = Metrics.counter(self.__class__, "bad_shards")
+
+    def setup(self) -> None:
+        self._schema = get_schema(self._schema_name)
+
+    def process(self, path: str) -> Iterable[ShardCheck]:
+        result = check_shard(path, self._schema, self._names, self._offset, decode_all=self._decode_all)
+        self._records.inc(result.records)
+        if not result.ok:
+            self._bad.inc()
+        yield result
+
+
+class VerifyShards(beam.PTransform):
+    """Checks each shard path in parallel: PCollection[str] -> PCollection[ShardCheck]."""
+
+    def __init__(self, schema: str, class_names: list[str], offset: int = 0, decode_all: bool = False):
+        super().__init__()
+        get_schema(schema)  # fail early on an unknown schema
+        self._fn = CheckShardFn(schema, list(class_names), offset, decode_all)
+
+    def expand(self, paths: beam.PCollection[str]) -> beam.PCollection[ShardCheck]:
+        return (
+            paths
+            | "Reshuffle" >> beam.Reshuffle()  # spread shards over workers
+            | "CheckShard" >> beam.ParDo(self._fn)
+        )
