@@ -102,7 +102,7 @@ def features_json(schema: Schema, num_labels: int, single_label: bool, image_as_
     per-object labels), other bytes `Text`, numbers `Tensor`.
 
     Raises:
-      ValueError: a key is both a feature and a prefix of another one.
+      ValueError: a key clashes with a group of nested keys.
     """
     root: dict = {}
     for key, kind in sorted(schema.kinds.items()):
@@ -116,11 +116,14 @@ def features_json(schema: Schema, num_labels: int, single_label: bool, image_as_
         else:
             feature = _tensor(kind, scalar)
         *parents, leaf = key.split("/")
+        prefixes = {"/".join(parents[: i + 1]) for i in range(len(parents))}
+        if prefixes & set(schema.kinds):
+            # A key under another feature ('image' and 'image/filename', as the tfds
+            # preset has): TFDS takes it as one flat key, which serializes the same.
+            parents, leaf = [], key
         node = root
         for part in parents:
             node = node.setdefault(part, {})
-            if "pythonClassName" in node:
-                raise ValueError(f"feature {key!r} nests under another feature")
         if leaf in node:
             raise ValueError(f"feature {key!r} is also a prefix of another feature")
         node[leaf] = feature
