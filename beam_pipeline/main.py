@@ -23,18 +23,25 @@ from apache_beam.options.pipeline_options import (
 
 from beam_pipeline.options import ConvertOptions, UserError, check_args, validate
 from beam_pipeline.pipeline import build_pipeline
-from transforms.listing import has_image_extension, normalize_root
+from transforms.failures import TOO_MANY_FAILURES_MARKER
+from transforms.listing import escape_glob, has_image_extension, normalize_root
+from transforms.output import OutputBusy, claim_output
 from transforms.write import FAILURES_FILE, SUMMARY_FILE, USER_ERROR_MARKER
 
 # Exit statuses (documented in README.md).
 EXIT_OK = 0
 EXIT_FAILED = 1
 EXIT_USAGE = 2
+EXIT_TOO_MANY_FAILURES = 3
 
 # The local runner. Beam's "DirectRunner" first tries to download the Prism binary and
 # falls back to this one; naming it directly skips that.
 LOCAL_RUNNER = "FnApiRunner"
 _LOCAL_NAMES = {None, "DirectRunner", "directrunner", "direct", "FnApiRunner"}
+
+
+class TooManyFailures(Exception):
+    """More images failed than --max_failure_ratio allows; failures.jsonl was written."""
 
 
 def _given(argv: list[str], flag: str) -> bool:
@@ -60,7 +67,7 @@ def _check_input(root: str) -> None:
     Stops at the first image found: the listing itself happens inside the pipeline.
     """
     if "://" in root:
-        found = FileSystems.match([root + "/**"], limits=[1])[0].metadata_list
+        found = FileSystems.match([escape_glob(root) + "/**"], limits=[1])[0].metadata_list
         if not any(has_image_extension(m.path) for m in found) and not _any_image_remote(root):
             raise UserError(f"--input {root}: no image files found")
         return
@@ -73,18 +80,17 @@ def _check_input(root: str) -> None:
 
 
 def _any_image_remote(root: str) -> bool:
-    found = FileSystems.match([root + "/**"])[0].metadata_list
+    found = FileSystems.match([escape_glob(root) + "/**"])[0].metadata_list
     return any(has_image_extension(m.path) for m in found)
 
 
-def _check_output(output_dir: str, overwrite: bool) -> None:
-    """Refuses to mix with an existing dataset; checks that the folder can be written."""
-    summary = FileSystems.join(output_dir, SUMMARY_FILE)
-    existing = FileSystems.exists(summary) or bool(
-        FileSystems.match([FileSystems.join(output_dir, "*-?????-of-?????.tfrecord*")])[0].metadata_list
-    )
-    if existing and not overwrite:
-        raise UserError(f"--output_dir {output_dir} already holds a dataset; pass --overwrite to replace it")
+def _check_output(output_dir: str, overwrite: bool, run_id: str) -> None:
+    """Checks that the folder can be written, then claims it for run `run_id`.
+
+    Refuses to mix with an existing dataset (unless --overwrite); the partial output of an
+    interrupted run (its marker is still there) is replaced without asking, so that a
+    retried job succeeds. See transforms/output.py.
+    """
     try:
         if "://" not in output_dir:
             os.makedirs(output_dir, exist_ok=True)
@@ -94,6 +100,14 @@ def _check_output(output_dir: str, overwrite: bool) -> None:
         FileSystems.delete([probe])
     except Exception as e:  # noqa: BLE001 - any failure here means "cannot write"
         raise UserError(f"--output_dir {output_dir} is not writable: {e}") from None
+    try:
+        resumed = claim_output(output_dir, overwrite, run_id)
+    except OutputBusy as e:
+        raise UserError(str(e)) from None
+    if resumed:
+        logging.warning(
+            "replacing the unfinished output of an interrupted run (%s) in %s", resumed, output_dir
+        )
 
 
 def run(argv: list[str] | None = None, save_main_session: bool = True) -> dict:
@@ -101,6 +115,7 @@ def run(argv: list[str] | None = None, save_main_session: bool = True) -> dict:
 
     Raises:
       UserError: bad options, missing input, unwritable or occupied output.
+      TooManyFailures: more than --max_failure_ratio of the images failed.
     """
     argv = list(sys.argv[1:] if argv is None else argv)
     check_args(argv)
@@ -109,11 +124,11 @@ def run(argv: list[str] | None = None, save_main_session: bool = True) -> dict:
     validate(opts)
     _check_input(normalize_root(opts.input))
     output_dir = normalize_root(opts.output_dir)
-    _check_output(output_dir, opts.overwrite)
+    run_id = uuid.uuid4().hex
+    _check_output(output_dir, opts.overwrite, run_id)
     options.view_as(SetupOptions).save_main_session = save_main_session
     _local_defaults(options, argv)
 
-    run_id = uuid.uuid4().hex
     p = beam.Pipeline(options=options)
     build_pipeline(p, opts, run_id)
     try:
@@ -122,8 +137,10 @@ def run(argv: list[str] | None = None, save_main_session: bool = True) -> dict:
         # A user error found inside the pipeline (e.g. nothing to convert) arrives
         # wrapped by the runner; anything else is a bug and propagates.
         message = str(e)
+        if TOO_MANY_FAILURES_MARKER in message:
+            raise TooManyFailures(_marked_line(message, TOO_MANY_FAILURES_MARKER)) from None
         if USER_ERROR_MARKER in message:
-            raise UserError(message.split(USER_ERROR_MARKER, 1)[1].splitlines()[0].strip(" '\"")) from None
+            raise UserError(_marked_line(message, USER_ERROR_MARKER)) from None
         raise
     try:
         with FileSystems.open(FileSystems.join(output_dir, SUMMARY_FILE)) as f:
@@ -131,6 +148,11 @@ def run(argv: list[str] | None = None, save_main_session: bool = True) -> dict:
     except OSError:
         raise UserError(f"the job finished without writing {SUMMARY_FILE}") from None
     return summary
+
+
+def _marked_line(message: str, marker: str) -> str:
+    """The one line after `marker` in a runner's wrapped exception text."""
+    return message.split(marker, 1)[1].splitlines()[0].strip(" '\"")
 
 
 def _convert(argv: list[str]) -> int:
@@ -173,3 +195,6 @@ def main(argv: list[str] | None = None) -> int:
     except UserError as e:
         print(f"img2tfrecord: error: {e}", file=sys.stderr)
         return EXIT_USAGE
+    except TooManyFailures as e:
+        print(f"img2tfrecord: error: {e}", file=sys.stderr)
+        return EXIT_TOO_MANY_FAILURES

@@ -10,6 +10,9 @@ from transforms.image import DEFAULT_MAX_PIXELS
 from transforms.layout import DEFAULT_SEED, DEFAULT_SHARD_SIZE_MB, parse_split_ratios
 from transforms.write import COMPRESSIONS
 
+# Above this fraction of failed images the job fails rather than publish the dataset.
+DEFAULT_MAX_FAILURE_RATIO = 0.01
+
 
 class UserError(Exception):
     """A mistake in the command line or the input: reported in one line, no traceback."""
@@ -51,6 +54,13 @@ class ConvertOptions(PipelineOptions):
         parser.add_argument(
             "--overwrite", action="store_true", help="Replace an existing dataset in --output_dir."
         )
+        parser.add_argument(
+            "--max_failure_ratio",
+            type=float,
+            default=DEFAULT_MAX_FAILURE_RATIO,
+            help="Fail the job (exit 3, no dataset written) when more than this fraction of the "
+            "listed images fail; failures.jsonl is still written.",
+        )
         parser.add_argument("--quiet", action="store_true", help="No progress output.")
 
 
@@ -66,6 +76,8 @@ def validate(opts: ConvertOptions) -> None:
         raise UserError("--num_shards must be 0 (size-based) or positive")
     if opts.max_pixels <= 0:
         raise UserError("--max_pixels must be positive")
+    if not 0 <= opts.max_failure_ratio <= 1:
+        raise UserError("--max_failure_ratio must be between 0 and 1")
     if opts.splits and opts.splits != "folders":
         try:
             parse_split_ratios(opts.splits)

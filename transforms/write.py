@@ -3,8 +3,9 @@
 Each ShardTask is written by one WriteShardFn call: it reads, checks and encodes the
 shard's images in order and streams them into a temporary file opened with the sink's own
 writer (`_TFRecordSink.open_writer`: TFRecord framing, CRCs, compression). When every shard
-is written, FinalizeFn renames them with the sink's `finalize_write` (temp then rename, as
-`WriteToTFRecord` does) and writes failures.jsonl, labels.txt and, last, summary.json.
+is written, FinalizeFn stages failures.jsonl, labels.txt and summary.json next to the temp
+shards and publishes everything by renaming it into place (temp then rename, as
+`WriteToTFRecord` does), summary.json last; see transforms/output.py.
 """
 
 from __future__ import annotations
@@ -12,7 +13,7 @@ from __future__ import annotations
 import collections
 import json
 import uuid
-from collections.abc import Iterable
+from collections.abc import Callable, Iterable
 
 import apache_beam as beam
 from apache_beam import coders, pvalue
@@ -22,17 +23,15 @@ from apache_beam.io.tfrecordio import _TFRecordSink
 from apache_beam.metrics import Metrics
 
 from transforms.encode import EncodeSettings, encode_record
-from transforms.failures import FAILED, WRITTEN, Failure
+from transforms.failures import FAILED, TOO_MANY_FAILURES_MARKER, USER_ERROR_MARKER, WRITTEN, Failure
 from transforms.image import ImageError
 from transforms.labels import ClassIndex
+from transforms.output import FAILURES_FILE, LABELS_FILE, SUMMARY_FILE, publish
+from transforms.reading import DEFAULT_RETRY, RetryPolicy, read_bytes, read_with_retries
 from transforms.records import ImageFile, ImageRecord, ShardResult, ShardTask, Written
+from transforms.testhooks import pause_if_asked
 
 SHARD_TEMPLATE = "-SSSSS-of-NNNNN"
-SUMMARY_FILE = "summary.json"
-LABELS_FILE = "labels.txt"
-FAILURES_FILE = "failures.jsonl"
-# Prefixes the message of an error raised inside the pipeline that is the user's to fix.
-USER_ERROR_MARKER = "img2tfrecord-user-error:"
 COMPRESSIONS = {"none": CompressionTypes.UNCOMPRESSED, "gzip": CompressionTypes.GZIP}
 
 
@@ -53,9 +52,12 @@ def make_sink(output_dir: str, split: str, compression: str = "none") -> _TFReco
 
 
 def read_file(path: str) -> bytes:
-    """All bytes of `path` through Beam's filesystems (local or gs://)."""
-    with FileSystems.open(path, compression_type=CompressionTypes.UNCOMPRESSED) as f:
-        return f.read()
+    """All bytes of `path` (local or gs://), transient errors retried with backoff.
+
+    Raises:
+      ReadError (an OSError): the reason the file cannot be read.
+    """
+    return read_with_retries(path)
 
 
 def _mkdirs(path: str) -> None:
@@ -74,9 +76,18 @@ def write_text(path: str, text: str) -> None:
 class WriteShardFn(beam.DoFn):
     """ShardTask -> ShardResult; WRITTEN and FAILED per image as tagged outputs."""
 
-    def __init__(self, output_dir: str, temp_dir: str, compression: str, settings: EncodeSettings):
+    def __init__(
+        self,
+        output_dir: str,
+        temp_dir: str,
+        compression: str,
+        settings: EncodeSettings,
+        reader: Callable[[str], bytes] = read_bytes,
+        retry: RetryPolicy = DEFAULT_RETRY,
+    ):
         self._output_dir, self._temp_dir = output_dir, temp_dir
         self._compression, self._settings = compression, settings
+        self._reader, self._retry = reader, retry
         self._encoded = Metrics.counter(self.__class__, "images_encoded")
         self._failed = Metrics.counter(self.__class__, "images_failed")
         self._bytes = Metrics.counter(self.__class__, "bytes_written")
@@ -91,7 +102,7 @@ class WriteShardFn(beam.DoFn):
         written = size = 0
         for record in task.records:
             try:
-                data = read_file(record.path)
+                data = read_with_retries(record.path, self._reader, self._retry)
                 serialized = encode_record(record, data, class_index, self._settings)
             except ImageError as e:
                 yield self._failure(record, str(e), "decode")
@@ -104,6 +115,7 @@ class WriteShardFn(beam.DoFn):
             size += len(serialized)
             self._encoded.inc()
             yield pvalue.TaggedOutput(WRITTEN, Written(record.split, record.class_key))
+            pause_if_asked("write_shard")
         temp_path = writer.close()
         self._bytes.inc(size)
         if not written:
@@ -128,11 +140,14 @@ class WriteShards(beam.PTransform):
         class_index: beam.PCollection[ClassIndex],
         compression: str = "none",
         settings: EncodeSettings = EncodeSettings(),
+        *,
+        reader: Callable[[str], bytes] = read_bytes,
+        retry: RetryPolicy = DEFAULT_RETRY,
     ):
         super().__init__()
         if compression not in COMPRESSIONS:
             raise ValueError(f"compression must be one of {sorted(COMPRESSIONS)}")
-        self._fn = WriteShardFn(output_dir, temp_dir, compression, settings)
+        self._fn = WriteShardFn(output_dir, temp_dir, compression, settings, reader, retry)
         self._class_index = class_index
 
     def expand(self, tasks: beam.PCollection[ShardTask]) -> pvalue.DoOutputsTuple:
@@ -197,36 +212,61 @@ def build_summary(
     }
 
 
-class FinalizeFn(beam.DoFn):
-    """Runs once after every shard is written: rename shards, then write the metadata."""
+def too_many_failures(failed: int, listed: int, max_ratio: float) -> bool:
+    """True when more than `max_ratio` of the listed images failed."""
+    return listed > 0 and failed > max_ratio * listed
 
-    def __init__(self, output_dir: str, temp_dir: str, compression: str):
+
+class FinalizeFn(beam.DoFn):
+    """Runs once after every shard is written: stage the metadata, then publish it all.
+
+    The shards and metadata are staged in the run's temp folder and renamed into place by
+    `transforms.output.publish`, summary.json last. Above `max_failure_ratio` only
+    failures.jsonl is published (no dataset) and the job fails.
+    """
+
+    def __init__(self, output_dir: str, temp_dir: str, compression: str, max_failure_ratio: float = 1.0):
         self._output_dir, self._temp_dir, self._compression = output_dir, temp_dir, compression
+        self._max_failure_ratio = max_failure_ratio
 
     def process(self, _, listed_total, listed, written, failures, shards, class_index) -> Iterable[dict]:
         if listed_total == 0:
             if FileSystems.exists(self._temp_dir):
                 FileSystems.delete([self._temp_dir])
             raise ValueError(f"{USER_ERROR_MARKER} the input holds no image files")
+        failures = sorted(failures, key=lambda f: (f.path, f.stage))
+        staging = FileSystems.join(self._temp_dir, "metadata")
+        _mkdirs(staging)
+        staged = {
+            name: FileSystems.join(staging, name) for name in (FAILURES_FILE, LABELS_FILE, SUMMARY_FILE)
+        }
+        write_text(staged[FAILURES_FILE], "".join(f.to_json() + "\n" for f in failures))
+        if too_many_failures(len(failures), listed_total, self._max_failure_ratio):
+            publish(self._output_dir, [(staged[FAILURES_FILE], FAILURES_FILE)], keep_marker=True)
+            FileSystems.delete([self._temp_dir])
+            raise ValueError(
+                f"{TOO_MANY_FAILURES_MARKER} {len(failures)} of {listed_total} images failed "
+                f"({len(failures) / listed_total:.1%}), more than --max_failure_ratio "
+                f"{self._max_failure_ratio:g} allows; no dataset was written, the failures are in "
+                f"{FileSystems.join(self._output_dir, FAILURES_FILE)}"
+            )
+        write_text(staged[LABELS_FILE], "".join(n + "\n" for n in class_index.names))
+        summary = build_summary(listed_total, dict(listed), dict(written), failures, shards, class_index)
+        write_text(staged[SUMMARY_FILE], json.dumps(summary, indent=2, ensure_ascii=False) + "\n")
+        # Shards in plan order per split, then the metadata, summary.json last.
+        moves = []
+        suffix = shard_suffix(self._compression)
         by_split: dict[str, list[ShardResult]] = collections.defaultdict(list)
         for s in shards:
             by_split[s.split].append(s)
         for split, results in sorted(by_split.items()):
-            sink = make_sink(self._output_dir, split, self._compression)
             temp_paths = sorted(s.temp_path for s in results)
-            list(sink.finalize_write(FileSystems.join(self._temp_dir, split), temp_paths, None))
+            n = len(temp_paths)
+            moves += [(path, f"{split}-{i:05d}-of-{n:05d}{suffix}") for i, path in enumerate(temp_paths)]
+        moves += [(staged[name], name) for name in (FAILURES_FILE, LABELS_FILE, SUMMARY_FILE)]
+        publish(self._output_dir, moves)
         if FileSystems.exists(self._temp_dir):
             FileSystems.delete([self._temp_dir])
-        failures = sorted(failures, key=lambda f: (f.path, f.stage))
-        out = self._output_dir
-        write_text(FileSystems.join(out, FAILURES_FILE), "".join(f.to_json() + "\n" for f in failures))
-        write_text(FileSystems.join(out, LABELS_FILE), "".join(n + "\n" for n in class_index.names))
-        summary = build_summary(listed_total, dict(listed), dict(written), failures, shards, class_index)
-        # Written last: its presence marks a finished dataset.
-        write_text(
-            FileSystems.join(out, SUMMARY_FILE),
-            json.dumps(summary, indent=2, ensure_ascii=False) + "\n",
-        )
         yield summary
 
 
@@ -245,9 +285,10 @@ class WriteMetadata(beam.PTransform):
         failed: beam.PCollection[Failure],
         shards: beam.PCollection[ShardResult],
         class_index: beam.PCollection[ClassIndex],
+        max_failure_ratio: float = 1.0,
     ):
         super().__init__()
-        self._fn = FinalizeFn(output_dir, temp_dir, compression)
+        self._fn = FinalizeFn(output_dir, temp_dir, compression, max_failure_ratio)
         self._files, self._records, self._written = files, records, written
         self._failed, self._shards, self._class_index = failed, shards, class_index
 
