@@ -23,9 +23,8 @@ from apache_beam.options.pipeline_options import (
 
 from beam_pipeline.options import ConvertOptions, UserError, check_args, validate
 from beam_pipeline.pipeline import build_pipeline
-from transforms.failures import TOO_MANY_FAILURES_MARKER
 from transforms.listing import escape_glob, has_image_extension, normalize_root
-from transforms.output import OutputBusy, claim_output
+from transforms.output import OutputBusy, aborted_reason, claim_output
 from transforms.write import FAILURES_FILE, SUMMARY_FILE, USER_ERROR_MARKER
 
 # Exit statuses (documented in README.md).
@@ -64,7 +63,8 @@ def _local_defaults(options: PipelineOptions, argv: list[str]) -> None:
 def _check_input(root: str) -> None:
     """Fails fast on a missing input or one without a single image file.
 
-    Stops at the first image found: the listing itself happens inside the pipeline.
+    Remote inputs stop at the first image found: the listing itself happens inside the
+    pipeline.
     """
     if "://" in root:
         found = FileSystems.match([escape_glob(root) + "/**"], limits=[1])[0].metadata_list
@@ -72,11 +72,17 @@ def _check_input(root: str) -> None:
             raise UserError(f"--input {root}: no image files found")
         return
     if not os.path.isdir(root):
-        raise UserError(f"--input {root}: no such folder")
-    for _, _, names in os.walk(root):
-        if any(has_image_extension(n) for n in names):
-            return
-    raise UserError(f"--input {root}: no image files found")
+        raise UserError(f"--input {root}: {'not a folder' if os.path.exists(root) else 'no such folder'}")
+    found = False
+    # The whole tree: a folder that cannot be listed would silently drop its images.
+    for _, _, names in os.walk(root, onerror=_unlistable):
+        found = found or any(has_image_extension(n) for n in names)
+    if not found:
+        raise UserError(f"--input {root}: no image files found")
+
+
+def _unlistable(error: OSError) -> None:
+    raise UserError(f"--input: cannot list {error.filename}: {error.strerror}")
 
 
 def _any_image_remote(root: str) -> bool:
@@ -137,22 +143,18 @@ def run(argv: list[str] | None = None, save_main_session: bool = True) -> dict:
         # A user error found inside the pipeline (e.g. nothing to convert) arrives
         # wrapped by the runner; anything else is a bug and propagates.
         message = str(e)
-        if TOO_MANY_FAILURES_MARKER in message:
-            raise TooManyFailures(_marked_line(message, TOO_MANY_FAILURES_MARKER)) from None
         if USER_ERROR_MARKER in message:
-            raise UserError(_marked_line(message, USER_ERROR_MARKER)) from None
+            raise UserError(message.split(USER_ERROR_MARKER, 1)[1].splitlines()[0].strip(" '\"")) from None
         raise
+    reason = aborted_reason(output_dir, run_id)
+    if reason:
+        raise TooManyFailures(reason)
     try:
         with FileSystems.open(FileSystems.join(output_dir, SUMMARY_FILE)) as f:
             summary = json.loads(f.read().decode("utf-8"))
     except OSError:
         raise UserError(f"the job finished without writing {SUMMARY_FILE}") from None
     return summary
-
-
-def _marked_line(message: str, marker: str) -> str:
-    """The one line after `marker` in a runner's wrapped exception text."""
-    return message.split(marker, 1)[1].splitlines()[0].strip(" '\"")
 
 
 def _convert(argv: list[str]) -> int:

@@ -9,11 +9,9 @@ import json
 FAILED = "failed"
 WRITTEN = "written"
 
-# Prefix the message of an error raised inside the pipeline, so that the entry point can
-# tell it from a bug once the runner has wrapped it: the user's to fix (exit 2), or more
-# failed images than --max_failure_ratio allows (exit 3).
+# Prefixes the message of an error raised inside the pipeline that is the user's to fix,
+# so that the entry point can tell it from a bug once the runner has wrapped it.
 USER_ERROR_MARKER = "img2tfrecord-user-error:"
-TOO_MANY_FAILURES_MARKER = "img2tfrecord-too-many-failures:"
 
 
 @dataclasses.dataclass(frozen=True)

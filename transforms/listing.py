@@ -37,9 +37,14 @@ def normalize_root(root: str) -> str:
 
 
 def relative_path(path: str, root: str) -> str:
-    """`path` relative to `root`, '/'-separated."""
-    rel = path[len(root) :].lstrip("/\\")
-    return rel.replace("\\", "/")
+    """`path` relative to `root`, '/'-separated.
+
+    A backslash is a separator only in local Windows paths; elsewhere it is a legal
+    character of a file name and kept.
+    """
+    if os.sep == "\\" and "://" not in path:
+        path, root = path.replace("\\", "/"), root.replace("\\", "/")
+    return path[len(root) :].lstrip("/")
 
 
 def to_image_file(meta: FileMetadata, root: str) -> ImageFile:

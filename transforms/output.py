@@ -124,6 +124,19 @@ def claim_output(output_dir: str, overwrite: bool, run_id: str) -> str | None:
     return (marker or {}).get("run_id", "unknown") if marker is not None else None
 
 
+def mark_aborted(output_dir: str, reason: str) -> None:
+    """Records in the marker why the run stopped short of publishing a dataset."""
+    marker = read_marker(output_dir) or {}
+    marker["aborted"] = reason
+    write_bytes(FileSystems.join(output_dir, MARKER_FILE), json.dumps(marker).encode("utf-8"))
+
+
+def aborted_reason(output_dir: str, run_id: str) -> str | None:
+    """Why run `run_id` did not publish its dataset, if it stopped on purpose."""
+    marker = read_marker(output_dir) or {}
+    return marker.get("aborted") if marker.get("run_id") == run_id else None
+
+
 def write_bytes(path: str, data: bytes) -> None:
     with FileSystems.create(path, mime_type="application/octet-stream") as f:
         f.write(data)

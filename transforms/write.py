@@ -23,10 +23,10 @@ from apache_beam.io.tfrecordio import _TFRecordSink
 from apache_beam.metrics import Metrics
 
 from transforms.encode import EncodeSettings, encode_record
-from transforms.failures import FAILED, TOO_MANY_FAILURES_MARKER, USER_ERROR_MARKER, WRITTEN, Failure
+from transforms.failures import FAILED, USER_ERROR_MARKER, WRITTEN, Failure
 from transforms.image import ImageError
 from transforms.labels import ClassIndex
-from transforms.output import FAILURES_FILE, LABELS_FILE, SUMMARY_FILE, publish
+from transforms.output import FAILURES_FILE, LABELS_FILE, SUMMARY_FILE, mark_aborted, publish
 from transforms.reading import DEFAULT_RETRY, RetryPolicy, read_bytes, read_with_retries
 from transforms.records import ImageFile, ImageRecord, ShardResult, ShardTask, Written
 from transforms.testhooks import pause_if_asked
@@ -242,14 +242,17 @@ class FinalizeFn(beam.DoFn):
         }
         write_text(staged[FAILURES_FILE], "".join(f.to_json() + "\n" for f in failures))
         if too_many_failures(len(failures), listed_total, self._max_failure_ratio):
+            # The job itself succeeds (a raise here would print the runner's traceback); the
+            # entry point finds the reason in the marker and exits with EXIT_TOO_MANY_FAILURES.
             publish(self._output_dir, [(staged[FAILURES_FILE], FAILURES_FILE)], keep_marker=True)
-            FileSystems.delete([self._temp_dir])
-            raise ValueError(
-                f"{TOO_MANY_FAILURES_MARKER} {len(failures)} of {listed_total} images failed "
-                f"({len(failures) / listed_total:.1%}), more than --max_failure_ratio "
-                f"{self._max_failure_ratio:g} allows; no dataset was written, the failures are in "
-                f"{FileSystems.join(self._output_dir, FAILURES_FILE)}"
+            mark_aborted(
+                self._output_dir,
+                f"{len(failures)} of {listed_total} images failed ({len(failures) / listed_total:.1%}), "
+                f"more than --max_failure_ratio {self._max_failure_ratio:g} allows; no dataset was "
+                f"written, the failures are in {FileSystems.join(self._output_dir, FAILURES_FILE)}",
             )
+            FileSystems.delete([self._temp_dir])
+            return
         write_text(staged[LABELS_FILE], "".join(n + "\n" for n in class_index.names))
         summary = build_summary(listed_total, dict(listed), dict(written), failures, shards, class_index)
         write_text(staged[SUMMARY_FILE], json.dumps(summary, indent=2, ensure_ascii=False) + "\n")
