@@ -105,12 +105,16 @@ def read_local(path: str) -> bytes:
         if e.errno in TRANSIENT_ERRNOS:
             raise
         raise ReadError(e.strerror or str(e)) from None
-    with os.fdopen(fd, "rb") as f:
+    try:
         mode = os.fstat(fd).st_mode
         if not stat.S_ISREG(mode):
             kind = "directory" if stat.S_ISDIR(mode) else "fifo" if stat.S_ISFIFO(mode) else "special file"
             raise ReadError(f"not a regular file ({kind})")
         os.set_blocking(fd, True)
+    except BaseException:
+        os.close(fd)
+        raise
+    with os.fdopen(fd, "rb") as f:
         return f.read()
 
 
