@@ -24,7 +24,7 @@ from apache_beam.options.pipeline_options import (
 from beam_pipeline.options import ConvertOptions, UserError, check_args, validate
 from beam_pipeline.pipeline import build_pipeline
 from transforms.listing import escape_glob, has_image_extension, normalize_root
-from transforms.output import OutputBusy, aborted_reason, claim_output
+from transforms.output import OutputBusy, aborted_reason, claim_output, delete_paths
 from transforms.write import FAILURES_FILE, SUMMARY_FILE, USER_ERROR_MARKER
 
 # Exit statuses (documented in README.md).
@@ -103,7 +103,7 @@ def _check_output(output_dir: str, overwrite: bool, run_id: str) -> None:
         probe = FileSystems.join(output_dir, f".img2tfrecord-probe-{uuid.uuid4().hex}")
         with FileSystems.create(probe) as f:
             f.write(b"")
-        FileSystems.delete([probe])
+        delete_paths([probe])
     except Exception as e:  # noqa: BLE001 - any failure here means "cannot write"
         raise UserError(f"--output_dir {output_dir} is not writable: {e}") from None
     try:

@@ -20,6 +20,7 @@ from __future__ import annotations
 import json
 import os
 import re
+import shutil
 import socket
 import time
 
@@ -64,10 +65,19 @@ def list_children(output_dir: str) -> list[str]:
     return sorted({m.path[len(prefix) :].split("/", 1)[0] for m in found})
 
 
-def _delete(paths: list[str]) -> None:
-    existing = [p for p in paths if FileSystems.exists(p)]
-    if existing:
-        FileSystems.delete(existing)
+def delete_paths(paths: list[str]) -> None:
+    """Deletes files and folders (recursively) that exist; missing ones are skipped.
+
+    Local paths are deleted directly: Beam's local delete treats them as glob patterns.
+    """
+    for path in paths:
+        if "://" not in path:
+            if os.path.isdir(path) and not os.path.islink(path):
+                shutil.rmtree(path)
+            elif os.path.lexists(path):
+                os.remove(path)
+        elif FileSystems.exists(path):
+            FileSystems.delete([path])
 
 
 def read_marker(output_dir: str) -> dict | None:
@@ -120,7 +130,7 @@ def claim_output(output_dir: str, overwrite: bool, run_id: str) -> str | None:
             {"run_id": run_id, "pid": os.getpid(), "host": socket.gethostname(), "started": time.time()}
         ).encode("utf-8"),
     )
-    _delete([FileSystems.join(output_dir, n) for n in names if n.startswith(TEMP_PREFIX)])
+    delete_paths([FileSystems.join(output_dir, n) for n in names if n.startswith(TEMP_PREFIX)])
     return (marker or {}).get("run_id", "unknown") if marker is not None else None
 
 
@@ -148,15 +158,18 @@ def publish(output_dir: str, moves: list[tuple[str, str]], keep_marker: bool = F
     `moves` are (staged path, final name) pairs, shards first and summary.json last.
     The old summary.json goes first (from then on the folder holds no finished dataset),
     then every other dataset file this run does not produce, so nothing old survives
-    next to the new shards. Moves whose staged file is gone were done by an earlier try.
+    next to the new shards. Moves whose staged file is gone were done by an earlier try
+    (a finalize retried by the runner).
 
     Args:
       keep_marker: leave the in-progress marker (a run that publishes only its failures).
     """
-    finals = {name for _, name in moves}
-    _delete([FileSystems.join(output_dir, SUMMARY_FILE)])
+    finals = {name: staged for staged, name in moves}
+    if SUMMARY_FILE not in finals or FileSystems.exists(finals[SUMMARY_FILE]):
+        # Not yet published by this run (or an earlier try of it): retire the old one.
+        delete_paths([FileSystems.join(output_dir, SUMMARY_FILE)])
     stale = [n for n in list_children(output_dir) if is_dataset_file(n) and n not in finals]
-    _delete([FileSystems.join(output_dir, n) for n in stale])
+    delete_paths([FileSystems.join(output_dir, n) for n in stale])
     for staged, name in moves:
         final = FileSystems.join(output_dir, name)
         if FileSystems.exists(staged):
@@ -167,4 +180,4 @@ def publish(output_dir: str, moves: list[tuple[str, str]], keep_marker: bool = F
         elif not FileSystems.exists(final):
             raise FileNotFoundError(f"staged file {staged} is missing and {final} was never published")
     if not keep_marker:
-        _delete([FileSystems.join(output_dir, MARKER_FILE)])
+        delete_paths([FileSystems.join(output_dir, MARKER_FILE)])

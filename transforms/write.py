@@ -26,7 +26,7 @@ from transforms.encode import EncodeSettings, encode_record
 from transforms.failures import FAILED, USER_ERROR_MARKER, WRITTEN, Failure
 from transforms.image import ImageError
 from transforms.labels import ClassIndex
-from transforms.output import FAILURES_FILE, LABELS_FILE, SUMMARY_FILE, mark_aborted, publish
+from transforms.output import FAILURES_FILE, LABELS_FILE, SUMMARY_FILE, delete_paths, mark_aborted, publish
 from transforms.reading import DEFAULT_RETRY, RetryPolicy, read_bytes, read_with_retries
 from transforms.records import ImageFile, ImageRecord, ShardResult, ShardTask, Written
 from transforms.testhooks import pause_if_asked
@@ -119,7 +119,7 @@ class WriteShardFn(beam.DoFn):
         temp_path = writer.close()
         self._bytes.inc(size)
         if not written:
-            FileSystems.delete([temp_path])
+            delete_paths([temp_path])
             return
         yield ShardResult(task.split, task.index, temp_path, written, size)
 
@@ -231,8 +231,7 @@ class FinalizeFn(beam.DoFn):
 
     def process(self, _, listed_total, listed, written, failures, shards, class_index) -> Iterable[dict]:
         if listed_total == 0:
-            if FileSystems.exists(self._temp_dir):
-                FileSystems.delete([self._temp_dir])
+            delete_paths([self._temp_dir])
             raise ValueError(f"{USER_ERROR_MARKER} the input holds no image files")
         failures = sorted(failures, key=lambda f: (f.path, f.stage))
         staging = FileSystems.join(self._temp_dir, "metadata")
@@ -251,7 +250,7 @@ class FinalizeFn(beam.DoFn):
                 f"more than --max_failure_ratio {self._max_failure_ratio:g} allows; no dataset was "
                 f"written, the failures are in {FileSystems.join(self._output_dir, FAILURES_FILE)}",
             )
-            FileSystems.delete([self._temp_dir])
+            delete_paths([self._temp_dir])
             return
         write_text(staged[LABELS_FILE], "".join(n + "\n" for n in class_index.names))
         summary = build_summary(listed_total, dict(listed), dict(written), failures, shards, class_index)
@@ -268,8 +267,7 @@ class FinalizeFn(beam.DoFn):
             moves += [(path, f"{split}-{i:05d}-of-{n:05d}{suffix}") for i, path in enumerate(temp_paths)]
         moves += [(staged[name], name) for name in (FAILURES_FILE, LABELS_FILE, SUMMARY_FILE)]
         publish(self._output_dir, moves)
-        if FileSystems.exists(self._temp_dir):
-            FileSystems.delete([self._temp_dir])
+        delete_paths([self._temp_dir])
         yield summary
 
 
