@@ -112,7 +112,9 @@ def _check_output(output_dir: str, overwrite: bool, run_id: str) -> None:
         raise UserError(str(e)) from None
     if resumed:
         logging.warning(
-            "replacing the unfinished output of an interrupted run (%s) in %s", resumed, output_dir
+            "replacing the unfinished output of an earlier run (%s, killed or failed) in %s",
+            resumed,
+            output_dir,
         )
 
 

@@ -80,9 +80,13 @@ def validate(opts: ConvertOptions) -> None:
         raise UserError("--max_failure_ratio must be between 0 and 1")
     if opts.splits and opts.splits != "folders":
         try:
-            parse_split_ratios(opts.splits)
+            ratios = parse_split_ratios(opts.splits)
         except ValueError as e:
             raise UserError(str(e)) from None
+        for name, _ in ratios:
+            # A split name becomes a file name prefix in --output_dir.
+            if name.startswith(".") or any(c in name for c in "/\\") or not name.isprintable():
+                raise UserError(f"--splits: {name!r} cannot be part of a file name")
 
 
 class _StrictParser(_BeamArgumentParser):
