@@ -68,7 +68,8 @@ def list_children(output_dir: str) -> list[str]:
 def delete_paths(paths: list[str]) -> None:
     """Deletes files and folders (recursively) that exist; missing ones are skipped.
 
-    Local paths are deleted directly: Beam's local delete treats them as glob patterns.
+    Beam's delete matches its argument as a glob pattern, so local paths are deleted
+    directly and remote ones escaped; a remote folder is a prefix, deleted as `path/`.
     """
     for path in paths:
         if "://" not in path:
@@ -77,7 +78,9 @@ def delete_paths(paths: list[str]) -> None:
             elif os.path.lexists(path):
                 os.remove(path)
         elif FileSystems.exists(path):
-            FileSystems.delete([path])
+            FileSystems.delete([escape_glob(path)])
+        else:
+            FileSystems.delete([path.rstrip("/") + "/"])
 
 
 def read_marker(output_dir: str) -> dict | None:
@@ -173,8 +176,8 @@ def publish(output_dir: str, moves: list[tuple[str, str]], keep_marker: bool = F
     for staged, name in moves:
         final = FileSystems.join(output_dir, name)
         if FileSystems.exists(staged):
-            if "://" in final and FileSystems.exists(final):
-                FileSystems.delete([final])  # copy-based renames may refuse to overwrite
+            if "://" in final:
+                delete_paths([final])  # copy-based renames may refuse to overwrite
             FileSystems.rename([staged], [final])
             pause_if_asked("publish")
         elif not FileSystems.exists(final):
