@@ -47,6 +47,23 @@ def _gif_bytes(frames: int = 1) -> bytes:
     return buf.getvalue()
 
 
+def _png_chunk(kind: bytes, body: bytes, crc: int | None = None) -> bytes:
+    crc = zlib.crc32(kind + body) if crc is None else crc
+    return struct.pack(">I", len(body)) + kind + body + struct.pack(">I", crc)
+
+
+def _png_with_bad_crc(kind: bytes) -> bytes:
+    """A valid PNG with one more chunk of `kind` whose checksum is wrong."""
+    data = _png_bytes()
+    iend = data.rindex(b"IEND") - 4
+    body = zlib.compress(b"\0" + b"\x10" * 36) if kind == b"IDAT" else b"Comment\0hello"
+    extra = _png_chunk(kind, body, crc=0xDEADBEEF)
+    if kind == b"IDAT":  # replace the image data with a corrupt copy
+        start = data.index(b"IDAT") - 4
+        return data[:start] + extra + data[iend:]
+    return data[:iend] + extra + data[iend:]
+
+
 def _png_bomb() -> bytes:
     """A valid little PNG whose header claims 100000 x 100000 pixels."""
     data = bytearray(_png_bytes((1, 1), "L"))
@@ -121,6 +138,11 @@ def build_corpus(root: Path) -> dict[bytes, str]:
     put("bad 画像/truncated.jpg", _jpeg_bytes()[:300], "failed")
     put("bad 画像/truncated.png", _png_bytes((64, 64))[:60], "failed")
     put("bad 画像/truncated.gif", _gif_bytes()[:20], "failed")
+    put(
+        "bad 画像/cut_before_iend.png", _png_bytes((30, 20))[:-12], "failed"
+    )  # Pillow decodes it, TF does not
+    put("bad 画像/bad_idat_crc.png", _png_with_bad_crc(b"IDAT"), "failed")
+    put("bad 画像/bad_text_crc.png", _png_with_bad_crc(b"tEXt"), "written")  # libpng ignores it too
     put("bad 画像/random.jpg", rng.randbytes(3000), "failed")
     put("bad 画像/random.png", b"\x89PNG\r\n\x1a\n" + rng.randbytes(500), "failed")
     put("bad 画像/random.gif", b"GIF89a" + rng.randbytes(200), "failed")

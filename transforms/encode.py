@@ -10,6 +10,7 @@ import dataclasses
 
 from transforms.example import serialize_example
 from transforms.image import DEFAULT_MAX_PIXELS, inspect_image
+from transforms.integrity import check_structure
 from transforms.labels import ClassIndex
 from transforms.records import ImageRecord
 from transforms.schema import DEFAULT_SCHEMA, get_schema
@@ -33,4 +34,5 @@ def encode_record(
     """
     schema = get_schema(settings.schema)
     info = inspect_image(data, max_pixels=settings.max_pixels)
+    check_structure(info.format, data)  # what Pillow forgives but TensorFlow does not
     return serialize_example(schema.build(record, data, info, class_index), schema.kinds)
