@@ -222,7 +222,8 @@ class FinalizeFn(beam.DoFn):
 
     The shards and metadata are staged in the run's temp folder and renamed into place by
     `transforms.output.publish`, summary.json last. Above `max_failure_ratio` only
-    failures.jsonl is published (no dataset) and the job fails.
+    failures.jsonl is published (no dataset) and the reason is recorded in the output's
+    in-progress marker, where the entry point finds it (exit 3).
     """
 
     def __init__(self, output_dir: str, temp_dir: str, compression: str, max_failure_ratio: float = 1.0):
