@@ -23,18 +23,24 @@ from apache_beam.options.pipeline_options import (
 
 from beam_pipeline.options import ConvertOptions, UserError, check_args, validate
 from beam_pipeline.pipeline import build_pipeline
-from transforms.listing import has_image_extension, normalize_root
+from transforms.listing import escape_glob, has_image_extension, normalize_root
+from transforms.output import OutputBusy, aborted_reason, claim_output, delete_paths
 from transforms.write import FAILURES_FILE, SUMMARY_FILE, USER_ERROR_MARKER
 
 # Exit statuses (documented in README.md).
 EXIT_OK = 0
 EXIT_FAILED = 1
 EXIT_USAGE = 2
+EXIT_TOO_MANY_FAILURES = 3
 
 # The local runner. Beam's "DirectRunner" first tries to download the Prism binary and
 # falls back to this one; naming it directly skips that.
 LOCAL_RUNNER = "FnApiRunner"
 _LOCAL_NAMES = {None, "DirectRunner", "directrunner", "direct", "FnApiRunner"}
+
+
+class TooManyFailures(Exception):
+    """More images failed than --max_failure_ratio allows; failures.jsonl was written."""
 
 
 def _given(argv: list[str], flag: str) -> bool:
@@ -57,43 +63,59 @@ def _local_defaults(options: PipelineOptions, argv: list[str]) -> None:
 def _check_input(root: str) -> None:
     """Fails fast on a missing input or one without a single image file.
 
-    Stops at the first image found: the listing itself happens inside the pipeline.
+    Remote inputs stop at the first image found: the listing itself happens inside the
+    pipeline.
     """
     if "://" in root:
-        found = FileSystems.match([root + "/**"], limits=[1])[0].metadata_list
+        found = FileSystems.match([escape_glob(root) + "/**"], limits=[1])[0].metadata_list
         if not any(has_image_extension(m.path) for m in found) and not _any_image_remote(root):
             raise UserError(f"--input {root}: no image files found")
         return
     if not os.path.isdir(root):
-        raise UserError(f"--input {root}: no such folder")
-    for _, _, names in os.walk(root):
-        if any(has_image_extension(n) for n in names):
-            return
-    raise UserError(f"--input {root}: no image files found")
+        raise UserError(f"--input {root}: {'not a folder' if os.path.exists(root) else 'no such folder'}")
+    found = False
+    # The whole tree: a folder that cannot be listed would silently drop its images.
+    for _, _, names in os.walk(root, onerror=_unlistable):
+        found = found or any(has_image_extension(n) for n in names)
+    if not found:
+        raise UserError(f"--input {root}: no image files found")
+
+
+def _unlistable(error: OSError) -> None:
+    raise UserError(f"--input: cannot list {error.filename}: {error.strerror}")
 
 
 def _any_image_remote(root: str) -> bool:
-    found = FileSystems.match([root + "/**"])[0].metadata_list
+    found = FileSystems.match([escape_glob(root) + "/**"])[0].metadata_list
     return any(has_image_extension(m.path) for m in found)
 
 
-def _check_output(output_dir: str, overwrite: bool) -> None:
-    """Refuses to mix with an existing dataset; checks that the folder can be written."""
-    summary = FileSystems.join(output_dir, SUMMARY_FILE)
-    existing = FileSystems.exists(summary) or bool(
-        FileSystems.match([FileSystems.join(output_dir, "*-?????-of-?????.tfrecord*")])[0].metadata_list
-    )
-    if existing and not overwrite:
-        raise UserError(f"--output_dir {output_dir} already holds a dataset; pass --overwrite to replace it")
+def _check_output(output_dir: str, overwrite: bool, run_id: str) -> None:
+    """Checks that the folder can be written, then claims it for run `run_id`.
+
+    Refuses to mix with an existing dataset (unless --overwrite); the partial output of an
+    interrupted run (its marker is still there) is replaced without asking, so that a
+    retried job succeeds. See transforms/output.py.
+    """
     try:
         if "://" not in output_dir:
             os.makedirs(output_dir, exist_ok=True)
         probe = FileSystems.join(output_dir, f".img2tfrecord-probe-{uuid.uuid4().hex}")
         with FileSystems.create(probe) as f:
             f.write(b"")
-        FileSystems.delete([probe])
+        delete_paths([probe])
     except Exception as e:  # noqa: BLE001 - any failure here means "cannot write"
         raise UserError(f"--output_dir {output_dir} is not writable: {e}") from None
+    try:
+        resumed = claim_output(output_dir, overwrite, run_id)
+    except OutputBusy as e:
+        raise UserError(str(e)) from None
+    if resumed:
+        logging.warning(
+            "replacing the unfinished output of an earlier run (%s, killed or failed) in %s",
+            resumed,
+            output_dir,
+        )
 
 
 def run(argv: list[str] | None = None, save_main_session: bool = True) -> dict:
@@ -101,6 +123,7 @@ def run(argv: list[str] | None = None, save_main_session: bool = True) -> dict:
 
     Raises:
       UserError: bad options, missing input, unwritable or occupied output.
+      TooManyFailures: more than --max_failure_ratio of the images failed.
     """
     argv = list(sys.argv[1:] if argv is None else argv)
     check_args(argv)
@@ -109,11 +132,11 @@ def run(argv: list[str] | None = None, save_main_session: bool = True) -> dict:
     validate(opts)
     _check_input(normalize_root(opts.input))
     output_dir = normalize_root(opts.output_dir)
-    _check_output(output_dir, opts.overwrite)
+    run_id = uuid.uuid4().hex
+    _check_output(output_dir, opts.overwrite, run_id)
     options.view_as(SetupOptions).save_main_session = save_main_session
     _local_defaults(options, argv)
 
-    run_id = uuid.uuid4().hex
     p = beam.Pipeline(options=options)
     build_pipeline(p, opts, run_id)
     try:
@@ -125,6 +148,9 @@ def run(argv: list[str] | None = None, save_main_session: bool = True) -> dict:
         if USER_ERROR_MARKER in message:
             raise UserError(message.split(USER_ERROR_MARKER, 1)[1].splitlines()[0].strip(" '\"")) from None
         raise
+    reason = aborted_reason(output_dir, run_id)
+    if reason:
+        raise TooManyFailures(reason)
     try:
         with FileSystems.open(FileSystems.join(output_dir, SUMMARY_FILE)) as f:
             summary = json.loads(f.read().decode("utf-8"))
@@ -185,3 +211,6 @@ def main(argv: list[str] | None = None) -> int:
     except UserError as e:
         print(f"img2tfrecord: error: {e}", file=sys.stderr)
         return EXIT_USAGE
+    except TooManyFailures as e:
+        print(f"img2tfrecord: error: {e}", file=sys.stderr)
+        return EXIT_TOO_MANY_FAILURES

@@ -11,6 +11,9 @@ from transforms.image import DEFAULT_MAX_PIXELS
 from transforms.layout import DEFAULT_SEED, DEFAULT_SHARD_SIZE_MB, parse_split_ratios
 from transforms.write import COMPRESSIONS
 
+# Above this fraction of failed images the job fails rather than publish the dataset.
+DEFAULT_MAX_FAILURE_RATIO = 0.01
+
 
 class UserError(Exception):
     """A mistake in the command line or the input: reported in one line, no traceback."""
@@ -57,6 +60,13 @@ class ConvertOptions(PipelineOptions):
         parser.add_argument(
             "--overwrite", action="store_true", help="Replace an existing dataset in --output_dir."
         )
+        parser.add_argument(
+            "--max_failure_ratio",
+            type=float,
+            default=DEFAULT_MAX_FAILURE_RATIO,
+            help="Fail the job (exit 3, no dataset written) when more than this fraction of the "
+            "listed images fail; failures.jsonl is still written.",
+        )
         parser.add_argument("--quiet", action="store_true", help="No progress output.")
         add_image_arguments(parser)
         parser.add_argument(
@@ -86,11 +96,17 @@ def validate(opts: ConvertOptions) -> None:
         raise UserError(str(e)) from None
     if opts.write_index and opts.compression != "none":
         raise UserError("--write_index needs uncompressed shards (--compression none)")
+    if not 0 <= opts.max_failure_ratio <= 1:
+        raise UserError("--max_failure_ratio must be between 0 and 1")
     if opts.splits and opts.splits != "folders":
         try:
-            parse_split_ratios(opts.splits)
+            ratios = parse_split_ratios(opts.splits)
         except ValueError as e:
             raise UserError(str(e)) from None
+        for name, _ in ratios:
+            # A split name becomes a file name prefix in --output_dir.
+            if name.startswith(".") or any(c in name for c in "/\\") or not name.isprintable():
+                raise UserError(f"--splits: {name!r} cannot be part of a file name")
 
 
 class _StrictParser(_BeamArgumentParser):

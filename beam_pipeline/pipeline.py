@@ -11,7 +11,6 @@ from __future__ import annotations
 import dataclasses
 
 import apache_beam as beam
-from apache_beam.io.filesystems import FileSystems
 
 from beam_pipeline.image_options import encode_settings, label_offset
 from beam_pipeline.options import ConvertOptions
@@ -19,6 +18,7 @@ from transforms.encode import EncodeSettings
 from transforms.labels import BuildClassIndex, LabelFromFolders
 from transforms.layout import AssignSplits, PlanShards, parse_split_ratios
 from transforms.listing import ListImages, normalize_root
+from transforms.output import temp_dir_for
 from transforms.prescan import DropDuplicates, EstimateSizes
 from transforms.write import WriteMetadata, WriteShards
 
@@ -29,11 +29,6 @@ class PipelineOutputs:
 
     summary: beam.PCollection
     failures: beam.PCollection
-
-
-def temp_dir_for(output_dir: str, run_id: str) -> str:
-    """Where shards are written before the final rename (inside the output folder)."""
-    return FileSystems.join(output_dir, f"beam-temp-img2tfrecord-{run_id}")
 
 
 def build_pipeline(p: beam.Pipeline, opts: ConvertOptions, run_id: str) -> PipelineOutputs:
@@ -77,5 +72,6 @@ def build_pipeline(p: beam.Pipeline, opts: ConvertOptions, run_id: str) -> Pipel
         shards=shards.shards,
         class_index=classes,
         settings=settings,
+        max_failure_ratio=opts.max_failure_ratio,
     )  # the summary.json dict
     return PipelineOutputs(summary=summary, failures=failures)

@@ -10,7 +10,8 @@ import dataclasses
 import functools
 
 from transforms.example import serialize_example
-from transforms.image import ImageInfo, ImageOptions, prepare_image
+from transforms.image import ImageInfo, ImageOptions, detect_format, prepare_image
+from transforms.integrity import check_structure
 from transforms.labels import ClassIndex
 from transforms.records import ImageRecord
 from transforms.schema import DEFAULT_SCHEMA, Schema, get_schema
@@ -46,6 +47,7 @@ def encode_image(
       ImageError: the image does not decode or cannot be written; the message says why.
     """
     schema = _schema(settings.schema, settings.rename_keys)
+    check_structure(detect_format(data), data)  # what Pillow forgives but TensorFlow does not
     prepared = prepare_image(data, settings)
     features = schema.features(record, prepared.data, prepared.info, class_index)
     return serialize_example(features, schema.kinds), prepared.info

@@ -9,6 +9,10 @@ import json
 FAILED = "failed"
 WRITTEN = "written"
 
+# Prefixes the message of an error raised inside the pipeline that is the user's to fix,
+# so that the entry point can tell it from a bug once the runner has wrapped it.
+USER_ERROR_MARKER = "img2tfrecord-user-error:"
+
 
 @dataclasses.dataclass(frozen=True)
 class Failure:

@@ -42,14 +42,3 @@ def write_index(shard_path: str, record_sizes: Iterable[int]) -> str:
     with FileSystems.create(path, mime_type="text/plain") as f:
         f.write(index_text(record_sizes).encode("ascii"))
     return path
-
-
-def move_indexes(temp_shards: list[str], final_shards: list[str]) -> None:
-    """Renames the temp shards' index files next to their final shards (where they exist)."""
-    pairs = [
-        (index_path(t), index_path(d))
-        for t, d in zip(temp_shards, final_shards, strict=True)
-        if FileSystems.exists(index_path(t))
-    ]
-    if pairs:
-        FileSystems.rename([s for s, _ in pairs], [d for _, d in pairs])

@@ -48,9 +48,26 @@ def folder_label(relpath: str, split_from_folders: bool) -> tuple[str, str]:
     if len(parts) < depth:
         where = "<split>/<class>/" if split_from_folders else "<class>/"
         raise ValueError(f"not inside a class folder (expected {where}...)")
+    for name in parts[: depth - 1]:
+        check_folder_name(name)
     if split_from_folders:
         return parts[0], parts[1]
     return DEFAULT_SPLIT, parts[0]
+
+
+def check_folder_name(name: str) -> None:
+    """A class or split folder name must be printable UTF-8 text (it goes into labels.txt,
+    summary.json and the records, one name per line).
+
+    Raises:
+      ValueError: undecodable bytes or a control character such as a line break.
+    """
+    try:
+        name.encode("utf-8")
+    except UnicodeEncodeError:
+        raise ValueError(f"folder name {name!r} is not valid UTF-8") from None
+    if any(ord(c) < 32 or ord(c) == 127 for c in name):
+        raise ValueError(f"folder name {name!r} contains a control character (line break, tab, ...)")
 
 
 class LabelFromFoldersFn(beam.DoFn):

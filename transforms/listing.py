@@ -6,12 +6,16 @@ whatever the number of files.
 
 from __future__ import annotations
 
+import os
 import posixpath
+import re
+from collections.abc import Iterable
 
 import apache_beam as beam
 from apache_beam.io import fileio
 from apache_beam.io.filesystem import FileMetadata
 
+from transforms.failures import USER_ERROR_MARKER
 from transforms.records import ImageFile
 
 # Matched case-insensitively against the file name's last suffix.
@@ -33,13 +37,62 @@ def normalize_root(root: str) -> str:
 
 
 def relative_path(path: str, root: str) -> str:
-    """`path` relative to `root`, '/'-separated."""
-    rel = path[len(root) :].lstrip("/\\")
-    return rel.replace("\\", "/")
+    """`path` relative to `root`, '/'-separated.
+
+    A backslash is a separator only in local Windows paths; elsewhere it is a legal
+    character of a file name and kept.
+    """
+    if os.sep == "\\" and "://" not in path:
+        path, root = path.replace("\\", "/"), root.replace("\\", "/")
+    return path[len(root) :].lstrip("/")
 
 
 def to_image_file(meta: FileMetadata, root: str) -> ImageFile:
     return ImageFile(path=meta.path, relpath=relative_path(meta.path, root), size=meta.size_in_bytes)
+
+
+def escape_glob(path: str) -> str:
+    """`path` with Beam's glob metacharacters (`*`, `?`, `[`) made literal.
+
+    Beam's patterns cannot quote, but a one-character class can: `[[]`, `[*]`, `[?]`.
+    """
+    return re.sub(r"([*?[])", r"[\1]", path)
+
+
+def _unlistable(error: OSError) -> None:
+    # A folder that cannot be listed would drop its whole subtree without a trace.
+    raise ValueError(f"{USER_ERROR_MARKER} cannot list {error.filename}: {error.strerror}")
+
+
+def walk_local(root: str, extensions: tuple[str, ...] = IMAGE_EXTENSIONS) -> Iterable[ImageFile]:
+    """Every file below local `root` with an image extension, whatever it turns out to be.
+
+    Unlike Beam's local match (which stats each file and silently skips the ones it
+    cannot), nothing is dropped here: broken symlinks, FIFOs and files that vanish are
+    listed with size 0 and fail, by name and with a reason, when they are read. The
+    root is never treated as a pattern, so `[`, `*` and `?` in it are plain characters.
+    Symlinked folders are not followed (no loops), as in Beam.
+    """
+    for dirpath, _, names in os.walk(root, onerror=_unlistable):
+        for name in names:
+            if not has_image_extension(name, extensions):
+                continue
+            path = os.path.join(dirpath, name)
+            try:
+                size = os.stat(path).st_size
+            except OSError:
+                size = 0
+            yield ImageFile(path=path, relpath=relative_path(path, root), size=size)
+
+
+class WalkLocalFn(beam.DoFn):
+    """root -> ImageFile for every local file with an image extension below it."""
+
+    def __init__(self, extensions: tuple[str, ...]):
+        self._extensions = extensions
+
+    def process(self, root: str) -> Iterable[ImageFile]:
+        yield from walk_local(root, self._extensions)
 
 
 class ListImages(beam.PTransform):
@@ -56,10 +109,14 @@ class ListImages(beam.PTransform):
 
     def expand(self, pbegin: beam.pvalue.PBegin) -> beam.PCollection[ImageFile]:
         root, extensions = self._root, self._extensions
+        if "://" not in root:
+            return pbegin | "Root" >> beam.Create([root]) | "WalkLocal" >> beam.ParDo(WalkLocalFn(extensions))
         return (
             pbegin
             | "MatchFiles"
-            >> fileio.MatchFiles(root + "/**", empty_match_treatment=fileio.EmptyMatchTreatment.ALLOW)
+            >> fileio.MatchFiles(
+                escape_glob(root) + "/**", empty_match_treatment=fileio.EmptyMatchTreatment.ALLOW
+            )
             | "KeepImages" >> beam.Filter(lambda m: has_image_extension(m.path, extensions))
             | "ToImageFile" >> beam.Map(to_image_file, root)
         )

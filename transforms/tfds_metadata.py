@@ -196,11 +196,15 @@ def write_reader_metadata(
     split_shards: dict[str, list[int]],
     compression: str,
     image_formats: set[str] | frozenset[str] = frozenset(),
+    name: str | None = None,
 ) -> list[str]:
-    """Writes the reader metadata files; returns their names.
+    """Writes the reader metadata files into `output_dir` (or a staging folder); returns their names.
 
     TFDS reads uncompressed TFRecords only, so gzip output gets no TFDS files. When GIFs are
     among `image_formats`, TFDS gets the encoded image bytes instead of an `Image` feature.
+
+    Args:
+      name: the TFDS dataset name; by default derived from `output_dir`'s name.
     """
     names = summary.get("class_names", [])
     offset = summary.get("label_offset", 0)
@@ -209,11 +213,6 @@ def write_reader_metadata(
         _write(FileSystems.join(output_dir, LABEL_MAP_FILE), label_map_pbtxt(names, offset))
         written.append(LABEL_MAP_FILE)
     if compression != "none" or not split_shards:
-        # No TFDS files; none left from an earlier (--overwrite'n) run either.
-        stale = [FileSystems.join(output_dir, n) for n in (DATASET_INFO_FILE, FEATURES_FILE)]
-        stale = [p for p in stale if FileSystems.exists(p)]
-        if stale:
-            FileSystems.delete(stale)
         return written
     labels = class_label_names(names, offset)
     animated = bool(ANIMATED_FORMATS & set(image_formats))
@@ -221,6 +220,6 @@ def write_reader_metadata(
     _write(FileSystems.join(output_dir, class_label_file(schema)), "".join(n + "\n" for n in labels))
     _write(FileSystems.join(output_dir, FEATURES_FILE), json.dumps(features, indent=2) + "\n")
     split_bytes = {s: v.get("bytes", 0) for s, v in summary.get("splits", {}).items()}
-    info = dataset_info_json(tfds_name(output_dir), split_shards, split_bytes)
+    info = dataset_info_json(name or tfds_name(output_dir), split_shards, split_bytes)
     _write(FileSystems.join(output_dir, DATASET_INFO_FILE), json.dumps(info, indent=2) + "\n")
     return written + [class_label_file(schema), FEATURES_FILE, DATASET_INFO_FILE]

@@ -3,8 +3,9 @@
 Each ShardTask is written by one WriteShardFn call: it reads, checks and encodes the
 shard's images in order and streams them into a temporary file opened with the sink's own
 writer (`_TFRecordSink.open_writer`: TFRecord framing, CRCs, compression). When every shard
-is written, FinalizeFn renames them with the sink's `finalize_write` (temp then rename, as
-`WriteToTFRecord` does) and writes failures.jsonl, labels.txt and, last, summary.json.
+is written, FinalizeFn stages failures.jsonl, labels.txt and summary.json next to the temp
+shards and publishes everything by renaming it into place (temp then rename, as
+`WriteToTFRecord` does), summary.json last; see transforms/output.py.
 """
 
 from __future__ import annotations
@@ -12,7 +13,7 @@ from __future__ import annotations
 import collections
 import json
 import uuid
-from collections.abc import Iterable
+from collections.abc import Callable, Iterable
 
 import apache_beam as beam
 from apache_beam import coders, pvalue
@@ -22,21 +23,19 @@ from apache_beam.io.tfrecordio import _TFRecordSink
 from apache_beam.metrics import Metrics
 
 from transforms.encode import EncodeSettings, encode_image
-from transforms.failures import FAILED, WRITTEN, Failure
+from transforms.failures import FAILED, USER_ERROR_MARKER, WRITTEN, Failure
 from transforms.image import ImageError
-from transforms.index import move_indexes, write_index
+from transforms.index import index_path, write_index
 from transforms.labels import ClassIndex
+from transforms.output import FAILURES_FILE, LABELS_FILE, SUMMARY_FILE, delete_paths, mark_aborted, publish
 from transforms.prescan import DEDUPE_STAGE
+from transforms.reading import DEFAULT_RETRY, RetryPolicy, read_bytes, read_with_retries
 from transforms.records import ImageFile, ImageRecord, ShardResult, ShardTask, Written
 from transforms.schema import schema_from_summary
-from transforms.tfds_metadata import write_reader_metadata
+from transforms.testhooks import pause_if_asked
+from transforms.tfds_metadata import tfds_name, write_reader_metadata
 
 SHARD_TEMPLATE = "-SSSSS-of-NNNNN"
-SUMMARY_FILE = "summary.json"
-LABELS_FILE = "labels.txt"
-FAILURES_FILE = "failures.jsonl"
-# Prefixes the message of an error raised inside the pipeline that is the user's to fix.
-USER_ERROR_MARKER = "img2tfrecord-user-error:"
 COMPRESSIONS = {"none": CompressionTypes.UNCOMPRESSED, "gzip": CompressionTypes.GZIP}
 
 
@@ -57,9 +56,12 @@ def make_sink(output_dir: str, split: str, compression: str = "none") -> _TFReco
 
 
 def read_file(path: str) -> bytes:
-    """All bytes of `path` through Beam's filesystems (local or gs://)."""
-    with FileSystems.open(path, compression_type=CompressionTypes.UNCOMPRESSED) as f:
-        return f.read()
+    """All bytes of `path` (local or gs://), transient errors retried with backoff.
+
+    Raises:
+      ReadError (an OSError): the reason the file cannot be read.
+    """
+    return read_with_retries(path)
 
 
 def _mkdirs(path: str) -> None:
@@ -85,11 +87,14 @@ class WriteShardFn(beam.DoFn):
         compression: str,
         settings: EncodeSettings,
         write_index: bool = False,
+        reader: Callable[[str], bytes] = read_bytes,
+        retry: RetryPolicy = DEFAULT_RETRY,
     ):
         self._output_dir, self._temp_dir = output_dir, temp_dir
         self._compression, self._settings = compression, settings
         # DALI/PyTorch index files exist for uncompressed shards only.
         self._write_index = write_index and compression == "none"
+        self._reader, self._retry = reader, retry
         self._encoded = Metrics.counter(self.__class__, "images_encoded")
         self._failed = Metrics.counter(self.__class__, "images_failed")
         self._bytes = Metrics.counter(self.__class__, "bytes_written")
@@ -106,7 +111,7 @@ class WriteShardFn(beam.DoFn):
         formats: set[str] = set()
         for record in task.records:
             try:
-                data = read_file(record.path)
+                data = read_with_retries(record.path, self._reader, self._retry)
                 serialized, info = encode_image(record, data, class_index, self._settings)
             except ImageError as e:
                 yield self._failure(record, str(e), "decode")
@@ -121,10 +126,11 @@ class WriteShardFn(beam.DoFn):
             formats.add(info.format)  # as stored, after any conversion
             self._encoded.inc()
             yield pvalue.TaggedOutput(WRITTEN, Written(record.split, record.class_key))
+            pause_if_asked("write_shard")
         temp_path = writer.close()
         self._bytes.inc(size)
         if not written:
-            FileSystems.delete([temp_path])
+            delete_paths([temp_path])
             return
         if self._write_index:
             write_index(temp_path, sizes)
@@ -148,11 +154,14 @@ class WriteShards(beam.PTransform):
         compression: str = "none",
         settings: EncodeSettings = EncodeSettings(),
         write_index: bool = False,
+        *,
+        reader: Callable[[str], bytes] = read_bytes,
+        retry: RetryPolicy = DEFAULT_RETRY,
     ):
         super().__init__()
         if compression not in COMPRESSIONS:
             raise ValueError(f"compression must be one of {sorted(COMPRESSIONS)}")
-        self._fn = WriteShardFn(output_dir, temp_dir, compression, settings, write_index)
+        self._fn = WriteShardFn(output_dir, temp_dir, compression, settings, write_index, reader, retry)
         self._class_index = class_index
 
     def expand(self, tasks: beam.PCollection[ShardTask]) -> pvalue.DoOutputsTuple:
@@ -234,51 +243,91 @@ def _image_fields(settings: EncodeSettings, reasons: collections.Counter) -> dic
     }
 
 
+def too_many_failures(failed: int, listed: int, max_ratio: float) -> bool:
+    """True when more than `max_ratio` of the listed images failed."""
+    return listed > 0 and failed > max_ratio * listed
+
+
 class FinalizeFn(beam.DoFn):
-    """Runs once after every shard is written: rename shards, then write the metadata."""
+    """Runs once after every shard is written: stage the metadata, then publish it all.
+
+    The shards and metadata are staged in the run's temp folder and renamed into place by
+    `transforms.output.publish`, summary.json last. Above `max_failure_ratio` only
+    failures.jsonl is published (no dataset) and the reason is recorded in the output's
+    in-progress marker, where the entry point finds it (exit 3).
+    """
 
     def __init__(
-        self, output_dir: str, temp_dir: str, compression: str, settings: EncodeSettings | None = None
+        self,
+        output_dir: str,
+        temp_dir: str,
+        compression: str,
+        settings: EncodeSettings | None = None,
+        max_failure_ratio: float = 1.0,
     ):
         self._output_dir, self._temp_dir, self._compression = output_dir, temp_dir, compression
         self._settings = settings
+        self._max_failure_ratio = max_failure_ratio
 
     def process(self, _, listed_total, listed, written, failures, shards, class_index) -> Iterable[dict]:
         if listed_total == 0:
-            if FileSystems.exists(self._temp_dir):
-                FileSystems.delete([self._temp_dir])
+            delete_paths([self._temp_dir])
             raise ValueError(f"{USER_ERROR_MARKER} the input holds no image files")
+        failures = sorted(failures, key=lambda f: (f.path, f.stage))
+        staging = FileSystems.join(self._temp_dir, "metadata")
+        _mkdirs(staging)
+        staged = {
+            name: FileSystems.join(staging, name) for name in (FAILURES_FILE, LABELS_FILE, SUMMARY_FILE)
+        }
+        write_text(staged[FAILURES_FILE], "".join(f.to_json() + "\n" for f in failures))
+        if too_many_failures(len(failures), listed_total, self._max_failure_ratio):
+            # The job itself succeeds (a raise here would print the runner's traceback); the
+            # entry point finds the reason in the marker and exits with EXIT_TOO_MANY_FAILURES.
+            publish(self._output_dir, [(staged[FAILURES_FILE], FAILURES_FILE)], keep_marker=True)
+            mark_aborted(
+                self._output_dir,
+                f"{len(failures)} of {listed_total} images failed ({len(failures) / listed_total:.1%}), "
+                f"more than --max_failure_ratio {self._max_failure_ratio:g} allows; no dataset was "
+                f"written, the failures are in {FileSystems.join(self._output_dir, FAILURES_FILE)}",
+            )
+            delete_paths([self._temp_dir])
+            return
+        write_text(staged[LABELS_FILE], "".join(n + "\n" for n in class_index.names))
+        summary = build_summary(
+            listed_total, dict(listed), dict(written), failures, shards, class_index, self._settings
+        )
+        write_text(staged[SUMMARY_FILE], json.dumps(summary, indent=2, ensure_ascii=False) + "\n")
+        # Shards (with their index files) in plan order per split, then the metadata,
+        # summary.json last.
+        moves = []
+        suffix = shard_suffix(self._compression)
         by_split: dict[str, list[ShardResult]] = collections.defaultdict(list)
         for s in shards:
             by_split[s.split].append(s)
         split_shards: dict[str, list[int]] = {}
         for split, results in sorted(by_split.items()):
-            sink = make_sink(self._output_dir, split, self._compression)
-            temp_paths = sorted(s.temp_path for s in results)
-            # finalize_write names the i-th sorted temp path shard i; indexes follow their shard.
-            move_indexes(
-                temp_paths, [sink._get_final_name(i, len(temp_paths)) for i in range(len(temp_paths))]
-            )
-            list(sink.finalize_write(FileSystems.join(self._temp_dir, split), temp_paths, None))
-            split_shards[split] = [s.records for s in sorted(results, key=lambda s: s.temp_path)]
-        if FileSystems.exists(self._temp_dir):
-            FileSystems.delete([self._temp_dir])
-        failures = sorted(failures, key=lambda f: (f.path, f.stage))
-        out = self._output_dir
-        write_text(FileSystems.join(out, FAILURES_FILE), "".join(f.to_json() + "\n" for f in failures))
-        write_text(FileSystems.join(out, LABELS_FILE), "".join(n + "\n" for n in class_index.names))
-        summary = build_summary(
-            listed_total, dict(listed), dict(written), failures, shards, class_index, self._settings
-        )
+            results = sorted(results, key=lambda s: s.temp_path)
+            n = len(results)
+            split_shards[split] = [s.records for s in results]
+            for i, result in enumerate(results):
+                final = f"{split}-{i:05d}-of-{n:05d}{suffix}"
+                moves.append((result.temp_path, final))
+                if FileSystems.exists(index_path(result.temp_path)):
+                    moves.append((index_path(result.temp_path), index_path(final)))
         formats = {f for s in shards for f in s.formats}
-        write_reader_metadata(
-            out, summary, schema_from_summary(summary), split_shards, self._compression, formats
+        reader_files = write_reader_metadata(
+            staging,
+            summary,
+            schema_from_summary(summary),
+            split_shards,
+            self._compression,
+            formats,
+            name=tfds_name(self._output_dir),
         )
-        # Written last: its presence marks a finished dataset.
-        write_text(
-            FileSystems.join(out, SUMMARY_FILE),
-            json.dumps(summary, indent=2, ensure_ascii=False) + "\n",
-        )
+        moves += [(FileSystems.join(staging, name), name) for name in reader_files]
+        moves += [(staged[name], name) for name in (FAILURES_FILE, LABELS_FILE, SUMMARY_FILE)]
+        publish(self._output_dir, moves)
+        delete_paths([self._temp_dir])
         yield summary
 
 
@@ -298,9 +347,10 @@ class WriteMetadata(beam.PTransform):
         shards: beam.PCollection[ShardResult],
         class_index: beam.PCollection[ClassIndex],
         settings: EncodeSettings | None = None,
+        max_failure_ratio: float = 1.0,
     ):
         super().__init__()
-        self._fn = FinalizeFn(output_dir, temp_dir, compression, settings)
+        self._fn = FinalizeFn(output_dir, temp_dir, compression, settings, max_failure_ratio)
         self._files, self._records, self._written = files, records, written
         self._failed, self._shards, self._class_index = failed, shards, class_index
 

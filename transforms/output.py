@@ -1,0 +1,194 @@
+"""The output folder's life cycle: claim it, stage a run in it, publish atomically, retry safely.
+
+A run works in `<output_dir>/beam-temp-img2tfrecord-<run_id>/` and leaves a marker file
+(`.img2tfrecord-in-progress.json`) in the output folder from the moment it starts until
+its dataset is published. Publishing renames the staged shards, then failures.jsonl and
+labels.txt, and summary.json last: summary.json present and no marker means a finished
+dataset. A run killed at any point (SIGKILL included) therefore leaves no summary.json
+without a marker, and the next run of the same command, seeing the marker, knows that
+whatever it finds belongs to an interrupted run of its own and replaces it (idempotent
+retries). A finished dataset, or shards that no run of ours is known to have left, are
+only replaced with --overwrite, and then completely: old shards the new run does not
+produce are deleted.
+
+Everything goes through Beam's FileSystems, so the same code serves local folders and
+gs:// buckets; local paths are never used as glob patterns.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import re
+import shutil
+import socket
+import time
+
+from apache_beam.io.filesystems import FileSystems
+
+from transforms.listing import escape_glob
+from transforms.testhooks import pause_if_asked
+
+SUMMARY_FILE = "summary.json"
+LABELS_FILE = "labels.txt"
+FAILURES_FILE = "failures.jsonl"
+# Metadata files of a dataset, in publishing order: summary.json, written last, marks it finished.
+METADATA_FILES = (FAILURES_FILE, LABELS_FILE, SUMMARY_FILE)
+MARKER_FILE = ".img2tfrecord-in-progress.json"
+TEMP_PREFIX = "beam-temp-img2tfrecord-"
+SHARD_NAME = re.compile(r".+-\d{5}-of-\d{5}\.tfrecord(\.gz|\.idx)?")
+# Reader metadata (transforms/tfds_metadata.py) published next to the shards.
+READER_FILES = ("dataset_info.json", "features.json", "label_map.pbtxt")
+READER_FILE = re.compile(r".+\.labels\.txt")
+
+
+class OutputBusy(ValueError):
+    """The output folder holds a dataset (or another live run); the message says what to do."""
+
+
+def is_dataset_file(name: str) -> bool:
+    """True for a shard or metadata file name that a run of ours publishes."""
+    return (
+        name in METADATA_FILES
+        or name in READER_FILES
+        or SHARD_NAME.fullmatch(name) is not None
+        or READER_FILE.fullmatch(name) is not None
+    )
+
+
+def temp_dir_for(output_dir: str, run_id: str) -> str:
+    """Where a run's shards and metadata are staged (inside the output folder)."""
+    return FileSystems.join(output_dir, f"{TEMP_PREFIX}{run_id}")
+
+
+def list_children(output_dir: str) -> list[str]:
+    """Names directly inside `output_dir` (files and folders); [] if it does not exist."""
+    if "://" not in output_dir:
+        try:
+            return sorted(os.listdir(output_dir))
+        except (FileNotFoundError, NotADirectoryError):
+            return []
+    prefix = output_dir.rstrip("/") + "/"
+    found = FileSystems.match([escape_glob(prefix) + "**"])[0].metadata_list
+    return sorted({m.path[len(prefix) :].split("/", 1)[0] for m in found})
+
+
+def delete_paths(paths: list[str]) -> None:
+    """Deletes files and folders (recursively) that exist; missing ones are skipped.
+
+    Beam's delete matches its argument as a glob pattern, so local paths are deleted
+    directly and remote ones escaped; a remote folder is a prefix, deleted as `path/`.
+    """
+    for path in paths:
+        if "://" not in path:
+            if os.path.isdir(path) and not os.path.islink(path):
+                shutil.rmtree(path)
+            elif os.path.lexists(path):
+                os.remove(path)
+        elif FileSystems.exists(path):
+            FileSystems.delete([escape_glob(path)])
+        else:
+            FileSystems.delete([path.rstrip("/") + "/"])
+
+
+def read_marker(output_dir: str) -> dict | None:
+    """The in-progress marker left by a run that has not published, or None."""
+    path = FileSystems.join(output_dir, MARKER_FILE)
+    if not FileSystems.exists(path):
+        return None
+    try:
+        with FileSystems.open(path) as f:
+            return json.loads(f.read().decode("utf-8"))
+    except (OSError, ValueError):
+        return {}  # a marker cut short by a kill is still a marker
+
+
+def _alive_here(marker: dict) -> bool:
+    """True if the marker's run is a live process on this machine (other than us)."""
+    pid = marker.get("pid")
+    if marker.get("host") != socket.gethostname() or not isinstance(pid, int) or pid == os.getpid():
+        return False
+    try:
+        os.kill(pid, 0)
+    except ProcessLookupError:
+        return False
+    except PermissionError:
+        return True
+    return True
+
+
+def claim_output(output_dir: str, overwrite: bool, run_id: str) -> str | None:
+    """Checks that a run may write into `output_dir`, then marks it as in progress.
+
+    Removes the staging folders of dead runs. Returns the id of the interrupted run being
+    resumed, if any.
+
+    Raises:
+      OutputBusy: a finished dataset or unknown shards without --overwrite, or another
+        run of ours is alive and writing there.
+    """
+    names = list_children(output_dir)
+    marker = read_marker(output_dir)
+    if marker is not None and _alive_here(marker):
+        raise OutputBusy(
+            f"--output_dir {output_dir} is being written by another img2tfrecord run (pid {marker['pid']})"
+        )
+    if marker is None and any(is_dataset_file(n) for n in names) and not overwrite:
+        raise OutputBusy(f"--output_dir {output_dir} already holds a dataset; pass --overwrite to replace it")
+    write_bytes(
+        FileSystems.join(output_dir, MARKER_FILE),
+        json.dumps(
+            {"run_id": run_id, "pid": os.getpid(), "host": socket.gethostname(), "started": time.time()}
+        ).encode("utf-8"),
+    )
+    delete_paths([FileSystems.join(output_dir, n) for n in names if n.startswith(TEMP_PREFIX)])
+    return (marker or {}).get("run_id", "unknown") if marker is not None else None
+
+
+def mark_aborted(output_dir: str, reason: str) -> None:
+    """Records in the marker why the run stopped short of publishing a dataset."""
+    marker = read_marker(output_dir) or {}
+    marker["aborted"] = reason
+    write_bytes(FileSystems.join(output_dir, MARKER_FILE), json.dumps(marker).encode("utf-8"))
+
+
+def aborted_reason(output_dir: str, run_id: str) -> str | None:
+    """Why run `run_id` did not publish its dataset, if it stopped on purpose."""
+    marker = read_marker(output_dir) or {}
+    return marker.get("aborted") if marker.get("run_id") == run_id else None
+
+
+def write_bytes(path: str, data: bytes) -> None:
+    with FileSystems.create(path, mime_type="application/octet-stream") as f:
+        f.write(data)
+
+
+def publish(output_dir: str, moves: list[tuple[str, str]], keep_marker: bool = False) -> None:
+    """Makes a staged run the dataset in `output_dir`. Safe to run again after a crash.
+
+    `moves` are (staged path, final name) pairs, shards first and summary.json last.
+    The old summary.json goes first (from then on the folder holds no finished dataset),
+    then every other dataset file this run does not produce, so nothing old survives
+    next to the new shards. Moves whose staged file is gone were done by an earlier try
+    (a finalize retried by the runner).
+
+    Args:
+      keep_marker: leave the in-progress marker (a run that publishes only its failures).
+    """
+    finals = {name: staged for staged, name in moves}
+    if SUMMARY_FILE not in finals or FileSystems.exists(finals[SUMMARY_FILE]):
+        # Not yet published by this run (or an earlier try of it): retire the old one.
+        delete_paths([FileSystems.join(output_dir, SUMMARY_FILE)])
+    stale = [n for n in list_children(output_dir) if is_dataset_file(n) and n not in finals]
+    delete_paths([FileSystems.join(output_dir, n) for n in stale])
+    for staged, name in moves:
+        final = FileSystems.join(output_dir, name)
+        if FileSystems.exists(staged):
+            if "://" in final:
+                delete_paths([final])  # copy-based renames may refuse to overwrite
+            FileSystems.rename([staged], [final])
+            pause_if_asked("publish")
+        elif not FileSystems.exists(final):
+            raise FileNotFoundError(f"staged file {staged} is missing and {final} was never published")
+    if not keep_marker:
+        delete_paths([FileSystems.join(output_dir, MARKER_FILE)])

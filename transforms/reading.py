@@ -1,0 +1,157 @@
+"""Reading one image file: regular files only, transient errors retried with backoff.
+
+Every expected way a read can fail (missing file, broken symlink, FIFO or device,
+permission denied, a GCS 4xx, a transient error that outlived its retries) becomes a
+ReadError whose message is the reason written to failures.jsonl. Anything else is a bug
+and propagates.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import errno
+import os
+import random
+import stat
+import time
+from collections.abc import Callable
+
+from apache_beam.io.filesystem import CompressionTypes
+from apache_beam.io.filesystems import FileSystems
+
+# errno values worth another try: the file may well be readable a moment later.
+TRANSIENT_ERRNOS = frozenset(
+    {errno.EAGAIN, errno.EINTR, errno.EIO, errno.EBUSY, errno.ETIMEDOUT, errno.ECONNRESET, errno.ENOBUFS}
+)
+# HTTP statuses of a cloud store worth another try (throttling and server errors).
+TRANSIENT_HTTP = frozenset({408, 429, 500, 502, 503, 504})
+
+
+class ReadError(OSError):
+    """The file could not be read; the message is the reason (one line)."""
+
+
+@dataclasses.dataclass(frozen=True)
+class RetryPolicy:
+    """How often and how patiently a transient read error is retried.
+
+    Delays grow as initial_delay * 2**attempt (capped at max_delay), each with up to
+    `jitter` of itself added at random, so many workers do not retry in lockstep.
+    """
+
+    attempts: int = 5
+    initial_delay: float = 0.5
+    max_delay: float = 10.0
+    jitter: float = 0.5
+
+    def __post_init__(self) -> None:
+        if self.attempts < 1:
+            raise ValueError("RetryPolicy.attempts must be at least 1")
+
+    def delay(self, attempt: int) -> float:
+        base = min(self.max_delay, self.initial_delay * 2**attempt)
+        return base * (1 + self.jitter * random.random())
+
+
+DEFAULT_RETRY = RetryPolicy()
+
+
+def _http_status(error: BaseException) -> int | None:
+    code = getattr(error, "code", None)  # google.api_core.exceptions.GoogleAPICallError
+    if isinstance(code, int):
+        return code
+    status = getattr(getattr(error, "response", None), "status_code", None)  # requests / apitools
+    return status if isinstance(status, int) else None
+
+
+def is_transient(error: BaseException) -> bool:
+    """True for errors that a later attempt may not hit: timeouts, resets, 5xx, 429."""
+    if isinstance(error, ReadError):
+        return False
+    if isinstance(error, (TimeoutError, ConnectionError)):
+        return True
+    if isinstance(error, OSError) and error.errno in TRANSIENT_ERRNOS:
+        return True
+    status = _http_status(error)
+    if status is not None:
+        return status in TRANSIENT_HTTP
+    # requests/urllib3 connection and timeout errors carry no status.
+    name = type(error).__name__
+    return name in {"ConnectionError", "Timeout", "ReadTimeout", "ConnectTimeout", "RetryError"}
+
+
+def _describe(error: BaseException) -> str:
+    if isinstance(error, OSError) and error.strerror:
+        return error.strerror
+    text = str(error).strip().splitlines()
+    return f"{type(error).__name__}: {text[0] if text else ''}".rstrip(": ")
+
+
+def read_local(path: str) -> bytes:
+    """Reads a local regular file. FIFOs, devices and directories are refused, never waited on.
+
+    The file is opened non-blocking and checked with fstat on the open descriptor, so a
+    file swapped for a FIFO between listing and reading cannot hang the worker.
+    """
+    try:
+        fd = os.open(path, os.O_RDONLY | os.O_NONBLOCK)
+    except FileNotFoundError:
+        if os.path.islink(path):
+            raise ReadError(f"broken symbolic link to {os.readlink(path)!r}") from None
+        raise ReadError("file disappeared after listing (no such file)") from None
+    except OSError as e:
+        if e.errno == errno.ELOOP:
+            raise ReadError("symbolic link loop") from None
+        if e.errno in TRANSIENT_ERRNOS:
+            raise
+        raise ReadError(e.strerror or str(e)) from None
+    try:
+        mode = os.fstat(fd).st_mode
+        if not stat.S_ISREG(mode):
+            kind = "directory" if stat.S_ISDIR(mode) else "fifo" if stat.S_ISFIFO(mode) else "special file"
+            raise ReadError(f"not a regular file ({kind})")
+        os.set_blocking(fd, True)
+    except BaseException:
+        os.close(fd)
+        raise
+    with os.fdopen(fd, "rb") as f:
+        return f.read()
+
+
+def read_remote(path: str) -> bytes:
+    """All bytes of a gs:// (or other Beam filesystem) object."""
+    with FileSystems.open(path, compression_type=CompressionTypes.UNCOMPRESSED) as f:
+        return f.read()
+
+
+def read_bytes(path: str) -> bytes:
+    """All bytes of `path`, local or on any Beam filesystem."""
+    return read_remote(path) if "://" in path else read_local(path)
+
+
+def read_with_retries(
+    path: str,
+    reader: Callable[[str], bytes] = read_bytes,
+    policy: RetryPolicy = DEFAULT_RETRY,
+    sleep: Callable[[float], None] = time.sleep,
+) -> bytes:
+    """Reads `path`, retrying transient errors with exponential backoff.
+
+    Raises:
+      ReadError: the file cannot be read (at once for permanent errors, after
+        `policy.attempts` tries for transient ones).
+    """
+    for attempt in range(policy.attempts):
+        try:
+            return reader(path)
+        except ReadError:
+            raise
+        except Exception as e:
+            if not is_transient(e):
+                if isinstance(e, OSError) or _http_status(e) is not None:
+                    raise ReadError(_describe(e)) from None
+                raise  # not an I/O error at all: a bug
+            if attempt + 1 == policy.attempts:
+                raise ReadError(f"{_describe(e)} (still failing after {policy.attempts} attempts)") from None
+            sleep(policy.delay(attempt))
+    raise AssertionError("unreachable: attempts >= 1")
