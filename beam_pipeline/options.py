@@ -67,6 +67,11 @@ class ConvertOptions(PipelineOptions):
             help="Fail the job (exit 3, no dataset written) when more than this fraction of the "
             "listed images fail; failures.jsonl is still written.",
         )
+        parser.add_argument(
+            "--dataset_name",
+            default="",
+            help="Dataset name in the TFDS metadata (default: the input folder's name).",
+        )
         parser.add_argument("--quiet", action="store_true", help="No progress output.")
         add_image_arguments(parser)
         parser.add_argument(

@@ -20,6 +20,7 @@ from transforms.layout import AssignSplits, PlanShards, parse_split_ratios
 from transforms.listing import ListImages, normalize_root
 from transforms.output import temp_dir_for
 from transforms.prescan import DropDuplicates, EstimateSizes
+from transforms.tfds_metadata import tfds_name
 from transforms.write import WriteMetadata, WriteShards
 
 
@@ -73,5 +74,7 @@ def build_pipeline(p: beam.Pipeline, opts: ConvertOptions, run_id: str) -> Pipel
         class_index=classes,
         settings=settings,
         max_failure_ratio=opts.max_failure_ratio,
+        # The TFDS name: same output wherever it is written (reruns compare byte for byte).
+        dataset_name=tfds_name(opts.dataset_name or normalize_root(opts.input)),
     )  # the summary.json dict
     return PipelineOutputs(summary=summary, failures=failures)

@@ -75,7 +75,8 @@ def dataset(tmp_path_factory) -> Path:
 
 def _convert(dataset: Path, out: Path, *args: str) -> dict:
     return main.run(
-        ["--input", str(dataset), "--output_dir", str(out), "--quiet", *args], save_main_session=False
+        ["--input", str(dataset), "--output_dir", str(out), "--quiet", "--max_failure_ratio", "1", *args],
+        save_main_session=False,
     )
 
 

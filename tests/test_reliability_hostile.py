@@ -262,7 +262,10 @@ def test_hostile_corpus_nothing_lost(hostile, tmp_path):
     assert unlabelled == 3 and summary["listed"] == sum(e["listed"] for e in summary["splits"].values()) + 3
     assert not (out / MARKER_FILE).exists()
     assert sorted(p.name for p in out.iterdir() if not p.name.endswith(".tfrecord")) == [
+        "dataset_info.json",
         "failures.jsonl",
+        "features.json",
+        "image-class-label.labels.txt",
         "labels.txt",
         "summary.json",
     ]

@@ -191,7 +191,10 @@ def test_sigkill_then_rerun_gives_the_uninterrupted_output(small_tree, tmp_path)
         save_main_session=False,
     )
     assert sorted(os.listdir(out)) == [
+        "dataset_info.json",
         "failures.jsonl",
+        "features.json",
+        "image-class-label.labels.txt",
         "labels.txt",
         "summary.json",
         "train-00000-of-00001.tfrecord",

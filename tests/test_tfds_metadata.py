@@ -99,9 +99,8 @@ def test_per_object_preset_gets_sequences_and_a_label_map(tmp_path):
     assert isinstance(features["image"]["source_id"], tfds.features.Text)
 
     summary = {"class_names": ["cat", 'say "hi"'], "label_offset": 1, "written_per_class": {"cat": 1}}
-    (tmp_path / "dataset_info.json").write_text("{}")  # from an earlier uncompressed run
     files = write_reader_metadata(str(tmp_path), summary, odapi, {"train": [1]}, "gzip")
-    assert files == ["label_map.pbtxt"]  # gzip: no TFDS files, and no stale ones
+    assert files == ["label_map.pbtxt"]  # gzip: no TFDS files (stale ones are retired by publish)
     assert not (tmp_path / "dataset_info.json").exists()
     assert (tmp_path / "label_map.pbtxt").read_text() == (
         'item {\n  id: 1\n  name: "cat"\n  display_name: "cat"\n}\n'

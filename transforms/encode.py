@@ -47,8 +47,8 @@ def encode_image(
       ImageError: the image does not decode or cannot be written; the message says why.
     """
     schema = _schema(settings.schema, settings.rename_keys)
+    prepared = prepare_image(data, settings)  # refuses bombs before decoding anything
     check_structure(detect_format(data), data)  # what Pillow forgives but TensorFlow does not
-    prepared = prepare_image(data, settings)
     features = schema.features(record, prepared.data, prepared.info, class_index)
     return serialize_example(features, schema.kinds), prepared.info
 

@@ -264,10 +264,12 @@ class FinalizeFn(beam.DoFn):
         compression: str,
         settings: EncodeSettings | None = None,
         max_failure_ratio: float = 1.0,
+        dataset_name: str | None = None,
     ):
         self._output_dir, self._temp_dir, self._compression = output_dir, temp_dir, compression
         self._settings = settings
         self._max_failure_ratio = max_failure_ratio
+        self._dataset_name = dataset_name
 
     def process(self, _, listed_total, listed, written, failures, shards, class_index) -> Iterable[dict]:
         if listed_total == 0:
@@ -322,7 +324,7 @@ class FinalizeFn(beam.DoFn):
             split_shards,
             self._compression,
             formats,
-            name=tfds_name(self._output_dir),
+            name=self._dataset_name or tfds_name(self._output_dir),
         )
         moves += [(FileSystems.join(staging, name), name) for name in reader_files]
         moves += [(staged[name], name) for name in (FAILURES_FILE, LABELS_FILE, SUMMARY_FILE)]
@@ -348,9 +350,10 @@ class WriteMetadata(beam.PTransform):
         class_index: beam.PCollection[ClassIndex],
         settings: EncodeSettings | None = None,
         max_failure_ratio: float = 1.0,
+        dataset_name: str | None = None,
     ):
         super().__init__()
-        self._fn = FinalizeFn(output_dir, temp_dir, compression, settings, max_failure_ratio)
+        self._fn = FinalizeFn(output_dir, temp_dir, compression, settings, max_failure_ratio, dataset_name)
         self._files, self._records, self._written = files, records, written
         self._failed, self._shards, self._class_index = failed, shards, class_index
 
