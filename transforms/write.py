@@ -203,7 +203,9 @@ class FinalizeFn(beam.DoFn):
     def __init__(self, output_dir: str, temp_dir: str, compression: str):
         self._output_dir, self._temp_dir, self._compression = output_dir, temp_dir, compression
 
-    def process(self, _, listed_total, listed, written, failures, shards, class_index) -> Iterable[dict]:
+    def process(
+        self, _, listed_total, listed, written, failures, shards, class_index, extras=None
+    ) -> Iterable[dict]:
         if listed_total == 0:
             if FileSystems.exists(self._temp_dir):
                 FileSystems.delete([self._temp_dir])
@@ -222,6 +224,7 @@ class FinalizeFn(beam.DoFn):
         write_text(FileSystems.join(out, FAILURES_FILE), "".join(f.to_json() + "\n" for f in failures))
         write_text(FileSystems.join(out, LABELS_FILE), "".join(n + "\n" for n in class_index.names))
         summary = build_summary(listed_total, dict(listed), dict(written), failures, shards, class_index)
+        summary.update(extras or {})  # sections added by optional steps (e.g. "labels")
         # Written last: its presence marks a finished dataset.
         write_text(
             FileSystems.join(out, SUMMARY_FILE),
@@ -245,9 +248,11 @@ class WriteMetadata(beam.PTransform):
         failed: beam.PCollection[Failure],
         shards: beam.PCollection[ShardResult],
         class_index: beam.PCollection[ClassIndex],
+        summary_extras: beam.PCollection[dict] | None = None,
     ):
         super().__init__()
         self._fn = FinalizeFn(output_dir, temp_dir, compression)
+        self._extras = summary_extras
         self._files, self._records, self._written = files, records, written
         self._failed, self._shards, self._class_index = failed, shards, class_index
 
@@ -263,6 +268,7 @@ class WriteMetadata(beam.PTransform):
             | "KeyWritten" >> beam.Map(lambda w: (w.split, w.class_key))
             | "CountWrittenPerClass" >> beam.combiners.Count.PerElement()
         )
+        extras = self._extras if self._extras is not None else pbegin | "NoExtras" >> beam.Create([{}])
         return (
             pbegin
             | "Once" >> beam.Create([None])
@@ -275,5 +281,6 @@ class WriteMetadata(beam.PTransform):
                 pvalue.AsList(self._failed),
                 pvalue.AsList(self._shards),
                 pvalue.AsSingleton(self._class_index),
+                pvalue.AsSingleton(extras),
             )
         )
