@@ -181,3 +181,49 @@ def test_label_table_user_errors(tmp_path, capsys, extra, message):
     assert main.main(argv + ["--quiet"]) == main.EXIT_USAGE
     err = capsys.readouterr().err.strip().splitlines()
     assert len(err) == 1 and message in err[0], err
+
+
+def test_tsv_skip_union_split_folders_no_orphans(tmp_path):
+    images = tmp_path / "imgs"
+    write_image(images / "train" / "x" / "a.png", seed=1)
+    write_image(images / "train" / "y" / "b.png", seed=2)
+    write_image(images / "test" / "c.png", seed=3)
+    write_image(images / "test" / "unlabeled.png", seed=4)
+    rows = ["name\tlabel", "a.png\tcat", "a.png\tdog", "b.png\tdog", "c.png\t\"cat|bird\""]
+    (tmp_path / "labels.tsv").write_text("\n".join(rows) + "\n")
+    out = tmp_path / "out"
+    summary = _convert(
+        [
+            "--input",
+            str(images),
+            "--labels",
+            str(tmp_path / "labels.tsv"),
+            "--key_column",
+            "name",
+            "--image_key",
+            "name",
+            "--unlabeled",
+            "skip",
+            "--duplicate_keys",
+            "union",
+            "--splits",
+            "folders",
+            "--output_dir",
+            str(out),
+        ]
+    )
+    # The skipped image is counted under "labels", not listed: listed == written + failed holds.
+    assert summary["listed"] == 3 and summary["written"] == 3 and summary["failed"] == 0
+    assert summary["labels"]["unlabeled_skipped"] == 1 and summary["labels"]["orphan_rows"] == 0
+    assert summary["labels"]["duplicate_keys"] == 1 and summary["labels"]["conflicting_keys"] == 0
+    assert (out / "labels.txt").read_text().split() == ["bird", "cat", "dog"]
+    train = {r["filename"]: r for r in read_records(out, "train")}
+    assert train["train/x/a.png"]["text"] == ["cat", "dog"] and train["train/x/a.png"]["label"] == [1, 2]
+    assert [r["label"] for r in read_records(out, "test")] == [[1, 0]]
+    assert (out / "orphan_labels.jsonl").read_text() == ""
+    assert sorted(p.name for p in out.iterdir() if not p.name.endswith(".tfrecord")) == [
+        "failures.jsonl",
+        "labels.txt",
+        "orphan_labels.jsonl",
+        "summary.json",
+    ]

@@ -429,7 +429,7 @@ def read_header(path: str, spec: TableSpec) -> list[str]:
             raise TableError(f"labels table {path}: the first line is not a JSON object")
         return list(obj)
     try:
-        return next(csv.reader([text], delimiter="\t" if spec.format == "tsv" else ","))
+        return next(csv.reader(text.splitlines(keepends=True), delimiter="\t" if spec.format == "tsv" else ","))
     except (csv.Error, StopIteration):
         raise TableError(f"labels table {path}: cannot read the header") from None
 
