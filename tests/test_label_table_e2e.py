@@ -65,7 +65,9 @@ def test_dacon_csv_end_to_end(dacon, tmp_path):
     assert labels["duplicate_keys"] == 2 and labels["conflicting_keys"] == 1
     assert labels["unlabeled_images"] == 2 and labels["invalid_rows"] == 0
 
-    failures = {json.loads(x)["path"].rsplit("/", 1)[1]: json.loads(x) for x in (out / "failures.jsonl").open()}
+    failures = {
+        json.loads(x)["path"].rsplit("/", 1)[1]: json.loads(x) for x in (out / "failures.jsonl").open()
+    }
     assert set(failures) == {"BU_9998.JPG", "SE_9999.JPG", "BU_0003.JPG"}
     assert all(f["stage"] == "label" for f in failures.values())
     assert "label missing" in failures["SE_9999.JPG"]["reason"]
@@ -84,7 +86,10 @@ def test_dacon_csv_end_to_end(dacon, tmp_path):
         assert r["label"] == [_LANDMARK_ID[folder]], r["filename"]
         assert r["text"] == [str(_LANDMARK_ID[folder])]
         assert r["encoded"] == (dacon / "train" / r["filename"]).read_bytes()
-    assert {r["filename"] for r in records} >= {"서울특별시/경복궁/SE_0001.JPG", "부산광역시/해운대/BU_0001.JPG"}
+    assert {r["filename"] for r in records} >= {
+        "서울특별시/경복궁/SE_0001.JPG",
+        "부산광역시/해운대/BU_0001.JPG",
+    }
 
 
 def _read_extras(out, split, spec_extra):
@@ -145,7 +150,10 @@ def test_jsonl_multilabel_extras_split_column_label_map_keep(tmp_path):
     assert summary["labels"]["invalid_rows"] == 1
     assert summary["splits"]["train"]["written"] == 2 and summary["splits"]["validation"]["written"] == 1
     assert (out / "labels.txt").read_text(encoding="utf-8").split() == ["dog", "고양이"]
-    reasons = {json.loads(x)["path"].rsplit("/", 1)[1]: json.loads(x)["reason"] for x in (out / "failures.jsonl").open()}
+    reasons = {
+        json.loads(x)["path"].rsplit("/", 1)[1]: json.loads(x)["reason"]
+        for x in (out / "failures.jsonl").open()
+    }
     assert "not in --label_map" in reasons["c.png"] and "not a float" in reasons["d.png"]
 
     train = {r["filename"]: r for r in read_records(out, "train")}
@@ -189,7 +197,7 @@ def test_tsv_skip_union_split_folders_no_orphans(tmp_path):
     write_image(images / "train" / "y" / "b.png", seed=2)
     write_image(images / "test" / "c.png", seed=3)
     write_image(images / "test" / "unlabeled.png", seed=4)
-    rows = ["name\tlabel", "a.png\tcat", "a.png\tdog", "b.png\tdog", "c.png\t\"cat|bird\""]
+    rows = ["name\tlabel", "a.png\tcat", "a.png\tdog", "b.png\tdog", 'c.png\t"cat|bird"']
     (tmp_path / "labels.tsv").write_text("\n".join(rows) + "\n")
     out = tmp_path / "out"
     summary = _convert(

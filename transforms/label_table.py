@@ -322,6 +322,10 @@ def _decoded_lines(raw_lines: Iterable[bytes], bad_lines: set[int]) -> Iterator[
         yield text
 
 
+def _delimiter(spec: TableSpec) -> str:
+    return "\t" if spec.format == "tsv" else ","
+
+
 def check_header(header: list[str], spec: TableSpec, source: str) -> None:
     """Raises TableError naming the first required column the header lacks."""
     present = {h.strip() for h in header}
@@ -345,7 +349,7 @@ def iter_table(raw_lines: Iterable[bytes], spec: TableSpec, source: str = "") ->
     if spec.format == "jsonl":
         yield from _iter_jsonl(lines, spec, source, bad_lines)
         return
-    reader = csv.reader(lines, delimiter="\t" if spec.format == "tsv" else ",")
+    reader = csv.reader(lines, delimiter=_delimiter(spec))
     try:
         header = next(reader, None)
         if header is None:
@@ -429,7 +433,7 @@ def read_header(path: str, spec: TableSpec) -> list[str]:
             raise TableError(f"labels table {path}: the first line is not a JSON object")
         return list(obj)
     try:
-        return next(csv.reader(text.splitlines(keepends=True), delimiter="\t" if spec.format == "tsv" else ","))
+        return next(csv.reader(text.splitlines(keepends=True), delimiter=_delimiter(spec)))
     except (csv.Error, StopIteration):
         raise TableError(f"labels table {path}: cannot read the header") from None
 
