@@ -24,6 +24,7 @@ import posixpath
 import re
 import unicodedata
 from collections.abc import Iterable, Iterator, Mapping
+from typing import Any
 
 import apache_beam as beam
 from apache_beam import pvalue
@@ -759,8 +760,12 @@ class JoinLabels(beam.PTransform):
     def expand(self, inputs: tuple[beam.PCollection[ImageFile], beam.PCollection[LabelRow]]) -> JoinedLabels:
         files, rows = inputs
         mode = self._mode
-        keyed_images = files | "KeyImages" >> beam.Map(lambda f: (image_key(f.relpath, mode), f))
-        keyed_rows = rows | "KeyRows" >> beam.Map(lambda r: (r.key, r))
+        # Both sides declare the same (str, Any) type: with inferred, different coders the
+        # Flatten inside CoGroupByKey mis-decodes on the FnApiRunner once both sides are shuffled.
+        keyed_images = files | "KeyImages" >> beam.Map(
+            lambda f: (image_key(f.relpath, mode), f)
+        ).with_output_types(tuple[str, Any])
+        keyed_rows = rows | "KeyRows" >> beam.Map(lambda r: (r.key, r)).with_output_types(tuple[str, Any])
         joined = (
             {_IMAGES: keyed_images, _ROWS: keyed_rows}
             | "GroupByKey" >> beam.CoGroupByKey()  # (key, {images: [ImageFile], rows: [LabelRow]})
