@@ -173,6 +173,7 @@ def test_jsonl_multilabel_extras_split_column_label_map_keep(tmp_path):
     [
         (["--labels", "{tmp}/t.csv", "--label_column", "landmark"], "no column 'landmark'"),
         (["--labels", "{tmp}/missing.csv"], "no such file"),
+        (["--labels", "{tmp}/t*.csv"], "t2.csv has no column 'label'"),  # found inside the pipeline
         (["--labels", "{tmp}/t.txt"], "--labels_format"),
         (["--labels", "{tmp}/t.csv", "--extra_columns", "w:double"], "--extra_columns"),
         (["--labels", "{tmp}/t.csv", "--label_map", "{tmp}/nomap.txt"], "--label_map"),
@@ -184,6 +185,7 @@ def test_label_table_user_errors(tmp_path, capsys, extra, message):
     write_image(tmp_path / "imgs" / "x.png")
     (tmp_path / "t.csv").write_text("id,label\nx,cat\n")
     (tmp_path / "t.txt").write_text("id,label\nx,cat\n")
+    (tmp_path / "t2.csv").write_text("id,class\nx,cat\n")
     argv = ["--input", str(tmp_path / "imgs"), "--output_dir", str(tmp_path / "o")]
     argv += [a.format(tmp=tmp_path) for a in extra]
     assert main.main(argv + ["--quiet"]) == main.EXIT_USAGE

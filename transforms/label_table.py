@@ -442,7 +442,8 @@ def read_header(path: str, spec: TableSpec) -> list[str]:
 def check_table(spec: TableSpec) -> list[str]:
     """Cheap checks on the submitting machine: the table exists and has the columns.
 
-    Reads the first line of the first matched file only. Returns the matched paths.
+    Reads only the first line of each matched file (a glob may match several). Returns the
+    matched paths.
 
     Raises:
       TableError: no such file, or a required column is missing.
@@ -454,20 +455,20 @@ def check_table(spec: TableSpec) -> list[str]:
     paths = sorted(m.path for m in found)
     if not paths:
         raise TableError(f"--labels {spec.path}: no such file")
-    try:
-        header = read_header(paths[0], spec)
-    except OSError as e:
-        raise TableError(f"--labels {paths[0]}: cannot read: {e}") from None
-    if spec.format == "jsonl":
-        present = set(header)
+    for path in paths:
+        try:
+            header = read_header(path, spec)
+        except OSError as e:
+            raise TableError(f"--labels {path}: cannot read: {e}") from None
+        if spec.format != "jsonl":
+            check_header(header, spec, path)
+            continue
         for column in (spec.key_column, spec.label_column):
-            if column not in present:
+            if column not in header:
                 raise TableError(
-                    f"labels table {paths[0]}: the first object has no field {column!r} "
+                    f"labels table {path}: the first object has no field {column!r} "
                     f"(fields: {', '.join(header[:12])})"
                 )
-    else:
-        check_header(header, spec, paths[0])
     return paths
 
 
