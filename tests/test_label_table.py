@@ -243,3 +243,45 @@ def test_read_and_join_thousands_of_rows(tmp_path):
             equal_to([n + 400]),
             label="CheckListed",
         )
+
+
+@pytest.fixture
+def gcs_bucket(monkeypatch):
+    """A bucket on a local gcp-storage-emulator server (no network, no mocks)."""
+    import socket
+
+    from gcp_storage_emulator.server import create_server
+    from google.auth.credentials import AnonymousCredentials
+    from google.cloud import storage
+
+    sock = socket.socket()
+    sock.bind(("localhost", 0))
+    port = sock.getsockname()[1]
+    sock.close()
+    monkeypatch.setenv("STORAGE_EMULATOR_HOST", f"http://localhost:{port}")
+    # Anonymous access right away: Beam otherwise retries the credential lookup for ~25 s.
+    from apache_beam.internal.gcp import auth
+
+    monkeypatch.setattr(auth._Credentials, "_credentials_init", True)
+    monkeypatch.setattr(auth._Credentials, "_credentials", None)
+    server = create_server("localhost", port, in_memory=True, default_bucket="labels-bkt")
+    server.start()
+    try:
+        yield storage.Client(credentials=AnonymousCredentials(), project="test").bucket("labels-bkt")
+    finally:
+        server.stop()
+
+
+def test_read_labels_from_gcs(gcs_bucket):
+    gcs_bucket.blob("tables/part-1.csv").upload_from_string("id,label\nk1,서울\n".encode())
+    gcs_bucket.blob("tables/part-2.csv").upload_from_string(b'id,label\n"k2","a|b"\n')
+    spec = TableSpec(path="gs://labels-bkt/tables/part-*.csv", format="csv")
+    assert check_table(spec) == ["gs://labels-bkt/tables/part-1.csv", "gs://labels-bkt/tables/part-2.csv"]
+    with TestPipeline() as p:
+        rows = p | ReadLabels(spec)
+        assert_that(
+            rows | beam.Map(lambda r: (r.key, r.labels, r.source.rsplit("/", 1)[1], r.line)),
+            equal_to([("k1", ("서울",), "part-1.csv", 2), ("k2", ("a", "b"), "part-2.csv", 2)]),
+        )
+    with pytest.raises(TableError, match="no such file"):
+        check_table(TableSpec(path="gs://labels-bkt/nope.csv", format="csv"))
