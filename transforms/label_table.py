@@ -682,8 +682,8 @@ class ReadLabelsFn(beam.DoFn):
 class ReadLabels(beam.PTransform):
     """Reads the labels table (a file or a glob of files, local or gs://) into LabelRows.
 
-    Files are matched and read on the workers, each file as one stream; the rows are then
-    redistributed so the join does not run on the reading worker alone.
+    Files are matched and read on the workers, each file as one stream (several files are
+    read in parallel). No reshuffle follows: the join's CoGroupByKey redistributes the rows.
     """
 
     def __init__(self, spec: TableSpec):
@@ -698,7 +698,6 @@ class ReadLabels(beam.PTransform):
             | "MatchTable" >> fileio.MatchFiles(self._spec.path)
             | "OpenTable" >> fileio.ReadMatches()
             | "ParseRows" >> beam.ParDo(ReadLabelsFn(self._spec))
-            | "SpreadRows" >> beam.Reshuffle()
         )
 
 
