@@ -21,8 +21,16 @@ from apache_beam.options.pipeline_options import (
     StandardOptions,
 )
 
-from beam_pipeline.options import ConvertOptions, UserError, check_args, validate
+from beam_pipeline.options import (
+    ConvertOptions,
+    UserError,
+    check_args,
+    route_labels_flag,
+    table_spec,
+    validate,
+)
 from beam_pipeline.pipeline import build_pipeline
+from transforms.label_table import check_table, load_label_map
 from transforms.listing import escape_glob, has_image_extension, normalize_root
 from transforms.output import OutputBusy, aborted_reason, claim_output, delete_paths
 from transforms.write import FAILURES_FILE, SUMMARY_FILE, USER_ERROR_MARKER
@@ -118,6 +126,16 @@ def _check_output(output_dir: str, overwrite: bool, run_id: str) -> None:
         )
 
 
+def _check_labels(opts: ConvertOptions) -> None:
+    """Fails fast on a missing table, missing columns or an unreadable --label_map."""
+    try:
+        check_table(table_spec(opts))
+        if opts.label_map:
+            load_label_map(opts.label_map)
+    except ValueError as e:
+        raise UserError(str(e)) from None
+
+
 def run(argv: list[str] | None = None, save_main_session: bool = True) -> dict:
     """Runs one conversion and returns its summary (the content of summary.json).
 
@@ -125,12 +143,14 @@ def run(argv: list[str] | None = None, save_main_session: bool = True) -> dict:
       UserError: bad options, missing input, unwritable or occupied output.
       TooManyFailures: more than --max_failure_ratio of the images failed.
     """
-    argv = list(sys.argv[1:] if argv is None else argv)
+    argv = route_labels_flag(list(sys.argv[1:] if argv is None else argv))
     check_args(argv)
     options = PipelineOptions(argv)
     opts = options.view_as(ConvertOptions)
     validate(opts)
     _check_input(normalize_root(opts.input))
+    if opts.labels_path:
+        _check_labels(opts)
     output_dir = normalize_root(opts.output_dir)
     run_id = uuid.uuid4().hex
     _check_output(output_dir, opts.overwrite, run_id)

@@ -3,12 +3,25 @@
 from __future__ import annotations
 
 import argparse
+import re
 
 from apache_beam.options.pipeline_options import PipelineOptions, _BeamArgumentParser
 
 from beam_pipeline.image_options import add_image_arguments, encode_settings
 from transforms.image import DEFAULT_MAX_PIXELS
+from transforms.label_table import (
+    DUPLICATE_POLICIES,
+    FORMATS,
+    IMAGE_KEYS,
+    LABEL_TYPES,
+    UNLABELED_POLICIES,
+    JoinSettings,
+    TableSpec,
+    detect_format,
+    parse_extra_columns,
+)
 from transforms.layout import DEFAULT_SEED, DEFAULT_SHARD_SIZE_MB, parse_split_ratios
+from transforms.schema import SLIM
 from transforms.write import COMPRESSIONS
 
 # Above this fraction of failed images the job fails rather than publish the dataset.
@@ -79,6 +92,47 @@ class ConvertOptions(PipelineOptions):
             action="store_true",
             help="Write <shard>.idx files (offset length per record) for DALI / PyTorch tfrecord.",
         )
+        # Labels from a table (see route_labels_flag for how --labels reaches --labels_path).
+        parser.add_argument(
+            "--labels_path",
+            default="",
+            help="Labels table (CSV, TSV or JSON Lines; local, gs:// or a glob). Also --labels PATH.",
+        )
+        parser.add_argument("--labels_format", choices=("auto",) + FORMATS, default="auto")
+        parser.add_argument("--key_column", default="id", help="Column of the image key.")
+        parser.add_argument("--label_column", default="label", help="Column of the label(s).")
+        parser.add_argument(
+            "--image_key",
+            choices=IMAGE_KEYS,
+            default="stem",
+            help="How an image is keyed: file stem, file name, or path relative to --input.",
+        )
+        parser.add_argument(
+            "--label_separator", default="|", help="Splits one label cell into several labels."
+        )
+        parser.add_argument(
+            "--label_type",
+            choices=LABEL_TYPES,
+            default="auto",
+            help="int: labels are class ids as given; str: names mapped to ids; auto: int if all are.",
+        )
+        parser.add_argument("--label_map", default="", help="File listing class names in id order.")
+        parser.add_argument(
+            "--extra_columns", default="", help="Columns carried as features: name:int|float|str,..."
+        )
+        parser.add_argument("--split_column", default="", help="Column holding each image's split.")
+        parser.add_argument(
+            "--unlabeled",
+            choices=UNLABELED_POLICIES,
+            default="fail",
+            help="Images without a label row: fail (listed in failures.jsonl), skip (counted) or keep.",
+        )
+        parser.add_argument(
+            "--duplicate_keys",
+            choices=DUPLICATE_POLICIES,
+            default="fail",
+            help="Rows of one key that disagree: fail, first (first row wins) or union (multi-label).",
+        )
 
 
 def validate(opts: ConvertOptions) -> None:
@@ -112,6 +166,87 @@ def validate(opts: ConvertOptions) -> None:
             # A split name becomes a file name prefix in --output_dir.
             if name.startswith(".") or any(c in name for c in "/\\") or not name.isprintable():
                 raise UserError(f"--splits: {name!r} cannot be part of a file name")
+    _validate_label_flags(opts)
+
+
+# A Dataflow job label as Beam's own --labels takes it: key=value, lowercase, or a JSON object.
+_JOB_LABEL = re.compile(r"[a-z][a-z0-9_-]*=[a-z0-9_-]*")
+
+
+def is_job_label(value: str) -> bool:
+    """True if a --labels value is a Dataflow job label rather than a labels table."""
+    return bool(_JOB_LABEL.fullmatch(value)) or value.lstrip().startswith("{")
+
+
+def route_labels_flag(argv: list[str]) -> list[str]:
+    """Rewrites `--labels TABLE` to `--labels_path=TABLE`; job labels stay Beam's `--labels`.
+
+    Beam's GoogleCloudOptions owns `--labels` (Dataflow job labels, `key=value`, appended by
+    schedulers such as Airflow's Beam operator). A value that looks like one passes through
+    unchanged; anything else (a path: it has '/' or '.') is our labels table.
+    """
+    out: list[str] = []
+    i = 0
+    while i < len(argv):
+        arg = argv[i]
+        if arg == "--labels" and i + 1 < len(argv) and not is_job_label(argv[i + 1]):
+            out.append("--labels_path=" + argv[i + 1])
+            i += 2
+            continue
+        if arg.startswith("--labels=") and not is_job_label(arg[len("--labels=") :]):
+            out.append("--labels_path=" + arg[len("--labels=") :])
+        else:
+            out.append(arg)
+        i += 1
+    return out
+
+
+def _validate_label_flags(opts: ConvertOptions) -> None:
+    table_only = ("label_map", "split_column", "extra_columns")
+    if not opts.labels_path:
+        for name in table_only:
+            if getattr(opts, name):
+                raise UserError(f"--{name} needs --labels (a labels table)")
+        return
+    if opts.split_column and opts.splits:
+        raise UserError("--split_column and --splits are exclusive: the split comes from one place")
+    if opts.label_map and opts.label_type == "int":
+        raise UserError("--label_map names the classes; it cannot be combined with --label_type int")
+    try:
+        detect_format(opts.labels_path, opts.labels_format)
+        extras = parse_extra_columns(opts.extra_columns)
+    except ValueError as e:
+        raise UserError(str(e)) from None
+    reserved = {opts.key_column, opts.label_column, opts.split_column}
+    for name, _ in extras:
+        if name in reserved:
+            raise UserError(f"--extra_columns: {name!r} is already the key, label or split column")
+        if name in SLIM.kinds:
+            raise UserError(f"--extra_columns: {name!r} would overwrite a feature of the schema")
+
+
+def table_spec(opts: ConvertOptions) -> TableSpec:
+    """The labels table described by the options (call after validate)."""
+    return TableSpec(
+        path=opts.labels_path,
+        format=detect_format(opts.labels_path, opts.labels_format),
+        key_column=opts.key_column,
+        label_column=opts.label_column,
+        separator=opts.label_separator,
+        split_column=opts.split_column,
+        extra_columns=parse_extra_columns(opts.extra_columns),
+    )
+
+
+def join_settings(opts: ConvertOptions, label_map: tuple[str, ...] | None = None) -> JoinSettings:
+    """How table rows label images, from the options and the loaded --label_map."""
+    return JoinSettings(
+        unlabeled=opts.unlabeled,
+        duplicates=opts.duplicate_keys,
+        label_type="str" if label_map else opts.label_type,
+        known_labels=frozenset(label_map) if label_map else None,
+        split_from_folders=opts.splits == "folders",
+    )
 
 
 class _StrictParser(_BeamArgumentParser):

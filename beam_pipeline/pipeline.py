@@ -2,6 +2,9 @@
 
     ListImages -> LabelFromFolders -> AssignSplits -> PlanShards -> WriteShards -> WriteMetadata
 
+With --labels (a table) the labelling step is ReadLabels + JoinLabels (a CoGroupByKey on the
+image key) instead of LabelFromFolders, and WriteOrphans reports rows without an image.
+
 Only metadata (ImageRecord: path, label, size) is shuffled; image bytes are read inside
 WriteShards, right where they are encoded and written.
 """
@@ -13,12 +16,13 @@ import dataclasses
 import apache_beam as beam
 
 from beam_pipeline.image_options import encode_settings, label_offset
-from beam_pipeline.options import ConvertOptions
+from beam_pipeline.options import ConvertOptions, join_settings, table_spec
 from transforms.encode import EncodeSettings
+from transforms.label_table import ORPHANS, STATS, JoinLabels, ReadLabels, WriteOrphans, load_label_map
 from transforms.labels import BuildClassIndex, LabelFromFolders
 from transforms.layout import AssignSplits, PlanShards, parse_split_ratios
 from transforms.listing import ListImages, normalize_root
-from transforms.output import temp_dir_for
+from transforms.output import staging_dir, temp_dir_for
 from transforms.prescan import DropDuplicates, EstimateSizes
 from transforms.tfds_metadata import tfds_name
 from transforms.write import WriteMetadata, WriteShards
@@ -43,12 +47,29 @@ def build_pipeline(p: beam.Pipeline, opts: ConvertOptions, run_id: str) -> Pipel
     estimate_with = settings if settings.changes_pixels() else None
     failed: list[beam.PCollection] = []
 
+    label_map = load_label_map(opts.label_map) if opts.label_map else None
+    by_folder = opts.splits == "folders"
+
     files = p | "ListImages" >> ListImages(opts.input)  # ImageFile(path, relpath, size)
-    labeled = files | "LabelFromFolders" >> LabelFromFolders(opts.splits == "folders")  # .records, .failed
+    listed, label_report = files, None
+    if opts.labels_path:  # labels from a table, joined by image key
+        spec, join = table_spec(opts), join_settings(opts, label_map)
+        table = p | "ReadLabels" >> ReadLabels(spec)  # LabelRow(key, labels, split, extras)
+        labeled = (files, table) | "JoinLabels" >> JoinLabels(opts.image_key, join)  # .records, .failed
+        report = {ORPHANS: labeled.orphans, STATS: labeled.stats}  # OrphanRow, (count name, n)
+        label_report = report | "WriteOrphans" >> WriteOrphans(
+            staging_dir(temp_dir), spec, join
+        )  # {"labels": {..}}
+        listed = labeled.listed  # ImageRecord | Failure: every image but skipped unlabeled ones
+    else:
+        labeled = files | "LabelFromFolders" >> LabelFromFolders(by_folder)  # .records, .failed
     records = labeled.records | "AssignSplits" >> AssignSplits(
         ratios, opts.seed, opts.stratify
     )  # ImageRecord
-    classes = records | "BuildClassIndex" >> BuildClassIndex(label_offset(opts))  # singleton ClassIndex
+    label_type = opts.label_type if opts.labels_path else "str"
+    classes = records | "BuildClassIndex" >> BuildClassIndex(
+        label_offset(opts), names=label_map, label_type=label_type
+    )  # singleton ClassIndex
     to_plan = records
     if opts.dedupe:
         deduped = records | "DropDuplicates" >> DropDuplicates(estimate_with)  # .records, .failed
@@ -66,7 +87,7 @@ def build_pipeline(p: beam.Pipeline, opts: ConvertOptions, run_id: str) -> Pipel
         output_dir,
         temp_dir,
         opts.compression,
-        files=files,
+        files=listed,
         records=records,
         written=shards.written,
         failed=failures,
@@ -76,5 +97,6 @@ def build_pipeline(p: beam.Pipeline, opts: ConvertOptions, run_id: str) -> Pipel
         max_failure_ratio=opts.max_failure_ratio,
         # The TFDS name: same output wherever it is written (reruns compare byte for byte).
         dataset_name=tfds_name(opts.dataset_name or normalize_root(opts.input)),
+        summary_extras=label_report,
     )  # the summary.json dict
     return PipelineOutputs(summary=summary, failures=failures)

@@ -104,19 +104,71 @@ def _sorted_names(names: Iterable[str]) -> list[str]:
     return sorted(set(names))
 
 
-class BuildClassIndex(beam.PTransform):
-    """The singleton ClassIndex of every class name that appears in `records`."""
+# Integer labels make labels.txt list every id up to the largest: refuse absurd ranges.
+MAX_INTEGER_CLASSES = 1_000_000
 
-    def __init__(self, offset: int = 0):
+
+def class_index_for(names: Iterable[str], offset: int = 0, label_type: str = "str") -> ClassIndex:
+    """The ClassIndex of the class names found in the data.
+
+    'str': ids are the sorted names from `offset`. 'int': every name is a non-negative
+    integer used as its own id; `names` of the index then run from min(offset, smallest id)
+    to the largest id, so labels.txt line i is still the class of id i + offset. 'auto' is
+    'int' when every name is a canonical integer ('0', '17', not '007'), else 'str'.
+
+    Raises:
+      ValueError: 'int' with a non-integer name, or ids beyond MAX_INTEGER_CLASSES.
+    """
+    names = _sorted_names(names)
+    as_int = label_type == "int" or (
+        label_type == "auto"
+        and bool(names)
+        and all(n.isascii() and n.isdigit() and str(int(n)) == n for n in names)
+    )
+    if not as_int or not names:
+        return ClassIndex(tuple(names), offset)
+    try:
+        ids = sorted({int(n) for n in names})
+    except ValueError:
+        raise ValueError(f"integer labels expected, got {names[:3]}") from None
+    low = min(offset, ids[0])
+    if ids[-1] - low + 1 > MAX_INTEGER_CLASSES:
+        raise ValueError(
+            f"integer label {ids[-1]} would make {ids[-1] - low + 1} classes; pass --label_type str"
+        )
+    return ClassIndex(tuple(str(i) for i in range(low, ids[-1] + 1)), low)
+
+
+class BuildClassIndex(beam.PTransform):
+    """The singleton ClassIndex of every class name that appears in `records`.
+
+    With `names` (from --label_map) the index is exactly those names in that order.
+    `label_type` is passed to class_index_for ('str' unless labels come from a table).
+    """
+
+    def __init__(self, offset: int = 0, *, names: tuple[str, ...] | None = None, label_type: str = "str"):
         super().__init__()
         self._offset = offset
+        self._names = names
+        self._label_type = label_type
 
     def expand(self, records: beam.PCollection[ImageRecord]) -> beam.PCollection[ClassIndex]:
-        offset = self._offset
+        offset, label_type = self._offset, self._label_type
+        if self._names is not None:
+            return records.pipeline | "FromMap" >> beam.Create([ClassIndex(tuple(self._names), offset)])
         return (
             records
             | "Names" >> beam.FlatMap(lambda r: r.labels)
             | "Distinct" >> beam.Distinct()
             | "Sort" >> beam.combiners.ToList()
-            | "ToIndex" >> beam.Map(lambda names: ClassIndex(tuple(sorted(names)), offset))
+            | "ToIndex" >> beam.Map(_index_or_user_error, offset, label_type)
         )
+
+
+def _index_or_user_error(names: list[str], offset: int, label_type: str) -> ClassIndex:
+    try:
+        return class_index_for(names, offset, label_type)
+    except ValueError as e:
+        from transforms.write import USER_ERROR_MARKER  # write imports this module
+
+        raise ValueError(f"{USER_ERROR_MARKER} {e}") from None

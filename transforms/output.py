@@ -38,7 +38,7 @@ MARKER_FILE = ".img2tfrecord-in-progress.json"
 TEMP_PREFIX = "beam-temp-img2tfrecord-"
 SHARD_NAME = re.compile(r".+-\d{5}-of-\d{5}\.tfrecord(\.gz|\.idx)?")
 # Reader metadata (transforms/tfds_metadata.py) published next to the shards.
-READER_FILES = ("dataset_info.json", "features.json", "label_map.pbtxt")
+READER_FILES = ("dataset_info.json", "features.json", "label_map.pbtxt", "orphan_labels.jsonl")
 READER_FILE = re.compile(r".+\.labels\.txt")
 
 
@@ -59,6 +59,11 @@ def is_dataset_file(name: str) -> bool:
 def temp_dir_for(output_dir: str, run_id: str) -> str:
     """Where a run's shards and metadata are staged (inside the output folder)."""
     return FileSystems.join(output_dir, f"{TEMP_PREFIX}{run_id}")
+
+
+def staging_dir(temp_dir: str) -> str:
+    """Where a run's metadata files wait to be published (see FinalizeFn)."""
+    return FileSystems.join(temp_dir, "metadata")
 
 
 def list_children(output_dir: str) -> list[str]:

@@ -26,8 +26,17 @@ from transforms.encode import EncodeSettings, encode_image
 from transforms.failures import FAILED, USER_ERROR_MARKER, WRITTEN, Failure
 from transforms.image import ImageError
 from transforms.index import index_path, write_index
+from transforms.label_table import ORPHANS_FILE
 from transforms.labels import ClassIndex
-from transforms.output import FAILURES_FILE, LABELS_FILE, SUMMARY_FILE, delete_paths, mark_aborted, publish
+from transforms.output import (
+    FAILURES_FILE,
+    LABELS_FILE,
+    SUMMARY_FILE,
+    delete_paths,
+    mark_aborted,
+    publish,
+    staging_dir,
+)
 from transforms.prescan import DEDUPE_STAGE
 from transforms.reading import DEFAULT_RETRY, RetryPolicy, read_bytes, read_with_retries
 from transforms.records import ImageFile, ImageRecord, ShardResult, ShardTask, Written
@@ -271,12 +280,14 @@ class FinalizeFn(beam.DoFn):
         self._max_failure_ratio = max_failure_ratio
         self._dataset_name = dataset_name
 
-    def process(self, _, listed_total, listed, written, failures, shards, class_index) -> Iterable[dict]:
+    def process(
+        self, _, listed_total, listed, written, failures, shards, class_index, extras=None
+    ) -> Iterable[dict]:
         if listed_total == 0:
             delete_paths([self._temp_dir])
             raise ValueError(f"{USER_ERROR_MARKER} the input holds no image files")
         failures = sorted(failures, key=lambda f: (f.path, f.stage))
-        staging = FileSystems.join(self._temp_dir, "metadata")
+        staging = staging_dir(self._temp_dir)
         _mkdirs(staging)
         staged = {
             name: FileSystems.join(staging, name) for name in (FAILURES_FILE, LABELS_FILE, SUMMARY_FILE)
@@ -298,6 +309,7 @@ class FinalizeFn(beam.DoFn):
         summary = build_summary(
             listed_total, dict(listed), dict(written), failures, shards, class_index, self._settings
         )
+        summary.update(extras or {})  # sections added by optional steps (e.g. "labels")
         write_text(staged[SUMMARY_FILE], json.dumps(summary, indent=2, ensure_ascii=False) + "\n")
         # Shards (with their index files) in plan order per split, then the metadata,
         # summary.json last.
@@ -326,6 +338,8 @@ class FinalizeFn(beam.DoFn):
             formats,
             name=self._dataset_name or tfds_name(self._output_dir),
         )
+        if FileSystems.exists(FileSystems.join(staging, ORPHANS_FILE)):  # written by WriteOrphans
+            reader_files.append(ORPHANS_FILE)
         moves += [(FileSystems.join(staging, name), name) for name in reader_files]
         moves += [(staged[name], name) for name in (FAILURES_FILE, LABELS_FILE, SUMMARY_FILE)]
         publish(self._output_dir, moves)
@@ -351,11 +365,13 @@ class WriteMetadata(beam.PTransform):
         settings: EncodeSettings | None = None,
         max_failure_ratio: float = 1.0,
         dataset_name: str | None = None,
+        summary_extras: beam.PCollection[dict] | None = None,
     ):
         super().__init__()
         self._fn = FinalizeFn(output_dir, temp_dir, compression, settings, max_failure_ratio, dataset_name)
         self._files, self._records, self._written = files, records, written
         self._failed, self._shards, self._class_index = failed, shards, class_index
+        self._extras = summary_extras
 
     def expand(self, pbegin: beam.pvalue.PBegin) -> beam.PCollection[dict]:
         listed_total = self._files | "CountListed" >> beam.combiners.Count.Globally()
@@ -369,6 +385,7 @@ class WriteMetadata(beam.PTransform):
             | "KeyWritten" >> beam.Map(lambda w: (w.split, w.class_key))
             | "CountWrittenPerClass" >> beam.combiners.Count.PerElement()
         )
+        extras = self._extras if self._extras is not None else pbegin | "NoExtras" >> beam.Create([{}])
         return (
             pbegin
             | "Once" >> beam.Create([None])
@@ -381,5 +398,6 @@ class WriteMetadata(beam.PTransform):
                 pvalue.AsList(self._failed),
                 pvalue.AsList(self._shards),
                 pvalue.AsSingleton(self._class_index),
+                pvalue.AsSingleton(extras),
             )
         )

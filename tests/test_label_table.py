@@ -1,0 +1,287 @@
+"""Labels table: parsing functions, the join on thousands of rows, --labels disambiguation."""
+
+import unicodedata
+
+import apache_beam as beam
+import pytest
+from apache_beam.options.pipeline_options import GoogleCloudOptions, PipelineOptions
+from apache_beam.testing.test_pipeline import TestPipeline
+from apache_beam.testing.util import assert_that, equal_to
+
+from beam_pipeline.options import ConvertOptions, is_job_label, route_labels_flag
+from transforms.label_table import (
+    JoinLabels,
+    JoinSettings,
+    LabelRow,
+    ReadLabels,
+    TableError,
+    TableSpec,
+    check_table,
+    convert_extra,
+    detect_format,
+    image_key,
+    iter_table,
+    join_key,
+    parse_extra_columns,
+    resolve_rows,
+    split_labels,
+)
+from transforms.labels import ClassIndex, class_index_for
+from transforms.records import ImageFile
+
+CSV = TableSpec(path="t.csv", format="csv")
+
+
+def _rows(text: bytes, spec: TableSpec = CSV) -> list[LabelRow]:
+    return list(iter_table(text.splitlines(keepends=True), spec, "t.csv"))
+
+
+def test_detect_format_and_extra_columns():
+    assert detect_format("gs://b/labels.CSV") == "csv" and detect_format("x.tsv.gz") == "tsv"
+    assert detect_format("a/b.jsonl") == "jsonl" and detect_format("a/b.txt", "tsv") == "tsv"
+    with pytest.raises(ValueError, match="--labels_format"):
+        detect_format("labels.txt")
+    assert parse_extra_columns(" weight:float, source:str ") == (("weight", "float"), ("source", "str"))
+    assert parse_extra_columns("") == ()
+    for bad in ("weight", "w:double", "a:int,a:str"):
+        with pytest.raises(ValueError, match="--extra_columns"):
+            parse_extra_columns(bad)
+
+
+def test_image_key_modes_and_unicode_normalization():
+    rel = "서울/경복궁/SE_0001.JPG"
+    assert image_key(rel, "stem") == "SE_0001"
+    assert image_key(rel, "name") == "SE_0001.JPG"
+    assert image_key(rel, "relpath") == rel
+    decomposed = unicodedata.normalize("NFD", rel)
+    assert decomposed != rel and image_key(decomposed, "relpath") == rel  # macOS names match NFC tables
+    assert image_key("a.b.c.png", "stem") == "a.b.c"
+
+
+def test_split_labels_and_extras():
+    assert split_labels("a| b |a||c") == ("a", "b", "c")
+    assert split_labels("a|b", "") == ("a|b",)
+    assert split_labels(["x", 3]) == ("x", "3") and split_labels(7) == ("7",) and split_labels("") == ()
+    with pytest.raises(ValueError):
+        split_labels(1.5)
+    assert convert_extra("n", "int", " 12 ") == 12 and convert_extra("w", "float", "0.5") == 0.5
+    assert convert_extra("s", "str", "") == "" and convert_extra("n", "int", 3.0) == 3
+    for kind, value in (("int", "1.5"), ("float", "abc"), ("int", ""), ("float", True)):
+        with pytest.raises(ValueError, match="column"):
+            convert_extra("c", kind, value)
+
+
+def test_csv_quoting_korean_bom_and_bad_rows():
+    text = (
+        "\ufeffid,label,note\n"
+        '"SE,1","경복궁|남산",plain\n'
+        'a2,"multi\nline ""quoted""",x\n'
+        "\n"
+        "a3,dog\n"  # too few fields
+        ",cat,x\n"  # no key
+        "a5,,x\n"  # empty label: unlabeled, not invalid
+    ).encode("utf-8") + b"a6,\xff\xfe,x\n"
+    rows = _rows(text)
+    assert [(r.key, r.labels, r.line, r.error is None) for r in rows] == [
+        ("SE,1", ("경복궁", "남산"), 2, True),
+        ("a2", ('multi\nline "quoted"',), 3, True),
+        ("a3", (), 6, False),
+        ("", (), 7, False),
+        ("a5", (), 8, True),
+        ("", (), 9, False),
+    ]
+    assert "fields" in rows[2].error and "key column" in rows[3].error and "UTF-8" in rows[5].error
+    with pytest.raises(TableError, match="no column 'label'"):
+        _rows(b"id,class\n1,a\n")
+    tsv = TableSpec(path="t.tsv", format="tsv", split_column="split")
+    assert _rows(b"id\tlabel\tsplit\nk\tv\ttest\nj\tv\t../x\n", tsv)[0].split == "test"
+    assert "not a valid split" in _rows(b"id\tlabel\tsplit\nj\tv\t../x\n", tsv)[0].error
+
+
+def test_jsonl_rows():
+    spec = TableSpec(path="t.jsonl", format="jsonl", extra_columns=(("w", "float"),))
+    text = b'{"id": "a", "label": ["x", "y"], "w": 1}\n\nnot json\n[1]\n{"id": 5, "label": 3, "w": 0.5}\n'
+    rows = list(iter_table(text.splitlines(keepends=True), spec, "t.jsonl"))
+    assert rows[0].labels == ("x", "y") and rows[0].extras == (("w", 1.0),) and rows[0].line == 1
+    assert "not JSON" in rows[1].error and "not a JSON object" in rows[2].error
+    assert rows[3].key == "5" and rows[3].labels == ("3",) and rows[3].line == 5
+
+
+def test_resolve_rows_policies():
+    a = LabelRow("k", ("x",), source="t", line=2)
+    a2 = LabelRow("k", ("x",), source="t", line=9)
+    b = LabelRow("k", ("y",), source="t", line=5)
+    assert resolve_rows([a2, a], "fail") == (a, None, False)  # identical rows merge
+    row, problem, conflict = resolve_rows([b, a], "fail")
+    assert row is None and conflict and "x at t:2" in problem and "y at t:5" in problem
+    assert resolve_rows([b, a], "first") == (a, None, True)
+    row, problem, conflict = resolve_rows([b, a], "union")
+    assert row.labels == ("x", "y") and not conflict
+    split_clash = LabelRow("k", ("y",), split="test", source="t", line=5)
+    assert resolve_rows([a, split_clash], "union")[0] is None
+
+
+def test_join_key_outcomes():
+    img = ImageFile("/d/val/k.jpg", "val/k.jpg", 10)
+    row = LabelRow("k", ("x",), source="t", line=2)
+    out = join_key("k", [img], [row], JoinSettings(split_from_folders=True))
+    assert out.records[0].labels == ("x",) and out.records[0].split == "val"
+    out = join_key("k", [img], [], JoinSettings())
+    assert "label missing" in out.failures[0].reason and out.failures[0].stage == "label"
+    out = join_key("k", [img], [], JoinSettings(unlabeled="skip"))
+    assert not out.records and not out.failures and out.stats["unlabeled_skipped"] == 1
+    out = join_key("k", [img], [LabelRow("k", (), source="t", line=4)], JoinSettings(unlabeled="keep"))
+    assert out.records[0].labels == () and out.stats["unlabeled_kept"] == 1
+    out = join_key("k", [], [row], JoinSettings())
+    assert out.orphans[0].reason == "no image with this key" and out.stats["orphan_rows"] == 1
+    out = join_key("k", [img], [LabelRow("k", ("007",))], JoinSettings(label_type="int"))
+    assert out.records[0].labels == ("7",)
+    out = join_key("k", [img], [LabelRow("k", ("cat",))], JoinSettings(label_type="int"))
+    assert "not a non-negative integer" in out.failures[0].reason
+    bad = LabelRow("k", error="column 'w' is empty", source="t", line=3)
+    out = join_key("k", [img], [row, bad], JoinSettings())
+    assert "t:3" in out.failures[0].reason and out.stats["invalid_rows"] == 1
+
+
+def test_class_index_for():
+    assert class_index_for(["b", "a", "b"], 1) == ClassIndex(("a", "b"), 1)
+    idx = class_index_for(["3", "1"], 0, "auto")
+    assert idx.names == ("0", "1", "2", "3") and idx.id_of("3") == 3
+    idx = class_index_for(["3", "1"], 1, "auto")
+    assert idx.offset == 1 and idx.id_of("1") == 1 and idx.id_of("3") == 3
+    assert class_index_for(["10", "9"], 0, "str").names == ("10", "9")
+    assert class_index_for(["007", "1"], 0, "auto").names == ("007", "1")  # not canonical: names
+    with pytest.raises(ValueError, match="label_type str"):
+        class_index_for(["5000000"], 0, "int")
+
+
+def test_labels_flag_routing():
+    assert is_job_label("airflow-version=v3-0-0") and is_job_label('{"team": "ml"}')
+    assert not is_job_label("gs://bucket/train.csv") and not is_job_label("labels.csv")
+    argv = [
+        "--labels",
+        "gs://b/train.csv",
+        "--labels=airflow-version=v3-0-0",
+        "--labels",
+        "team=vision",
+        "--labels_path=x",
+    ]
+    routed = route_labels_flag(argv)
+    assert routed == [
+        "--labels_path=gs://b/train.csv",
+        "--labels=airflow-version=v3-0-0",
+        "--labels",
+        "team=vision",
+        "--labels_path=x",
+    ]
+    options = PipelineOptions(route_labels_flag(argv[:5]))
+    assert options.view_as(GoogleCloudOptions).labels == ["airflow-version=v3-0-0", "team=vision"]
+    assert options.view_as(ConvertOptions).labels_path == "gs://b/train.csv"
+    plain = PipelineOptions(route_labels_flag(["--labels=./train.csv"]))
+    assert plain.view_as(ConvertOptions).labels_path == "./train.csv"
+    assert not plain.view_as(GoogleCloudOptions).labels
+
+
+def test_check_table_reads_only_the_header(tmp_path):
+    path = tmp_path / "t.csv"
+    path.write_text('"id","la\nbel"\n1,a\n', encoding="utf-8")
+    with pytest.raises(TableError, match="no column 'label'"):
+        check_table(TableSpec(path=str(path), format="csv"))
+    assert check_table(TableSpec(path=str(path), format="csv", label_column="la\nbel")) == [str(path)]
+    (tmp_path / "t.jsonl").write_text('{"id": 1}\n')
+    with pytest.raises(TableError, match="no field 'label'"):
+        check_table(TableSpec(path=str(tmp_path / "t.jsonl"), format="jsonl"))
+
+
+def test_read_and_join_thousands_of_rows(tmp_path):
+    """ReadLabels on two real CSV files (a glob) and the CoGroupByKey join, 6,000 rows."""
+    n = 5000
+    part1 = ["id,label"] + [f"img{i:05d},c{i % 7}" for i in range(0, n, 2)]
+    part2 = ["id,label"] + [f"img{i:05d},c{i % 7}" for i in range(1, n, 2)]
+    part2 += [f"orphan{i},c0" for i in range(500)]  # rows without images
+    part2 += [f"img{i:05d},c{(i + 1) % 7}" for i in range(300)]  # 300 conflicting duplicates
+    part2 += [f"img{i:05d},c{i % 7}" for i in range(300, 500)]  # 200 agreeing duplicates
+    (tmp_path / "labels-1.csv").write_text("\n".join(part1) + "\n")
+    (tmp_path / "labels-2.csv").write_text("\n".join(part2) + "\n")
+    images = [ImageFile(f"/d/c/img{i:05d}.jpg", f"c/img{i:05d}.jpg", 100) for i in range(n + 400)]
+    spec = TableSpec(path=str(tmp_path / "labels-*.csv"), format="csv")
+    with TestPipeline() as p:
+        rows = p | ReadLabels(spec)
+        files = p | "Images" >> beam.Create(images)
+        joined = (files, rows) | JoinLabels("stem", JoinSettings())
+        assert_that(
+            joined.records | "CountRecords" >> beam.combiners.Count.Globally(),
+            equal_to([n - 300]),
+            label="CheckRecords",
+        )
+        assert_that(
+            joined.records | "Wrong" >> beam.Filter(lambda r: r.labels != (f"c{int(r.relpath[5:10]) % 7}",)),
+            equal_to([]),
+            label="CheckLabels",
+        )
+        assert_that(
+            joined.failed | "Reasons" >> beam.Map(lambda f: f.reason.split(":")[0].split(" ")[0]),
+            equal_to(["key"] * 300 + ["label"] * 400),
+            label="CheckFailed",
+        )
+        assert_that(
+            joined.stats | "Sum" >> beam.CombinePerKey(sum),
+            equal_to(
+                [
+                    ("rows", n + 1000),
+                    ("matched_rows", n + 500),
+                    ("orphan_rows", 500),
+                    ("duplicate_keys", 500),
+                    ("conflicting_keys", 300),
+                    ("unlabeled_images", 400),
+                ]
+            ),
+            label="CheckStats",
+        )
+        assert_that(
+            joined.listed | "CountListed" >> beam.combiners.Count.Globally(),
+            equal_to([n + 400]),
+            label="CheckListed",
+        )
+
+
+@pytest.fixture
+def gcs_bucket(monkeypatch):
+    """A bucket on a local gcp-storage-emulator server (no network, no mocks)."""
+    import socket
+
+    from gcp_storage_emulator.server import create_server
+    from google.auth.credentials import AnonymousCredentials
+    from google.cloud import storage
+
+    sock = socket.socket()
+    sock.bind(("localhost", 0))
+    port = sock.getsockname()[1]
+    sock.close()
+    monkeypatch.setenv("STORAGE_EMULATOR_HOST", f"http://localhost:{port}")
+    # Anonymous access right away: Beam otherwise retries the credential lookup for ~25 s.
+    from apache_beam.internal.gcp import auth
+
+    monkeypatch.setattr(auth._Credentials, "_credentials_init", True)
+    monkeypatch.setattr(auth._Credentials, "_credentials", None)
+    server = create_server("localhost", port, in_memory=True, default_bucket="labels-bkt")
+    server.start()
+    try:
+        yield storage.Client(credentials=AnonymousCredentials(), project="test").bucket("labels-bkt")
+    finally:
+        server.stop()
+
+
+def test_read_labels_from_gcs(gcs_bucket):
+    gcs_bucket.blob("tables/part-1.csv").upload_from_string("id,label\nk1,서울\n".encode())
+    gcs_bucket.blob("tables/part-2.csv").upload_from_string(b'id,label\n"k2","a|b"\n')
+    spec = TableSpec(path="gs://labels-bkt/tables/part-*.csv", format="csv")
+    assert check_table(spec) == ["gs://labels-bkt/tables/part-1.csv", "gs://labels-bkt/tables/part-2.csv"]
+    with TestPipeline() as p:
+        rows = p | ReadLabels(spec)
+        assert_that(
+            rows | beam.Map(lambda r: (r.key, r.labels, r.source.rsplit("/", 1)[1], r.line)),
+            equal_to([("k1", ("서울",), "part-1.csv", 2), ("k2", ("a", "b"), "part-2.csv", 2)]),
+        )
+    with pytest.raises(TableError, match="no such file"):
+        check_table(TableSpec(path="gs://labels-bkt/nope.csv", format="csv"))
