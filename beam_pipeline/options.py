@@ -52,6 +52,18 @@ class ConvertOptions(PipelineOptions):
             "--overwrite", action="store_true", help="Replace an existing dataset in --output_dir."
         )
         parser.add_argument("--quiet", action="store_true", help="No progress output.")
+        parser.add_argument(
+            "--read_threads",
+            type=int,
+            default=0,
+            help="Threads per shard writer that read and check the next images (0: one per core).",
+        )
+        parser.add_argument(
+            "--progress_interval",
+            type=float,
+            default=10.0,
+            help="Seconds between progress lines when stderr is not a terminal.",
+        )
 
 
 def validate(opts: ConvertOptions) -> None:
@@ -66,6 +78,10 @@ def validate(opts: ConvertOptions) -> None:
         raise UserError("--num_shards must be 0 (size-based) or positive")
     if opts.max_pixels <= 0:
         raise UserError("--max_pixels must be positive")
+    if opts.read_threads < 0:
+        raise UserError("--read_threads must be 0 (one per core) or positive")
+    if opts.progress_interval <= 0:
+        raise UserError("--progress_interval must be positive")
     if opts.splits and opts.splits != "folders":
         try:
             parse_split_ratios(opts.splits)

@@ -18,6 +18,7 @@ from transforms.encode import EncodeSettings
 from transforms.labels import BuildClassIndex, LabelFromFolders
 from transforms.layout import AssignSplits, PlanShards, parse_split_ratios
 from transforms.listing import ListImages, normalize_root
+from transforms.progress import FAILED_ANYWHERE, LISTED, CountProgress
 from transforms.write import WriteMetadata, WriteShards
 
 
@@ -50,9 +51,11 @@ def build_pipeline(p: beam.Pipeline, opts: ConvertOptions, run_id: str) -> Pipel
         opts.seed, target_bytes, opts.num_shards or None
     )  # ShardTask
     shards = tasks | "WriteShards" >> WriteShards(
-        output_dir, temp_dir, classes, opts.compression, settings
+        output_dir, temp_dir, classes, opts.compression, settings, threads=opts.read_threads, progress_key=run_id
     )  # .shards ShardResult, .written Written, .failed Failure
     failures = (labeled.failed, shards.failed) | "FlattenFailures" >> beam.Flatten()
+    _ = files | "TrackListed" >> CountProgress(run_id, LISTED)  # live progress and Beam counters
+    _ = failures | "TrackFailures" >> CountProgress(run_id, FAILED_ANYWHERE)
     summary = p | "WriteMetadata" >> WriteMetadata(
         output_dir,
         temp_dir,

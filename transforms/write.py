@@ -13,6 +13,7 @@ import collections
 import json
 import uuid
 from collections.abc import Iterable
+from concurrent.futures import ThreadPoolExecutor
 
 import apache_beam as beam
 from apache_beam import coders, pvalue
@@ -25,6 +26,8 @@ from transforms.encode import EncodeSettings, encode_record
 from transforms.failures import FAILED, WRITTEN, Failure
 from transforms.image import ImageError
 from transforms.labels import ClassIndex
+from transforms.prefetch import default_threads, map_in_order
+from transforms.progress import Progress, lookup
 from transforms.records import ImageFile, ImageRecord, ShardResult, ShardTask, Written
 
 SHARD_TEMPLATE = "-SSSSS-of-NNNNN"
@@ -72,14 +75,40 @@ def write_text(path: str, text: str) -> None:
 
 
 class WriteShardFn(beam.DoFn):
-    """ShardTask -> ShardResult; WRITTEN and FAILED per image as tagged outputs."""
+    """ShardTask -> ShardResult; WRITTEN and FAILED per image as tagged outputs.
 
-    def __init__(self, output_dir: str, temp_dir: str, compression: str, settings: EncodeSettings):
+    `threads` > 1 reads and checks the next images in a thread pool while the current one
+    is written (order unchanged); 0 means one thread per core. `progress_key` names the
+    run's process-local Progress (transforms/progress.py), if any.
+    """
+
+    def __init__(
+        self,
+        output_dir: str,
+        temp_dir: str,
+        compression: str,
+        settings: EncodeSettings,
+        threads: int = 0,
+        progress_key: str | None = None,
+    ):
         self._output_dir, self._temp_dir = output_dir, temp_dir
         self._compression, self._settings = compression, settings
+        self._threads, self._progress_key = threads, progress_key
         self._encoded = Metrics.counter(self.__class__, "images_encoded")
         self._failed = Metrics.counter(self.__class__, "images_failed")
         self._bytes = Metrics.counter(self.__class__, "bytes_written")
+        self._pool: ThreadPoolExecutor | None = None
+        self._progress: Progress | None = None
+
+    def setup(self) -> None:
+        threads = self._threads or default_threads()
+        self._pool = ThreadPoolExecutor(threads, thread_name_prefix="read-check") if threads > 1 else None
+        self._progress = lookup(self._progress_key)
+
+    def teardown(self) -> None:
+        if self._pool is not None:
+            self._pool.shutdown(wait=False, cancel_futures=True)
+            self._pool = None
 
     def process(self, task: ShardTask, class_index: ClassIndex) -> Iterable:
         sink = make_sink(self._output_dir, task.split, self._compression)
@@ -89,10 +118,14 @@ class WriteShardFn(beam.DoFn):
         # temp paths) numbers the shards in plan order.
         writer = sink.open_writer(split_temp, f"{task.index:05d}-{uuid.uuid4().hex}")
         written = size = 0
-        for record in task.records:
+        settings = self._settings
+
+        def load(record: ImageRecord) -> bytes:  # read + check + encode, in a pool thread
+            return encode_record(record, read_file(record.path), class_index, settings)
+
+        for record, result in map_in_order(load, task.records, self._pool):
             try:
-                data = read_file(record.path)
-                serialized = encode_record(record, data, class_index, self._settings)
+                serialized = result()
             except ImageError as e:
                 yield self._failure(record, str(e), "decode")
                 continue
@@ -103,6 +136,8 @@ class WriteShardFn(beam.DoFn):
             written += 1
             size += len(serialized)
             self._encoded.inc()
+            if self._progress is not None:
+                self._progress.add(written=1, nbytes=len(serialized))
             yield pvalue.TaggedOutput(WRITTEN, Written(record.split, record.class_key))
         temp_path = writer.close()
         self._bytes.inc(size)
@@ -128,11 +163,16 @@ class WriteShards(beam.PTransform):
         class_index: beam.PCollection[ClassIndex],
         compression: str = "none",
         settings: EncodeSettings = EncodeSettings(),
+        *,
+        threads: int = 0,
+        progress_key: str | None = None,
     ):
         super().__init__()
         if compression not in COMPRESSIONS:
             raise ValueError(f"compression must be one of {sorted(COMPRESSIONS)}")
-        self._fn = WriteShardFn(output_dir, temp_dir, compression, settings)
+        if threads < 0:
+            raise ValueError("threads must be 0 (one per core) or positive")
+        self._fn = WriteShardFn(output_dir, temp_dir, compression, settings, threads, progress_key)
         self._class_index = class_index
 
     def expand(self, tasks: beam.PCollection[ShardTask]) -> pvalue.DoOutputsTuple:
