@@ -51,7 +51,13 @@ def build_pipeline(p: beam.Pipeline, opts: ConvertOptions, run_id: str) -> Pipel
         opts.seed, target_bytes, opts.num_shards or None
     )  # ShardTask
     shards = tasks | "WriteShards" >> WriteShards(
-        output_dir, temp_dir, classes, opts.compression, settings, threads=opts.read_threads, progress_key=run_id
+        output_dir,
+        temp_dir,
+        classes,
+        opts.compression,
+        settings,
+        threads=opts.read_threads,
+        progress_key=run_id,
     )  # .shards ShardResult, .written Written, .failed Failure
     failures = (labeled.failed, shards.failed) | "FlattenFailures" >> beam.Flatten()
     _ = files | "TrackListed" >> CountProgress(run_id, LISTED)  # live progress and Beam counters

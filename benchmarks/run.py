@@ -72,7 +72,17 @@ def _check(name: str, m: Measurement, log: str, out: str, count: int) -> None:
 
 
 def format_table(rows: list[dict]) -> str:
-    header = ("tool", "wall s", "images/s", "MB/s", "peak RSS MB", "CPU s", "CPU %", "x cat", "speed-up vs tutorial")
+    header = (
+        "tool",
+        "wall s",
+        "images/s",
+        "MB/s",
+        "peak RSS MB",
+        "CPU s",
+        "CPU %",
+        "x cat",
+        "speed-up vs tutorial",
+    )
     lines = [header]
     for r in rows:
         lines.append(
@@ -89,7 +99,10 @@ def format_table(rows: list[dict]) -> str:
             )
         )
     widths = [max(len(line[i]) for line in lines) for i in range(len(header))]
-    fmt = [line[0].ljust(widths[0]) + "  " + "  ".join(c.rjust(w) for c, w in zip(line[1:], widths[1:])) for line in lines]
+    fmt = [
+        line[0].ljust(widths[0]) + "  " + "  ".join(c.rjust(w) for c, w in zip(line[1:], widths[1:]))
+        for line in lines
+    ]
     return "\n".join(fmt)
 
 
@@ -112,7 +125,9 @@ def summarize(runs: dict[str, list[Measurement]], count: int, total_bytes: int) 
         if "cat" in runs:
             row["x_cat"] = statistics.median(ms[i].wall_s / runs["cat"][i].wall_s for i in range(rounds))
         if "tutorial" in runs:
-            row["vs_tutorial"] = statistics.median(runs["tutorial"][i].wall_s / ms[i].wall_s for i in range(rounds))
+            row["vs_tutorial"] = statistics.median(
+                runs["tutorial"][i].wall_s / ms[i].wall_s for i in range(rounds)
+            )
         rows.append(row)
     return rows
 
@@ -172,7 +187,9 @@ def main(argv: list[str] | None = None) -> int:
     print(format_table(rows))
     if args.json:
         with open(args.json, "w") as f:
-            json.dump({"count": count, "bytes": total_bytes, "rounds": args.rounds, "rows": rows}, f, indent=2)
+            json.dump(
+                {"count": count, "bytes": total_bytes, "rounds": args.rounds, "rows": rows}, f, indent=2
+            )
     return 0
 
 

@@ -60,7 +60,8 @@ def stage_costs(data: str, out: str) -> dict[str, float]:
     costs["check"], infos = _cpu(lambda: [inspect_image(b) for b in blobs])
     costs["encode"], examples = _cpu(
         lambda: [
-            serialize_example(SLIM.build(r, b, i, classes), SLIM.kinds) for r, b, i in zip(records, blobs, infos)
+            serialize_example(SLIM.build(r, b, i, classes), SLIM.kinds)
+            for r, b, i in zip(records, blobs, infos)
         ]
     )
     os.makedirs(out, exist_ok=True)
@@ -89,7 +90,16 @@ def main(argv: list[str] | None = None) -> int:
     startup = run_measured([sys.executable, "-c", "import beam_pipeline.main"], env=env).cpu_s
     whole = run_measured(
         [
-            *(sys.executable, "-m", "beam_pipeline", "convert", "--input", data, "--output_dir", out + "/convert"),
+            *(
+                sys.executable,
+                "-m",
+                "beam_pipeline",
+                "convert",
+                "--input",
+                data,
+                "--output_dir",
+                out + "/convert",
+            ),
             *("--quiet", "--direct_running_mode=in_memory", "--direct_num_workers=1", "--read_threads=1"),
         ],
         env=env,
