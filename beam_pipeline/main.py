@@ -23,6 +23,8 @@ from apache_beam.options.pipeline_options import (
 
 from beam_pipeline.options import ConvertOptions, UserError, check_args, validate
 from beam_pipeline.pipeline import build_pipeline
+from beam_pipeline.progress import ProgressReporter
+from transforms import progress
 from transforms.listing import has_image_extension, normalize_root
 from transforms.write import FAILURES_FILE, SUMMARY_FILE, USER_ERROR_MARKER
 
@@ -52,6 +54,14 @@ def _local_defaults(options: PipelineOptions, argv: list[str]) -> None:
         direct.direct_num_workers = os.cpu_count() or 1
     if not _given(argv, "--direct_running_mode"):
         direct.direct_running_mode = "multi_threading"
+
+
+def _in_process(options: PipelineOptions) -> bool:
+    """True when the DoFns run in this process (the local runner, not multi_processing)."""
+    return (
+        options.view_as(StandardOptions).runner == LOCAL_RUNNER
+        and options.view_as(DirectOptions).direct_running_mode != "multi_processing"
+    )
 
 
 def _check_input(root: str) -> None:
@@ -116,6 +126,9 @@ def run(argv: list[str] | None = None, save_main_session: bool = True) -> dict:
     run_id = uuid.uuid4().hex
     p = beam.Pipeline(options=options)
     build_pipeline(p, opts, run_id)
+    reporter = None
+    if not opts.quiet and _in_process(options):
+        reporter = ProgressReporter(progress.register(run_id), sys.stderr, opts.progress_interval).start()
     try:
         p.run().wait_until_finish()
     except Exception as e:
@@ -125,6 +138,10 @@ def run(argv: list[str] | None = None, save_main_session: bool = True) -> dict:
         if USER_ERROR_MARKER in message:
             raise UserError(message.split(USER_ERROR_MARKER, 1)[1].splitlines()[0].strip(" '\"")) from None
         raise
+    finally:
+        if reporter is not None:
+            reporter.stop()
+        progress.unregister(run_id)
     try:
         with FileSystems.open(FileSystems.join(output_dir, SUMMARY_FILE)) as f:
             summary = json.loads(f.read().decode("utf-8"))

@@ -18,12 +18,16 @@ from apache_beam.metrics import Metrics
 
 
 class Progress:
-    """Thread-safe counts of one run: listed, written and failed images, bytes written."""
+    """Thread-safe counts of one run: listed, written and failed images, bytes written.
+
+    `first_done` is when the first image was written or failed (rates start there, not at
+    start-up or listing).
+    """
 
     def __init__(self) -> None:
         self._lock = threading.Lock()
-        self.started = time.monotonic()
         self.listed = self.written = self.failed = self.bytes = 0
+        self.first_done: float | None = None
 
     def add(self, *, listed: int = 0, written: int = 0, failed: int = 0, nbytes: int = 0) -> None:
         with self._lock:
@@ -31,11 +35,13 @@ class Progress:
             self.written += written
             self.failed += failed
             self.bytes += nbytes
+            if self.first_done is None and (written or failed):
+                self.first_done = time.monotonic()
 
-    def snapshot(self) -> tuple[int, int, int, int]:
-        """(listed, written, failed, bytes), read together."""
+    def snapshot(self) -> tuple[int, int, int, int, float | None]:
+        """(listed, written, failed, bytes, first_done), read together."""
         with self._lock:
-            return self.listed, self.written, self.failed, self.bytes
+            return self.listed, self.written, self.failed, self.bytes, self.first_done
 
 
 _REGISTRY: dict[str, Progress] = {}
