@@ -44,16 +44,23 @@ def _given(argv: list[str], flag: str) -> bool:
 
 
 def _local_defaults(options: PipelineOptions, argv: list[str]) -> None:
-    """Local runs use the in-process runner and every core unless told otherwise."""
+    """Local runs use the in-process runner, one Beam worker, and every core unless told otherwise.
+
+    Every core is kept busy by WriteShardFn's read-ahead threads (`--read_threads`, one per
+    core), which also works for a split of one shard. One `in_memory` worker avoids the
+    gRPC data plane of `multi_threading` (a per-element cost, and a rare decode error in
+    Beam 2.77 when two bundles run at once; see benchmarks/README.md). Asking for more
+    workers without a mode gets `multi_threading`.
+    """
     standard = options.view_as(StandardOptions)
     if standard.runner not in _LOCAL_NAMES:
         return
     standard.runner = LOCAL_RUNNER
     direct = options.view_as(DirectOptions)
     if not _given(argv, "--direct_num_workers"):
-        direct.direct_num_workers = os.cpu_count() or 1
+        direct.direct_num_workers = 1
     if not _given(argv, "--direct_running_mode"):
-        direct.direct_running_mode = "multi_threading"
+        direct.direct_running_mode = "in_memory" if direct.direct_num_workers == 1 else "multi_threading"
 
 
 def _in_process(options: PipelineOptions) -> bool:

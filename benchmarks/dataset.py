@@ -73,6 +73,23 @@ def generate(count: int, seed: int = 0, work_dir: str = WORK_DIR, workers: int |
     return root
 
 
+def subset(count: int, of: int, seed: int = 0, work_dir: str = WORK_DIR) -> str:
+    """A dataset of the first `count` images of the `of`-image one, as hard links (no copies)."""
+    full = generate(of, seed, work_dir)
+    root = os.path.join(work_dir, f"subset-{count}-of-{of}-{seed}")
+    if os.path.exists(os.path.join(root, _MARKER)):
+        return root
+    for c in range(NUM_CLASSES):
+        os.makedirs(os.path.join(root, f"class_{c:02d}"), exist_ok=True)
+    for i in range(count):
+        target = image_path(root, i)
+        if not os.path.exists(target):
+            os.link(image_path(full, i), target)
+    with open(os.path.join(root, _MARKER), "w") as f:
+        f.write(f"first {count} images of {full}\n")
+    return root
+
+
 def dataset_bytes(root: str) -> tuple[int, int]:
     """(number of files, total bytes) of the images under `root`."""
     n = total = 0

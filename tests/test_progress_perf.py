@@ -125,6 +125,12 @@ def test_local_defaults_and_overrides():
     options = PipelineOptions([])
     main._local_defaults(options, [])
     assert options.view_as(StandardOptions).runner == main.LOCAL_RUNNER
+    direct = options.view_as(DirectOptions)
+    assert (direct.direct_running_mode, direct.direct_num_workers) == ("in_memory", 1)
+    assert main._in_process(options)
+    options = PipelineOptions(["--direct_num_workers=2"])
+    main._local_defaults(options, ["--direct_num_workers=2"])
+    assert options.view_as(DirectOptions).direct_running_mode == "multi_threading"
     assert main._in_process(options)
     given = ["--direct_running_mode=multi_processing", "--direct_num_workers=3"]
     options = PipelineOptions(given)
