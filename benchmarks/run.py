@@ -12,7 +12,8 @@ median of those), which are steadier than ratios of medians on a busy machine.
 
 Columns: wall s, images/s, MB/s (input bytes / wall), peak RSS of the process tree,
 CPU s (user + system time of the process tree), CPU % (CPU time / wall: 200% = two cores
-busy), x cat (wall / cat's wall, lower is better),
+busy), demand % ((CPU time + time waiting for a core) / wall: an estimate of the CPU % the
+tool would reach alone on the machine, high for GIL-bound threads; measure.py), x cat (wall / cat's wall, lower is better),
 speed-up vs the tutorial loop (tutorial's wall / wall, higher is better).
 """
 
@@ -80,6 +81,7 @@ def format_table(rows: list[dict]) -> str:
         "peak RSS MB",
         "CPU s",
         "CPU %",
+        "demand %",
         "x cat",
         "speed-up vs tutorial",
     )
@@ -94,6 +96,7 @@ def format_table(rows: list[dict]) -> str:
                 f"{r['peak_rss_mb']:.0f}",
                 f"{r['cpu_s']:.1f}",
                 f"{r['cpu_percent']:.0f}",
+                f"{r['demand_percent']:.0f}",
                 f"{r['x_cat']:.2f}" if r.get("x_cat") is not None else "-",
                 f"{r['vs_tutorial']:.2f}" if r.get("vs_tutorial") is not None else "-",
             )
@@ -120,6 +123,7 @@ def summarize(runs: dict[str, list[Measurement]], count: int, total_bytes: int) 
             "peak_rss_mb": statistics.median(m.peak_rss_mb for m in ms),
             "cpu_s": statistics.median(m.cpu_s for m in ms),
             "cpu_percent": statistics.median(m.cpu_percent for m in ms),
+            "demand_percent": statistics.median(m.demand_percent for m in ms),
             "walls": [round(m.wall_s, 3) for m in ms],
         }
         if "cat" in runs:
@@ -175,7 +179,7 @@ def main(argv: list[str] | None = None) -> int:
             _check(name, m, log, out, count)
             runs[name].append(m)
             print(
-                f"round {r + 1}/{args.rounds} {name}: {m.wall_s:.2f} s, CPU {m.cpu_s:.1f} s ({m.cpu_percent:.0f}%), "
+                f"round {r + 1}/{args.rounds} {name}: {m.wall_s:.2f} s, CPU {m.cpu_s:.1f} s ({m.cpu_percent:.0f}%, demand {m.demand_percent:.0f}%), "
                 f"peak RSS {m.peak_rss_mb:.0f} MB",
                 flush=True,
             )
