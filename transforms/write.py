@@ -136,11 +136,11 @@ class WriteShardFn(beam.DoFn):
             written += 1
             size += len(serialized)
             self._encoded.inc()
+            self._bytes.inc(len(serialized))  # per image, so the Dataflow UI shows it live
             if self._progress is not None:
                 self._progress.add(written=1, nbytes=len(serialized))
             yield pvalue.TaggedOutput(WRITTEN, Written(record.split, record.class_key))
         temp_path = writer.close()
-        self._bytes.inc(size)
         if not written:
             FileSystems.delete([temp_path])
             return
