@@ -10,7 +10,7 @@ $(BIN)/python:
 	$(BIN)/pip install -q --upgrade pip uv
 
 setup: $(BIN)/python
-	$(BIN)/uv pip install --python $(BIN)/python -q -e '.[test]'
+	$(BIN)/uv pip install --python $(BIN)/python -q --compile-bytecode -e '.[test]'
 
 demo: setup
 	$(BIN)/img2tfrecord demo --data_dir demo_data --output_dir demo_out

@@ -30,6 +30,8 @@ from beam_pipeline.options import (
     validate,
 )
 from beam_pipeline.pipeline import build_pipeline
+from beam_pipeline.progress import ProgressReporter
+from transforms import progress
 from transforms.label_table import check_table, load_label_map
 from transforms.listing import escape_glob, has_image_extension, normalize_root
 from transforms.output import OutputBusy, aborted_reason, claim_output, delete_paths
@@ -56,16 +58,31 @@ def _given(argv: list[str], flag: str) -> bool:
 
 
 def _local_defaults(options: PipelineOptions, argv: list[str]) -> None:
-    """Local runs use the in-process runner and every core unless told otherwise."""
+    """Local runs use the in-process runner, one Beam worker, and every core unless told otherwise.
+
+    Every core is kept busy by WriteShardFn's read-ahead threads (`--read_threads`, one per
+    core), which also works for a split of one shard. One `in_memory` worker avoids the
+    gRPC data plane of `multi_threading` (a per-element cost, and a rare decode error in
+    Beam 2.77 when two bundles run at once; see benchmarks/README.md). Asking for more
+    workers without a mode gets `multi_threading`.
+    """
     standard = options.view_as(StandardOptions)
     if standard.runner not in _LOCAL_NAMES:
         return
     standard.runner = LOCAL_RUNNER
     direct = options.view_as(DirectOptions)
     if not _given(argv, "--direct_num_workers"):
-        direct.direct_num_workers = os.cpu_count() or 1
+        direct.direct_num_workers = 1
     if not _given(argv, "--direct_running_mode"):
-        direct.direct_running_mode = "multi_threading"
+        direct.direct_running_mode = "in_memory" if direct.direct_num_workers == 1 else "multi_threading"
+
+
+def _in_process(options: PipelineOptions) -> bool:
+    """True when the DoFns run in this process (the local runner, not multi_processing)."""
+    return (
+        options.view_as(StandardOptions).runner == LOCAL_RUNNER
+        and options.view_as(DirectOptions).direct_running_mode != "multi_processing"
+    )
 
 
 def _check_input(root: str) -> None:
@@ -159,6 +176,9 @@ def run(argv: list[str] | None = None, save_main_session: bool = True) -> dict:
 
     p = beam.Pipeline(options=options)
     build_pipeline(p, opts, run_id)
+    reporter = None
+    if not opts.quiet and _in_process(options):
+        reporter = ProgressReporter(progress.register(run_id), sys.stderr, opts.progress_interval).start()
     try:
         p.run().wait_until_finish()
     except Exception as e:
@@ -168,6 +188,10 @@ def run(argv: list[str] | None = None, save_main_session: bool = True) -> dict:
         if USER_ERROR_MARKER in message:
             raise UserError(message.split(USER_ERROR_MARKER, 1)[1].splitlines()[0].strip(" '\"")) from None
         raise
+    finally:
+        if reporter is not None:
+            reporter.stop()
+        progress.unregister(run_id)
     reason = aborted_reason(output_dir, run_id)
     if reason:
         raise TooManyFailures(reason)

@@ -133,6 +133,18 @@ class ConvertOptions(PipelineOptions):
             default="fail",
             help="Rows of one key that disagree: fail, first (first row wins) or union (multi-label).",
         )
+        parser.add_argument(
+            "--read_threads",
+            type=int,
+            default=0,
+            help="Threads per shard writer that read and check the next images (0: one per core).",
+        )
+        parser.add_argument(
+            "--progress_interval",
+            type=float,
+            default=10.0,
+            help="Seconds between progress lines when stderr is not a terminal.",
+        )
 
 
 def validate(opts: ConvertOptions) -> None:
@@ -157,6 +169,10 @@ def validate(opts: ConvertOptions) -> None:
         raise UserError("--write_index needs uncompressed shards (--compression none)")
     if not 0 <= opts.max_failure_ratio <= 1:
         raise UserError("--max_failure_ratio must be between 0 and 1")
+    if opts.read_threads < 0:
+        raise UserError("--read_threads must be 0 (one per core) or positive")
+    if opts.progress_interval <= 0:
+        raise UserError("--progress_interval must be positive")
     if opts.splits and opts.splits != "folders":
         try:
             ratios = parse_split_ratios(opts.splits)

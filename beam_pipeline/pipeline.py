@@ -24,6 +24,7 @@ from transforms.layout import AssignSplits, PlanShards, parse_split_ratios
 from transforms.listing import ListImages, normalize_root
 from transforms.output import staging_dir, temp_dir_for
 from transforms.prescan import DropDuplicates, EstimateSizes
+from transforms.progress import FAILED_ANYWHERE, LISTED, CountProgress
 from transforms.tfds_metadata import tfds_name
 from transforms.write import WriteMetadata, WriteShards
 
@@ -80,9 +81,18 @@ def build_pipeline(p: beam.Pipeline, opts: ConvertOptions, run_id: str) -> Pipel
         opts.seed, target_bytes, opts.num_shards or None
     )  # ShardTask
     shards = tasks | "WriteShards" >> WriteShards(
-        output_dir, temp_dir, classes, opts.compression, settings, write_index=opts.write_index
+        output_dir,
+        temp_dir,
+        classes,
+        opts.compression,
+        settings,
+        write_index=opts.write_index,
+        threads=opts.read_threads,
+        progress_key=run_id,
     )  # .shards ShardResult, .written Written, .failed Failure
     failures = (labeled.failed, shards.failed, *failed) | "FlattenFailures" >> beam.Flatten()
+    _ = files | "TrackListed" >> CountProgress(run_id, LISTED)  # live progress and Beam counters
+    _ = failures | "TrackFailures" >> CountProgress(run_id, FAILED_ANYWHERE)
     summary = p | "WriteMetadata" >> WriteMetadata(
         output_dir,
         temp_dir,

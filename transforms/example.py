@@ -18,7 +18,7 @@ FeatureValue = int | float | str | bytes
 Features = Mapping[str, FeatureValue | Iterable[FeatureValue]]
 
 
-def _varint(value: int) -> bytes:
+def _varint_slow(value: int) -> bytes:
     value &= 0xFFFFFFFFFFFFFFFF  # int64 two's complement, as protobuf does
     out = bytearray()
     while value > 0x7F:
@@ -26,6 +26,18 @@ def _varint(value: int) -> bytes:
         value >>= 7
     out.append(value)
     return bytes(out)
+
+
+_ONE_BYTE = tuple(bytes((v,)) for v in range(0x80))
+
+
+def _varint(value: int) -> bytes:
+    # Fast paths: tags, small ints and short lengths (about 100 varints per image).
+    if 0 <= value < 0x80:
+        return _ONE_BYTE[value]
+    if 0 <= value < 0x4000:
+        return bytes(((value & 0x7F) | 0x80, value >> 7))
+    return _varint_slow(value)
 
 
 def _field(number: int, payload: bytes) -> bytes:

@@ -14,6 +14,7 @@ import collections
 import json
 import uuid
 from collections.abc import Callable, Iterable
+from concurrent.futures import ThreadPoolExecutor
 
 import apache_beam as beam
 from apache_beam import coders, pvalue
@@ -24,7 +25,7 @@ from apache_beam.metrics import Metrics
 
 from transforms.encode import EncodeSettings, encode_image
 from transforms.failures import FAILED, USER_ERROR_MARKER, WRITTEN, Failure
-from transforms.image import ImageError
+from transforms.image import ImageError, ImageInfo
 from transforms.index import index_path, write_index
 from transforms.label_table import ORPHANS_FILE
 from transforms.labels import ClassIndex
@@ -37,7 +38,9 @@ from transforms.output import (
     publish,
     staging_dir,
 )
+from transforms.prefetch import default_threads, map_in_order
 from transforms.prescan import DEDUPE_STAGE
+from transforms.progress import Progress, lookup
 from transforms.reading import DEFAULT_RETRY, RetryPolicy, read_bytes, read_with_retries
 from transforms.records import ImageFile, ImageRecord, ShardResult, ShardTask, Written
 from transforms.schema import schema_from_summary
@@ -87,7 +90,13 @@ def write_text(path: str, text: str) -> None:
 
 
 class WriteShardFn(beam.DoFn):
-    """ShardTask -> ShardResult; WRITTEN and FAILED per image as tagged outputs."""
+    """ShardTask -> ShardResult; WRITTEN and FAILED per image as tagged outputs.
+
+    `threads` > 1 reads and checks the next images in a thread pool while the current one
+    is written (order unchanged); 0 means one thread per core. `progress_key` names the
+    run's process-local Progress (transforms/progress.py), if any. Reads go through
+    `reader` with `retry` (transient errors are retried with backoff).
+    """
 
     def __init__(
         self,
@@ -98,30 +107,48 @@ class WriteShardFn(beam.DoFn):
         write_index: bool = False,
         reader: Callable[[str], bytes] = read_bytes,
         retry: RetryPolicy = DEFAULT_RETRY,
+        threads: int = 0,
+        progress_key: str | None = None,
     ):
         self._output_dir, self._temp_dir = output_dir, temp_dir
         self._compression, self._settings = compression, settings
         # DALI/PyTorch index files exist for uncompressed shards only.
         self._write_index = write_index and compression == "none"
         self._reader, self._retry = reader, retry
+        self._threads, self._progress_key = threads, progress_key
         self._encoded = Metrics.counter(self.__class__, "images_encoded")
         self._failed = Metrics.counter(self.__class__, "images_failed")
         self._bytes = Metrics.counter(self.__class__, "bytes_written")
+        self._pool: ThreadPoolExecutor | None = None
+        self._progress: Progress | None = None
+
+    def setup(self) -> None:
+        threads = self._threads or default_threads()
+        self._pool = ThreadPoolExecutor(threads, thread_name_prefix="read-check") if threads > 1 else None
+        self._progress = lookup(self._progress_key)
+
+    def teardown(self) -> None:
+        if self._pool is not None:
+            self._pool.shutdown(wait=False, cancel_futures=True)
+            self._pool = None
 
     def process(self, task: ShardTask, class_index: ClassIndex) -> Iterable:
         sink = make_sink(self._output_dir, task.split, self._compression)
         split_temp = FileSystems.join(self._temp_dir, task.split)
         _mkdirs(split_temp)
-        # The shard number leads the temp name, so the sink's finalize (which sorts
-        # temp paths) numbers the shards in plan order.
+        # The shard number leads the temp name, so the temp paths sort in plan order.
         writer = sink.open_writer(split_temp, f"{task.index:05d}-{uuid.uuid4().hex}")
         written = size = 0
         sizes: list[int] = []
         formats: set[str] = set()
-        for record in task.records:
+        settings, reader, retry = self._settings, self._reader, self._retry
+
+        def load(record: ImageRecord) -> tuple[bytes, ImageInfo]:  # read + check + encode, in a pool thread
+            return encode_image(record, read_with_retries(record.path, reader, retry), class_index, settings)
+
+        for record, result in map_in_order(load, task.records, self._pool):
             try:
-                data = read_with_retries(record.path, self._reader, self._retry)
-                serialized, info = encode_image(record, data, class_index, self._settings)
+                serialized, info = result()
             except ImageError as e:
                 yield self._failure(record, str(e), "decode")
                 continue
@@ -134,10 +161,12 @@ class WriteShardFn(beam.DoFn):
             sizes.append(len(serialized))
             formats.add(info.format)  # as stored, after any conversion
             self._encoded.inc()
+            self._bytes.inc(len(serialized))  # per image, so the Dataflow UI shows it live
+            if self._progress is not None:
+                self._progress.add(written=1, nbytes=len(serialized))
             yield pvalue.TaggedOutput(WRITTEN, Written(record.split, record.class_key))
             pause_if_asked("write_shard")
         temp_path = writer.close()
-        self._bytes.inc(size)
         if not written:
             delete_paths([temp_path])
             return
@@ -166,11 +195,17 @@ class WriteShards(beam.PTransform):
         *,
         reader: Callable[[str], bytes] = read_bytes,
         retry: RetryPolicy = DEFAULT_RETRY,
+        threads: int = 0,
+        progress_key: str | None = None,
     ):
         super().__init__()
         if compression not in COMPRESSIONS:
             raise ValueError(f"compression must be one of {sorted(COMPRESSIONS)}")
-        self._fn = WriteShardFn(output_dir, temp_dir, compression, settings, write_index, reader, retry)
+        if threads < 0:
+            raise ValueError("threads must be 0 (one per core) or positive")
+        self._fn = WriteShardFn(
+            output_dir, temp_dir, compression, settings, write_index, reader, retry, threads, progress_key
+        )
         self._class_index = class_index
 
     def expand(self, tasks: beam.PCollection[ShardTask]) -> pvalue.DoOutputsTuple:

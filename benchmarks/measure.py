@@ -1,0 +1,127 @@
+"""Runs one command and measures it: wall time, CPU time and peak RSS of its process tree.
+
+Peak RSS is sampled from /proc every 20 ms, summed over the process and its descendants
+(so worker subprocesses count), and combined with the kernel's own high-water mark
+(`ru_maxrss` of the process). CPU time is user + system from `wait4`, which includes the
+descendants the process waited for. Run-queue wait (time a thread was ready but had no
+core, from /proc/.../schedstat, sampled with the RSS) gives the CPU demand, which unlike
+CPU % does not fall when other processes load the machine. Linux only, standard library only.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import os
+import subprocess
+import threading
+import time
+
+_PAGE = os.sysconf("SC_PAGE_SIZE")
+
+
+@dataclasses.dataclass(frozen=True)
+class Measurement:
+    wall_s: float
+    cpu_s: float
+    peak_rss_mb: float
+    returncode: int
+    queued_s: float = 0.0
+
+    @property
+    def demand_percent(self) -> float:
+        """(CPU time + time spent runnable but waiting for a core) / wall.
+
+        An estimate of what the tool would use of the machine alone: on a busy machine
+        CPU % drops because other processes hold the cores, this does not. It reads high
+        for threads that take turns on the GIL (each wake-up queues for a core).
+        200% = two cores' worth.
+        """
+        return 100.0 * (self.cpu_s + self.queued_s) / self.wall_s if self.wall_s else 0.0
+
+    @property
+    def cpu_percent(self) -> float:
+        """CPU time over wall time: 200% means two cores busy the whole run."""
+        return 100.0 * self.cpu_s / self.wall_s if self.wall_s else 0.0
+
+
+def _children() -> dict[int, list[int]]:
+    kids: dict[int, list[int]] = {}
+    for entry in os.listdir("/proc"):
+        if not entry.isdigit():
+            continue
+        try:
+            with open(f"/proc/{entry}/stat", "rb") as f:
+                stat = f.read()
+        except OSError:
+            continue
+        ppid = int(stat[stat.rindex(b")") + 2 :].split()[1])
+        kids.setdefault(ppid, []).append(int(entry))
+    return kids
+
+
+def _tree(pid: int) -> list[int]:
+    kids = _children()
+    found, todo = [], [pid]
+    while todo:
+        p = todo.pop()
+        found.append(p)
+        todo.extend(kids.get(p, ()))
+    return found
+
+
+def tree_rss_bytes(pid: int) -> int:
+    """Resident bytes of `pid` and all its descendants right now."""
+    total = 0
+    for p in _tree(pid):
+        try:
+            with open(f"/proc/{p}/statm", "rb") as f:
+                total += int(f.read().split()[1]) * _PAGE
+        except OSError:
+            pass
+    return total
+
+
+def _queued_ns(pids: list[int], seen: dict[tuple[int, int], int]) -> None:
+    """Records each thread's run-queue wait (ns) from /proc/<pid>/task/<tid>/schedstat."""
+    for p in pids:
+        try:
+            tids = os.listdir(f"/proc/{p}/task")
+        except OSError:
+            continue
+        for tid in tids:
+            try:
+                with open(f"/proc/{p}/task/{tid}/schedstat", "rb") as f:
+                    seen[(p, int(tid))] = int(f.read().split()[1])
+            except (OSError, IndexError, ValueError):
+                pass
+
+
+def run_measured(cmd: list[str], *, env: dict | None = None, log_path: str | None = None) -> Measurement:
+    """Runs `cmd` to completion (output to `log_path` or discarded) and measures it."""
+    out = open(log_path, "wb") if log_path else subprocess.DEVNULL
+    peak = 0
+    queued: dict[tuple[int, int], int] = {}
+    done = threading.Event()
+    start = time.perf_counter()
+    proc = subprocess.Popen(cmd, stdout=out, stderr=subprocess.STDOUT, env=env)
+
+    def sample() -> None:
+        nonlocal peak
+        while not done.wait(0.02):
+            pids = _tree(proc.pid)
+            peak = max(peak, tree_rss_bytes(proc.pid))
+            _queued_ns(pids, queued)
+
+    sampler = threading.Thread(target=sample, daemon=True)
+    sampler.start()
+    _, status, usage = os.wait4(proc.pid, 0)
+    wall = time.perf_counter() - start
+    done.set()
+    sampler.join()
+    proc.returncode = os.waitstatus_to_exitcode(status)
+    if log_path:
+        out.close()
+    peak = max(peak, usage.ru_maxrss * 1024)
+    return Measurement(
+        wall, usage.ru_utime + usage.ru_stime, peak / 2**20, proc.returncode, sum(queued.values()) / 1e9
+    )

@@ -1,0 +1,104 @@
+"""Live progress of a local run: a process-local tally that the pipeline's DoFns update.
+
+`main.run` registers a Progress under the run id and polls it from a thread (see
+beam_pipeline/progress.py). DoFns look the tally up by that id where they run: with the
+in-process runner they find it; in a worker process of another runner (Dataflow, or the
+local runner's multi_processing mode) they find nothing and only the Beam counters count,
+which is what the Dataflow UI shows.
+"""
+
+from __future__ import annotations
+
+import threading
+import time
+from collections.abc import Iterable
+
+import apache_beam as beam
+from apache_beam.metrics import Metrics
+
+
+class Progress:
+    """Thread-safe counts of one run: listed, written and failed images, bytes written.
+
+    `first_done` is when the first image was written or failed (rates start there, not at
+    start-up or listing).
+    """
+
+    def __init__(self) -> None:
+        self._lock = threading.Lock()
+        self.listed = self.written = self.failed = self.bytes = 0
+        self.first_done: float | None = None
+
+    def add(self, *, listed: int = 0, written: int = 0, failed: int = 0, nbytes: int = 0) -> None:
+        with self._lock:
+            self.listed += listed
+            self.written += written
+            self.failed += failed
+            self.bytes += nbytes
+            if self.first_done is None and (written or failed):
+                self.first_done = time.monotonic()
+
+    def snapshot(self) -> tuple[int, int, int, int, float | None]:
+        """(listed, written, failed, bytes, first_done), read together."""
+        with self._lock:
+            return self.listed, self.written, self.failed, self.bytes, self.first_done
+
+
+_REGISTRY: dict[str, Progress] = {}
+_REGISTRY_LOCK = threading.Lock()
+
+
+def register(key: str) -> Progress:
+    """Creates and registers the tally of run `key` in this process."""
+    with _REGISTRY_LOCK:
+        progress = _REGISTRY[key] = Progress()
+    return progress
+
+
+def unregister(key: str) -> None:
+    with _REGISTRY_LOCK:
+        _REGISTRY.pop(key, None)
+
+
+def lookup(key: str | None) -> Progress | None:
+    """The tally of run `key` if it lives in this process, else None."""
+    if not key:
+        return None
+    with _REGISTRY_LOCK:
+        return _REGISTRY.get(key)
+
+
+# What CountProgressFn counts.
+LISTED = "listed"
+FAILED_ANYWHERE = "failed"
+
+
+class CountProgressFn(beam.DoFn):
+    """Counts elements (listed files, or failures of any stage) for progress and the Beam UI."""
+
+    def __init__(self, key: str | None, what: str):
+        if what not in (LISTED, FAILED_ANYWHERE):
+            raise ValueError(f"cannot count {what!r}")
+        self._key, self._what = key, what
+        self._counter = Metrics.counter(self.__class__, f"images_{what}")
+        self._progress: Progress | None = None
+
+    def setup(self) -> None:
+        self._progress = lookup(self._key)
+
+    def process(self, element: object) -> Iterable[None]:
+        self._counter.inc()
+        if self._progress is not None:
+            self._progress.add(**{self._what: 1})
+        return ()
+
+
+class CountProgress(beam.PTransform):
+    """Counts a PCollection's elements as `what` (LISTED or FAILED_ANYWHERE); outputs nothing."""
+
+    def __init__(self, key: str | None, what: str):
+        super().__init__()
+        self._fn = CountProgressFn(key, what)
+
+    def expand(self, pcoll: beam.PCollection) -> beam.PCollection[None]:
+        return pcoll | beam.ParDo(self._fn)
