@@ -100,7 +100,16 @@ def jpeg_tree(tmp_path):
 def test_convert_reports_progress_unless_quiet_and_threads_keep_bytes(jpeg_tree, tmp_path, capsys):
     threaded = tmp_path / "threaded"
     summary = main.run(
-        ["--input", str(jpeg_tree), "--output_dir", str(threaded), "--progress_interval", "0.05"],
+        [
+            "--input",
+            str(jpeg_tree),
+            "--output_dir",
+            str(threaded),
+            "--progress_interval",
+            "0.05",
+            "--max_failure_ratio",
+            "0.5",
+        ],
         save_main_session=False,
     )
     lines = [line for line in capsys.readouterr().err.splitlines() if line.startswith("img2tfrecord:")]
@@ -111,7 +120,17 @@ def test_convert_reports_progress_unless_quiet_and_threads_keep_bytes(jpeg_tree,
 
     single = tmp_path / "single"
     main.run(
-        ["--input", str(jpeg_tree), "--output_dir", str(single), "--quiet", "--read_threads", "1"],
+        [
+            "--input",
+            str(jpeg_tree),
+            "--output_dir",
+            str(single),
+            "--quiet",
+            "--read_threads",
+            "1",
+            "--max_failure_ratio",
+            "0.5",
+        ],
         save_main_session=False,
     )
     assert "images/s" not in capsys.readouterr().err
