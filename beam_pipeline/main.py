@@ -13,6 +13,7 @@ import sys
 import uuid
 
 import apache_beam as beam
+from apache_beam.io.filesystem import BeamIOError
 from apache_beam.io.filesystems import FileSystems
 from apache_beam.options.pipeline_options import (
     DirectOptions,
@@ -60,9 +61,7 @@ def _check_input(root: str) -> None:
     Stops at the first image found: the listing itself happens inside the pipeline.
     """
     if "://" in root:
-        found = FileSystems.match([root + "/**"], limits=[1])[0].metadata_list
-        if not any(has_image_extension(m.path) for m in found) and not _any_image_remote(root):
-            raise UserError(f"--input {root}: no image files found")
+        _check_remote_input(root)
         return
     if not os.path.isdir(root):
         raise UserError(f"--input {root}: no such folder")
@@ -72,17 +71,42 @@ def _check_input(root: str) -> None:
     raise UserError(f"--input {root}: no image files found")
 
 
-def _any_image_remote(root: str) -> bool:
-    found = FileSystems.match([root + "/**"])[0].metadata_list
-    return any(has_image_extension(m.path) for m in found)
+# How many objects the remote pre-check looks at: one listing page. Past that it gives up
+# looking for an image; the pipeline itself reports an input without images.
+_REMOTE_CHECK_LIMIT = 1000
+
+
+def _check_remote_input(root: str) -> None:
+    """A cheap look at a bucket prefix: at most one page of its listing, never the whole of it."""
+    try:
+        found = FileSystems.match([root + "/**"], limits=[_REMOTE_CHECK_LIMIT])[0].metadata_list
+    except BeamIOError as e:
+        raise UserError(f"--input {root}: cannot list: {_first_line(e)}") from None
+    if len(found) < _REMOTE_CHECK_LIMIT and not any(has_image_extension(m.path) for m in found):
+        raise UserError(f"--input {root}: no image files found")
+
+
+def _first_line(error: Exception) -> str:
+    """The innermost useful line of a (possibly wrapped) filesystem error."""
+    inner = getattr(error, "exception_details", None) or {}
+    cause = next(iter(inner.values()), error) if isinstance(inner, dict) else error
+    return (str(cause).strip().splitlines() or [type(cause).__name__])[0]
+
+
+def _holds_dataset(output_dir: str) -> bool:
+    """A summary.json or any shard at the top of `output_dir` (stops at the first shard found)."""
+    if FileSystems.exists(FileSystems.join(output_dir, SUMMARY_FILE)):
+        return True
+    shards = FileSystems.join(output_dir, "*-?????-of-?????.tfrecord*")
+    return bool(FileSystems.match([shards], limits=[1])[0].metadata_list)
 
 
 def _check_output(output_dir: str, overwrite: bool) -> None:
     """Refuses to mix with an existing dataset; checks that the folder can be written."""
-    summary = FileSystems.join(output_dir, SUMMARY_FILE)
-    existing = FileSystems.exists(summary) or bool(
-        FileSystems.match([FileSystems.join(output_dir, "*-?????-of-?????.tfrecord*")])[0].metadata_list
-    )
+    try:
+        existing = _holds_dataset(output_dir)
+    except BeamIOError as e:
+        raise UserError(f"--output_dir {output_dir}: cannot list: {_first_line(e)}") from None
     if existing and not overwrite:
         raise UserError(f"--output_dir {output_dir} already holds a dataset; pass --overwrite to replace it")
     try:
