@@ -17,9 +17,11 @@ from apache_beam.io.filesystem import BeamIOError
 from apache_beam.io.filesystems import FileSystems
 from apache_beam.options.pipeline_options import (
     DirectOptions,
+    GoogleCloudOptions,
     PipelineOptions,
     SetupOptions,
     StandardOptions,
+    TestOptions,
 )
 
 from beam_pipeline.options import ConvertOptions, UserError, check_args, validate
@@ -120,6 +122,11 @@ def _check_output(output_dir: str, overwrite: bool) -> None:
         raise UserError(f"--output_dir {output_dir} is not writable: {e}") from None
 
 
+def _described_only(options: PipelineOptions) -> bool:
+    """A Dataflow dry run or template: the job is described (and staged), not run."""
+    return bool(options.view_as(TestOptions).dry_run or options.view_as(GoogleCloudOptions).template_location)
+
+
 def run(argv: list[str] | None = None, save_main_session: bool = True) -> dict:
     """Runs one conversion and returns its summary (the content of summary.json).
 
@@ -142,6 +149,8 @@ def run(argv: list[str] | None = None, save_main_session: bool = True) -> dict:
     build_pipeline(p, opts, run_id)
     try:
         p.run().wait_until_finish()
+        if _described_only(options):
+            return {"described_only": True, "output_dir": output_dir}
     except Exception as e:
         # A user error found inside the pipeline (e.g. nothing to convert) arrives
         # wrapped by the runner; anything else is a bug and propagates.
@@ -159,6 +168,9 @@ def run(argv: list[str] | None = None, save_main_session: bool = True) -> dict:
 
 def _convert(argv: list[str]) -> int:
     summary = run(argv)
+    if summary.get("described_only"):
+        print("img2tfrecord: job described and staged, not run (dry run or template)", file=sys.stderr)
+        return EXIT_OK
     print(
         f"img2tfrecord: wrote {summary['written']} of {summary['listed']} images "
         f"({summary['failed']} failed, see {FAILURES_FILE})",

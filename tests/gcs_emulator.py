@@ -23,6 +23,8 @@ import time
 from pathlib import Path
 
 HOST = "127.0.0.1"
+# The bucket the `gcs_bucket` fixture (conftest.py) creates.
+BUCKET = "img2tfrecord-test"
 
 
 def free_port() -> int:
@@ -94,6 +96,27 @@ def start_emulator(workdir: Path, buckets: list[str], timeout: float = 30.0) -> 
         proc.kill()
         raise RuntimeError(f"gcs emulator did not start (got {line!r})")
     return Emulator(proc, port, env)
+
+
+def upload_tree(bucket, local: Path, prefix: str) -> list[str]:
+    """Uploads every file below `local` to `prefix/<relative path>`."""
+    names = []
+    for path in sorted(p for p in local.rglob("*") if p.is_file()):
+        name = f"{prefix}/{path.relative_to(local).as_posix()}"
+        bucket.blob(name).upload_from_filename(str(path))
+        names.append(name)
+    return names
+
+
+def download_prefix(bucket, prefix: str, dest: Path) -> list[str]:
+    """Every object below `prefix/` into `dest`; returns their names relative to the prefix."""
+    names = []
+    for blob in bucket.client.list_blobs(bucket, prefix=prefix + "/"):
+        rel = blob.name[len(prefix) + 1 :]
+        (dest / rel).parent.mkdir(parents=True, exist_ok=True)
+        blob.download_to_filename(str(dest / rel))
+        names.append(rel)
+    return sorted(names)
 
 
 def _serve(port: int, buckets: list[str]) -> None:

@@ -7,60 +7,17 @@ DirectRunner run also proves that every DoFn pickles and needs nothing from the 
 from __future__ import annotations
 
 import json
-import os
-from pathlib import Path
 
 import pytest
 
 from beam_pipeline import main
 from tests.conftest import read_records, write_image
-from tests.gcs_emulator import start_emulator
-
-BUCKET = "img2tfrecord-test"
+from tests.gcs_emulator import BUCKET, download_prefix, upload_tree
 
 
-@pytest.fixture(scope="module")
-def gcs(tmp_path_factory):
-    """A google.cloud.storage bucket on an emulator; os.environ points at it for the module."""
-    emulator = start_emulator(tmp_path_factory.mktemp("gcs"), [BUCKET, "other-bucket"])
-    saved = {k: os.environ.get(k) for k in emulator.env}
-    os.environ.update(emulator.env)
-    from google.cloud import storage
-
-    try:
-        yield storage.Client().bucket(BUCKET)
-    finally:
-        for key, value in saved.items():
-            if value is None:
-                os.environ.pop(key, None)
-            else:
-                os.environ[key] = value
-        emulator.stop()
-
-
-def upload_tree(bucket, local: Path, prefix: str) -> list[str]:
-    names = []
-    for path in sorted(p for p in local.rglob("*") if p.is_file()):
-        name = f"{prefix}/{path.relative_to(local).as_posix()}"
-        bucket.blob(name).upload_from_filename(str(path))
-        names.append(name)
-    return names
-
-
-def download_prefix(bucket, prefix: str, dest: Path) -> list[str]:
-    """Every object below `prefix/` into `dest`; returns their names relative to the prefix."""
-    names = []
-    for blob in bucket.client.list_blobs(bucket, prefix=prefix + "/"):
-        rel = blob.name[len(prefix) + 1 :]
-        (dest / rel).parent.mkdir(parents=True, exist_ok=True)
-        blob.download_to_filename(str(dest / rel))
-        names.append(rel)
-    return sorted(names)
-
-
-def test_convert_gs_to_gs_multiprocess(gcs, image_tree, tmp_path):
+def test_convert_gs_to_gs_multiprocess(gcs_bucket, image_tree, tmp_path):
     (image_tree / "cat" / "broken.jpg").write_bytes(b"\xff\xd8\xff\xe0 truncated")
-    upload_tree(gcs, image_tree, "in")
+    upload_tree(gcs_bucket, image_tree, "in")
     summary = main.run(
         [
             "--input",
@@ -80,7 +37,7 @@ def test_convert_gs_to_gs_multiprocess(gcs, image_tree, tmp_path):
     assert summary["listed"] == 7 and summary["written"] == 6 and summary["failed"] == 1
 
     local = tmp_path / "out"
-    names = download_prefix(gcs, "out", local)
+    names = download_prefix(gcs_bucket, "out", local)
     assert not [n for n in names if "beam-temp" in n or "probe" in n]
     shards = [n for n in names if n.endswith(".tfrecord")]
     assert sorted(set(names) - set(shards)) == ["failures.jsonl", "labels.txt", "summary.json"]
@@ -110,16 +67,18 @@ def test_convert_gs_to_gs_multiprocess(gcs, image_tree, tmp_path):
         ),
     ],
 )
-def test_gcs_user_errors_are_one_line(gcs, tmp_path, capsys, input_path, output_path, message):
+def test_gcs_user_errors_are_one_line(gcs_bucket, tmp_path, capsys, input_path, output_path, message):
     write_image(tmp_path / "a.png")
-    gcs.blob("small/c/a.png").upload_from_filename(str(tmp_path / "a.png"))
-    gcs.blob("texts/c/readme.txt").upload_from_string(b"no images here")
-    gcs.blob("done/summary.json").upload_from_string(b"{}")
+    gcs_bucket.blob("small/c/a.png").upload_from_filename(str(tmp_path / "a.png"))
+    gcs_bucket.blob("texts/c/readme.txt").upload_from_string(b"no images here")
+    gcs_bucket.blob("done/summary.json").upload_from_string(b"{}")
     code = main.main(["convert", "--input", input_path, "--output_dir", output_path, "--quiet"])
     err = capsys.readouterr().err.strip().splitlines()
     assert code == main.EXIT_USAGE, err
     assert len(err) == 1 and message in err[0], err
     if output_path.startswith(f"gs://{BUCKET}/"):
         prefix = output_path.split(f"{BUCKET}/")[-1] + "/"
-        left = {b.name: b.download_as_bytes() for b in gcs.client.list_blobs(gcs, prefix=prefix)}
+        left = {
+            b.name: b.download_as_bytes() for b in gcs_bucket.client.list_blobs(gcs_bucket, prefix=prefix)
+        }
         assert left == ({"done/summary.json": b"{}"} if prefix == "done/" else {})
