@@ -34,6 +34,9 @@ EXIT_OK = 0
 EXIT_FAILED = 1
 EXIT_USAGE = 2
 
+# Logs "Created job with id: [...]" when a Dataflow job is submitted.
+DATAFLOW_SUBMIT_LOGGER = "apache_beam.runners.dataflow"
+
 # The local runner. Beam's "DirectRunner" first tries to download the Prism binary and
 # falls back to this one; naming it directly skips that.
 LOCAL_RUNNER = "FnApiRunner"
@@ -192,6 +195,9 @@ def main(argv: list[str] | None = None) -> int:
     """The CLI. `convert` is the default command, so schedulers may pass flags only."""
     argv = list(sys.argv[1:] if argv is None else argv)
     logging.basicConfig(level=logging.WARNING, format="%(levelname)s %(name)s: %(message)s")
+    # Dataflow submissions log the job id and console URL at INFO; schedulers (Airflow's
+    # Dataflow hook) read the job id from the line "Created job with id: [...]".
+    logging.getLogger(DATAFLOW_SUBMIT_LOGGER).setLevel(logging.INFO)
     command = "convert"
     if argv and not argv[0].startswith("-"):
         command = argv.pop(0)
