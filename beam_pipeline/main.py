@@ -148,7 +148,10 @@ def run(argv: list[str] | None = None, save_main_session: bool = True) -> dict:
     _local_defaults(options, argv)
 
     run_id = uuid.uuid4().hex
-    p = beam.Pipeline(options=options)
+    try:
+        p = beam.Pipeline(options=options)
+    except ValueError as e:  # Beam's own option checks (project id, endpoints, locations)
+        raise UserError(" ".join(str(e).replace("Pipeline has validations errors:", "").split())) from None
     build_pipeline(p, opts, run_id)
     try:
         p.run().wait_until_finish()
@@ -161,8 +164,12 @@ def run(argv: list[str] | None = None, save_main_session: bool = True) -> dict:
         if USER_ERROR_MARKER in message:
             raise UserError(message.split(USER_ERROR_MARKER, 1)[1].splitlines()[0].strip(" '\"")) from None
         raise
+    summary_path = FileSystems.join(output_dir, SUMMARY_FILE)
     try:
-        with FileSystems.open(FileSystems.join(output_dir, SUMMARY_FILE)) as f:
+        # (gs:// raises its own NotFound, not an OSError, on a missing object.)
+        if not FileSystems.exists(summary_path):
+            raise OSError(summary_path)
+        with FileSystems.open(summary_path) as f:
             summary = json.loads(f.read().decode("utf-8"))
     except OSError:
         raise UserError(f"the job finished without writing {SUMMARY_FILE}") from None

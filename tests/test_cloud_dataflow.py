@@ -1,8 +1,10 @@
-"""The Dataflow submission path, offline: Beam's own DataflowRunner writes a classic template.
+"""The Dataflow submission path, offline: Beam's own DataflowRunner against local servers.
 
 With `--template_location` the runner builds the job exactly as for a real submission (the
 portable pipeline proto, the `--setup_file` sdist, the job description) and stages it,
-here into a bucket on the local GCS emulator, instead of calling the Dataflow API.
+here into a bucket on the local GCS emulator, instead of calling the Dataflow API. With
+`--dataflow_endpoint` pointing at a tiny local HTTP server, Beam's own client sends the real
+create-job request there.
 """
 
 from __future__ import annotations
@@ -10,8 +12,11 @@ from __future__ import annotations
 import dataclasses
 import io
 import json
+import re
 import tarfile
+import threading
 import typing
+from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
 from pathlib import Path
 
 import pytest
@@ -74,13 +79,28 @@ def _describe(bucket, name: str, n_images: int, extra: list[str]) -> Described:
 
 
 @pytest.fixture(scope="module")
-def described(gcs_bucket, tmp_path_factory) -> dict[str, Described]:
-    """Two templates: 3 images with --setup_file, 60 images with the custom container."""
+def inputs(gcs_bucket, tmp_path_factory):
+    """gs://BUCKET/df-in-3 and df-in-60: that many tiny images in three classes."""
     local = tmp_path_factory.mktemp("df")
     for n in (3, 60):
         for i in range(n):
             write_image(local / f"in{n}" / f"class{i % 3}" / f"{i}.png", (4, 4), seed=i)
         upload_tree(gcs_bucket, local / f"in{n}", f"df-in-{n}")
+    return gcs_bucket
+
+
+def test_templates_from_dataflow_runner(described):
+    """One test over both template builds (so that parallel test workers build them once)."""
+    _check_graph_has_the_diagram_steps_and_no_listing(described)
+    _check_no_image_bytes_reach_a_group_by_key(described)
+    _check_setup_file_sdist_is_staged_with_both_packages(described)
+    _check_custom_container_image_is_carried(described)
+
+
+@pytest.fixture(scope="module")
+def described(inputs) -> dict[str, Described]:
+    """Two templates: 3 images with --setup_file, 60 images with the custom container."""
+    gcs_bucket = inputs
     return {
         "setup_file": _describe(gcs_bucket, "setup", 3, ["--setup_file", str(REPO / "setup.py")]),
         "container": _describe(gcs_bucket, "container", 60, ["--sdk_container_image", IMAGE]),
@@ -91,7 +111,7 @@ def _transforms(p: beam_runner_api_pb2.Pipeline) -> dict[str, beam_runner_api_pb
     return dict(p.components.transforms)
 
 
-def test_graph_has_the_diagram_steps_and_no_listing(described):
+def _check_graph_has_the_diagram_steps_and_no_listing(described):
     for d in described.values():
         transforms = _transforms(d.pipeline)
         top = [transforms[t].unique_name for t in _top_level(d.pipeline)]
@@ -142,7 +162,7 @@ def _fields_hold_bytes(cls: type) -> bool:
     return any("bytes" in str(hints[f.name]) for f in dataclasses.fields(cls))
 
 
-def test_no_image_bytes_reach_a_group_by_key(described):
+def _check_no_image_bytes_reach_a_group_by_key(described):
     p = described["setup_file"].pipeline
     transforms = _transforms(p)
     gbks = [t for t in transforms.values() if t.spec.urn == GBK_URN]
@@ -165,7 +185,7 @@ def test_no_image_bytes_reach_a_group_by_key(described):
         assert not _fields_hold_bytes(cls), cls
 
 
-def test_setup_file_sdist_is_staged_with_both_packages(described):
+def _check_setup_file_sdist_is_staged_with_both_packages(described):
     d = described["setup_file"]
     env = next(iter(d.pipeline.components.environments.values()))
     assert b"gcr.io/cloud-dataflow/v1beta3/beam_python3.11_sdk:2.77.0" in env.payload
@@ -182,7 +202,7 @@ def test_setup_file_sdist_is_staged_with_both_packages(described):
     assert options["input"] == f"gs://{BUCKET}/df-in-3"
 
 
-def test_custom_container_image_is_carried(described):
+def _check_custom_container_image_is_carried(described):
     d = described["container"]
     env = next(iter(d.pipeline.components.environments.values()))
     assert IMAGE.encode() in env.payload
@@ -192,9 +212,78 @@ def test_custom_container_image_is_carried(described):
     assert "workflow.tar.gz" not in {p["name"] for p in pool.get("packages", [])}
 
 
-def test_dry_run_describes_without_writing(gcs_bucket, capsys):
+def test_dry_run_describes_without_writing(inputs, capsys):
+    gcs_bucket = inputs
     code = main.main(["convert"] + _dataflow_args("dry", 3) + ["--dry_run=True", "--no_auth"])
     assert code == main.EXIT_OK
     assert "not run" in capsys.readouterr().err
     assert not list(gcs_bucket.client.list_blobs(gcs_bucket, prefix="df-out-dry"))
     assert not list(gcs_bucket.client.list_blobs(gcs_bucket, prefix="staging-dry"))
+
+
+# How Airflow's Dataflow hook finds the job id in the submitting process's output
+# (airflow/providers/google/cloud/hooks/dataflow.py, JOB_ID_PATTERN).
+AIRFLOW_JOB_ID_PATTERN = re.compile(
+    r"Submitted job: (?P<job_id_java>[^\"\n\s]*)|Created job with id: \[(?P<job_id_python>[^\"\n\s]*)\]"
+)
+
+
+class FakeDataflowHandler(BaseHTTPRequestHandler):
+    """Accepts a job creation and reports the job as done; records every request."""
+
+    requests: list[tuple[str, str, dict]] = []
+
+    def _reply(self) -> None:
+        length = int(self.headers.get("Content-Length") or 0)
+        body = json.loads(self.rfile.read(length) or b"{}")
+        self.requests.append((self.command, self.path.split("?")[0], body))
+        if self.command == "POST" and self.path.split("?")[0].endswith("/jobs"):
+            reply = {**body, "id": "fake-job-1", "currentState": "JOB_STATE_PENDING"}
+        elif "/messages" in self.path:
+            reply = {}
+        else:
+            reply = {"id": "fake-job-1", "currentState": "JOB_STATE_DONE"}
+        data = json.dumps(reply).encode()
+        self.send_response(200)
+        self.send_header("Content-Type", "application/json")
+        self.send_header("Content-Length", str(len(data)))
+        self.end_headers()
+        self.wfile.write(data)
+
+    do_GET = do_POST = do_PUT = _reply
+
+    def log_message(self, *args) -> None:
+        pass
+
+
+def test_submission_reaches_the_dataflow_api(inputs, capsys, caplog):
+    server = ThreadingHTTPServer(("127.0.0.1", 0), FakeDataflowHandler)
+    threading.Thread(target=server.serve_forever, daemon=True).start()
+    FakeDataflowHandler.requests = []
+    try:
+        args = _dataflow_args("submit", 3) + [
+            f"--dataflow_endpoint=http://localhost:{server.server_address[1]}",
+            "--sdk_container_image",
+            IMAGE,
+            "--labels",
+            "team=ml",
+        ]
+        code = main.main(["convert"] + args)
+    finally:
+        server.shutdown()
+        server.server_close()
+    (create,) = [body for verb, path, body in FakeDataflowHandler.requests if verb == "POST"]
+    assert create["labels"] == {"team": "ml"}
+    pool = create["environment"]["workerPools"][0]
+    assert pool["sdkHarnessContainerImages"][0]["containerImage"] == IMAGE
+    options = create["environment"]["sdkPipelineOptions"]["options"]
+    assert options["input"] == f"gs://{BUCKET}/df-in-3" and options["pipelineUrl"].startswith(
+        f"gs://{BUCKET}/"
+    )
+    # A scheduler learns the job id from the CLI's log.
+    found = AIRFLOW_JOB_ID_PATTERN.search(caplog.text)
+    assert found and found.group("job_id_python") == "fake-job-1"
+    # The fake job ran nothing, so there is no summary: one line, exit 2, no traceback.
+    assert code == main.EXIT_USAGE
+    err = capsys.readouterr().err.strip().splitlines()
+    assert err[-1] == "img2tfrecord: error: the job finished without writing summary.json"
