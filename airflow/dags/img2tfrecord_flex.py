@@ -8,25 +8,24 @@ from __future__ import annotations
 
 import os
 
-import pendulum
 from airflow.providers.google.cloud.operators.dataflow import DataflowStartFlexTemplateOperator
-from airflow.sdk import DAG, task
-from img2tfrecord_common import OUTPUT_DIR, read_summary
-
-PROJECT = os.environ.get("IMG2TFRECORD_PROJECT", "my-project")
-REGION = os.environ.get("IMG2TFRECORD_REGION", "europe-west1")
-BUCKET = os.environ.get("IMG2TFRECORD_BUCKET", "gs://my-project-img2tfrecord")
+from airflow.sdk import DAG
+from img2tfrecord_common import (
+    BUCKET,
+    DAG_DEFAULTS,
+    GCS_PARAMS,
+    OUTPUT_DIR,
+    PROJECT,
+    REGION,
+    check_summary_task,
+)
 
 with DAG(
     dag_id="img2tfrecord_flex",
     description="Convert a bucket of images to TFRecords with the img2tfrecord Flex Template.",
-    schedule="@daily",
-    start_date=pendulum.datetime(2026, 1, 1, tz="UTC"),
-    catchup=False,
-    max_active_runs=1,
+    **DAG_DEFAULTS,
     params={
-        "input": os.environ.get("IMG2TFRECORD_GCS_INPUT", f"{BUCKET}/images"),
-        "output_root": os.environ.get("IMG2TFRECORD_GCS_OUTPUT_ROOT", f"{BUCKET}/tfrecords"),
+        **GCS_PARAMS,
         "template": os.environ.get("IMG2TFRECORD_TEMPLATE", f"{BUCKET}/templates/img2tfrecord.json"),
     },
     tags=["img2tfrecord", "dataflow"],
@@ -50,9 +49,4 @@ with DAG(
         },
     )
 
-    @task
-    def check_summary(output_dir: str) -> dict:
-        """summary.json of the job (read from GCS); downstream tasks read it from XCom."""
-        return read_summary(output_dir)
-
-    launch >> check_summary(OUTPUT_DIR)
+    launch >> check_summary_task()
