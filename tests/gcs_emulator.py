@@ -16,6 +16,7 @@ from __future__ import annotations
 
 import json
 import os
+import select
 import socket
 import subprocess
 import sys
@@ -90,11 +91,11 @@ def start_emulator(workdir: Path, buckets: list[str], timeout: float = 30.0) -> 
         stderr=subprocess.DEVNULL,
         text=True,
     )
-    deadline = time.monotonic() + timeout
-    line = proc.stdout.readline() if proc.stdout else ""
-    if line.strip() != "ready" or time.monotonic() > deadline:
+    ready, _, _ = select.select([proc.stdout], [], [], timeout)
+    line = proc.stdout.readline() if ready else ""
+    if line.strip() != "ready":
         proc.kill()
-        raise RuntimeError(f"gcs emulator did not start (got {line!r})")
+        raise RuntimeError(f"gcs emulator did not start within {timeout:g} s (got {line!r})")
     return Emulator(proc, port, env)
 
 
