@@ -137,9 +137,10 @@ def _serve(port: int, buckets: list[str]) -> None:
         bucket_handlers.create_bucket(bucket, server._storage)
     server.start()
     print("ready", flush=True)
+    parent = os.getppid()
     try:
-        while True:
-            time.sleep(3600)
+        while os.getppid() == parent:  # exits with the test process, even one that crashed
+            time.sleep(1)
     except KeyboardInterrupt:
         pass
     finally:
