@@ -3,7 +3,7 @@ PYTHON ?= python3
 VENV   ?= .venv
 BIN    := $(VENV)/bin
 
-.PHONY: setup demo test lint format bench
+.PHONY: setup demo test lint format bench airflow-venv airflow-lock
 
 $(BIN)/python:
 	$(PYTHON) -m venv $(VENV)
@@ -23,8 +23,23 @@ format: setup
 	$(BIN)/ruff format .
 	$(BIN)/ruff check --fix .
 
-test: lint
+test: lint airflow-venv
 	$(BIN)/python -m pytest -n 2 -q tests
 
 bench: setup
 	$(BIN)/python benchmarks/run.py
+
+# Airflow lives in its own venv (its pins clash with the project's); tests/test_cloud_airflow.py
+# runs the DAGs with it. Rebuilt only when the lock file changes.
+AIRFLOW_VENV ?= .airflow-venv
+
+airflow-venv: $(AIRFLOW_VENV)/.installed
+
+$(AIRFLOW_VENV)/.installed: requirements-airflow.txt | $(BIN)/python
+	rm -rf $(AIRFLOW_VENV)
+	$(BIN)/uv venv -q --python $(PYTHON) $(AIRFLOW_VENV)
+	$(BIN)/uv pip install -q --python $(AIRFLOW_VENV)/bin/python -r requirements-airflow.txt
+	touch $@
+
+airflow-lock: $(BIN)/python
+	$(BIN)/uv pip compile -q --python-version 3.11 requirements-airflow.in -o requirements-airflow.txt

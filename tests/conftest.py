@@ -78,3 +78,28 @@ def image_tree(tmp_path: Path) -> Path:
     write_image(root / "서울광장" / "f.bmp", (12, 9), "RGB", seed=6)
     (root / "cat" / "notes.txt").write_text("not an image")
     return root
+
+
+@pytest.fixture(scope="module")
+def gcs_bucket(tmp_path_factory):
+    """A bucket on a local GCS emulator (tests/gcs_emulator.py), one server per test module.
+
+    While the module runs, os.environ points Google's clients (and so Beam's gs:// filesystem,
+    in this process and in the workers it starts) at the emulator.
+    """
+    from tests.gcs_emulator import BUCKET, start_emulator
+
+    emulator = start_emulator(tmp_path_factory.mktemp("gcs"), [BUCKET])
+    saved = {k: os.environ.get(k) for k in emulator.env}
+    os.environ.update(emulator.env)
+    from google.cloud import storage
+
+    try:
+        yield storage.Client().bucket(BUCKET)
+    finally:
+        for key, value in saved.items():
+            if value is None:
+                os.environ.pop(key, None)
+            else:
+                os.environ[key] = value
+        emulator.stop()

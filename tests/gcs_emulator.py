@@ -1,0 +1,152 @@
+"""A local GCS server (gcp-storage-emulator) for tests, in its own process.
+
+`python -m tests.gcs_emulator PORT BUCKET...` serves an in-memory store on 127.0.0.1:PORT
+and prints "ready" once it accepts requests. `start_emulator()` does that and sets the
+environment Beam's and google-cloud-storage's clients need to talk to it.
+
+Two quirks of the emulator are handled here:
+  - In memory mode it still serialises its whole object table to a ".meta" file on every
+    upload, which makes uploads O(objects); that write is disabled (memory mode never reads it back).
+  - Google's clients try default credentials (with retries, ~23 s per process) unless
+    GOOGLE_APPLICATION_CREDENTIALS names a credentials file; a fake `authorized_user`
+    file with a far-future access token makes them send it without any refresh.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import select
+import socket
+import subprocess
+import sys
+import time
+from pathlib import Path
+
+HOST = "127.0.0.1"
+# The bucket the `gcs_bucket` fixture (conftest.py) creates.
+BUCKET = "img2tfrecord-test"
+
+
+def free_port() -> int:
+    with socket.socket() as s:
+        s.bind((HOST, 0))
+        return s.getsockname()[1]
+
+
+def fake_credentials(path: Path) -> Path:
+    """Writes an `authorized_user` credentials file whose token never needs refreshing."""
+    path.write_text(
+        json.dumps(
+            {
+                "type": "authorized_user",
+                "client_id": "img2tfrecord-test",
+                "client_secret": "not-a-secret",
+                "refresh_token": "not-a-token",
+                "token": "fake-access-token",
+                "expiry": "2999-01-01T00:00:00Z",
+            }
+        )
+    )
+    return path
+
+
+def emulator_env(port: int, credentials: Path) -> dict[str, str]:
+    """Environment variables that point Google's storage clients at the emulator."""
+    return {
+        "STORAGE_EMULATOR_HOST": f"http://{HOST}:{port}",  # the scheme is required
+        "GOOGLE_APPLICATION_CREDENTIALS": str(credentials),
+        "GOOGLE_CLOUD_PROJECT": "img2tfrecord-test",
+        "NO_GCE_CHECK": "true",
+    }
+
+
+class Emulator:
+    """A running emulator process; `env` holds the variables that reach it."""
+
+    def __init__(self, proc: subprocess.Popen, port: int, env: dict[str, str]):
+        self.proc, self.port, self.env = proc, port, env
+
+    @property
+    def url(self) -> str:
+        return f"http://{HOST}:{self.port}"
+
+    def stop(self) -> None:
+        self.proc.terminate()
+        try:
+            self.proc.wait(timeout=10)
+        except subprocess.TimeoutExpired:
+            self.proc.kill()
+
+
+def start_emulator(workdir: Path, buckets: list[str], timeout: float = 30.0) -> Emulator:
+    """Starts the emulator on a free port with `buckets` created (does not touch os.environ)."""
+    port = free_port()
+    env = emulator_env(port, fake_credentials(workdir / "fake-adc.json"))
+    root = str(Path(__file__).resolve().parent.parent)
+    proc = subprocess.Popen(
+        [sys.executable, "-m", "tests.gcs_emulator", str(port), *buckets],
+        cwd=root,
+        stdout=subprocess.PIPE,
+        stderr=subprocess.DEVNULL,
+        text=True,
+    )
+    ready, _, _ = select.select([proc.stdout], [], [], timeout)
+    line = proc.stdout.readline() if ready else ""
+    if line.strip() != "ready":
+        proc.kill()
+        raise RuntimeError(f"gcs emulator did not start within {timeout:g} s (got {line!r})")
+    return Emulator(proc, port, env)
+
+
+def upload_tree(bucket, local: Path, prefix: str) -> list[str]:
+    """Uploads every file below `local` to `prefix/<relative path>`."""
+    names = []
+    for path in sorted(p for p in local.rglob("*") if p.is_file()):
+        name = f"{prefix}/{path.relative_to(local).as_posix()}"
+        bucket.blob(name).upload_from_filename(str(path))
+        names.append(name)
+    return names
+
+
+def download_prefix(bucket, prefix: str, dest: Path) -> list[str]:
+    """Every object below `prefix/` into `dest`; returns their names relative to the prefix."""
+    names = []
+    for blob in bucket.client.list_blobs(bucket, prefix=prefix + "/"):
+        rel = blob.name[len(prefix) + 1 :]
+        (dest / rel).parent.mkdir(parents=True, exist_ok=True)
+        blob.download_to_filename(str(dest / rel))
+        names.append(rel)
+    return sorted(names)
+
+
+def _serve(port: int, buckets: list[str]) -> None:
+    from gcp_storage_emulator import storage
+    from gcp_storage_emulator.handlers import buckets as bucket_handlers
+    from gcp_storage_emulator.server import create_server
+
+    original = storage.Storage._write_config_to_file
+
+    def write_config(self) -> None:
+        if not self._use_memory_fs:
+            original(self)
+
+    storage.Storage._write_config_to_file = write_config
+    server = create_server(HOST, port, in_memory=True)
+    for bucket in buckets:
+        bucket_handlers.create_bucket(bucket, server._storage)
+    server.start()
+    print("ready", flush=True)
+    parent = os.getppid()
+    try:
+        while os.getppid() == parent:  # exits with the test process, even one that crashed
+            time.sleep(1)
+    except KeyboardInterrupt:
+        pass
+    finally:
+        server.stop()
+
+
+if __name__ == "__main__":
+    os.environ.pop("STORAGE_EMULATOR_HOST", None)
+    _serve(int(sys.argv[1]), sys.argv[2:])
