@@ -37,7 +37,14 @@ from beam_pipeline.progress import ProgressReporter
 from transforms import progress
 from transforms.label_table import check_table, load_label_map
 from transforms.listing import escape_glob, has_image_extension, normalize_root
-from transforms.output import MARKER_FILE, OutputBusy, aborted_reason, claim_output, delete_paths
+from transforms.output import (
+    MARKER_FILE,
+    OutputBusy,
+    aborted_reason,
+    claim_output,
+    delete_paths,
+    list_children,
+)
 from transforms.write import FAILURES_FILE, SUMMARY_FILE, USER_ERROR_MARKER
 
 # Exit statuses (documented in README.md).
@@ -143,6 +150,11 @@ def _check_output(output_dir: str, overwrite: bool, run_id: str) -> None:
     interrupted run (its marker is still there) is replaced without asking, so that a
     retried job succeeds. See transforms/output.py.
     """
+    if "://" in output_dir:
+        try:  # a missing bucket or no permission to list: say so before anything else
+            list_children(output_dir)
+        except BeamIOError as e:
+            raise UserError(f"--output_dir {output_dir}: cannot list: {_first_line(e)}") from None
     try:
         if "://" not in output_dir:
             os.makedirs(output_dir, exist_ok=True)

@@ -31,6 +31,8 @@ def test_convert_gs_to_gs_multiprocess(gcs_bucket, image_tree, tmp_path):
             "--direct_num_workers",
             "2",
             "--quiet",
+            "--max_failure_ratio",
+            "0.5",
         ],
         save_main_session=False,
     )
@@ -40,7 +42,14 @@ def test_convert_gs_to_gs_multiprocess(gcs_bucket, image_tree, tmp_path):
     names = download_prefix(gcs_bucket, "out", local)
     assert not [n for n in names if "beam-temp" in n or "probe" in n]
     shards = [n for n in names if n.endswith(".tfrecord")]
-    assert sorted(set(names) - set(shards)) == ["failures.jsonl", "labels.txt", "summary.json"]
+    assert sorted(set(names) - set(shards)) == [
+        "dataset_info.json",
+        "failures.jsonl",
+        "features.json",
+        "image-class-label.labels.txt",
+        "labels.txt",
+        "summary.json",
+    ]
     assert json.loads((local / "summary.json").read_text()) == summary
     failures = [json.loads(line) for line in (local / "failures.jsonl").read_text().splitlines()]
     assert [f["path"] for f in failures] == [f"gs://{BUCKET}/in/cat/broken.jpg"]

@@ -11,6 +11,8 @@ the DAG params):
                             Dataflow DAGs: input and output root (default: in the bucket)
   IMG2TFRECORD_IMAGE, IMG2TFRECORD_SERVICE_ACCOUNT, IMG2TFRECORD_TEMPLATE
                             worker container, worker service account, Flex Template spec
+  IMG2TFRECORD_MAX_FAILURE_RATIO
+                            above this fraction of failed images the task fails (exit 3)
 """
 
 from __future__ import annotations
@@ -42,6 +44,8 @@ DAG_DEFAULTS = {
     "catchup": False,
     "max_active_runs": 1,
 }
+# Every DAG's params: the failure budget of a run (img2tfrecord's own default: 0.01).
+COMMON_PARAMS = {"max_failure_ratio": os.environ.get("IMG2TFRECORD_MAX_FAILURE_RATIO", "0.01")}
 # One output folder per logical date, replaced on a rerun: runs are idempotent.
 OUTPUT_DIR = "{{ params.output_root }}/{{ ds_nodash }}"
 
@@ -91,6 +95,7 @@ def convert_task(runner: str, options: dict | None = None, **kwargs) -> BeamRunP
             "output_dir": OUTPUT_DIR,
             "overwrite": True,
             "quiet": True,
+            "max_failure_ratio": "{{ params.max_failure_ratio }}",
             **(options or {}),
         },
         **kwargs,

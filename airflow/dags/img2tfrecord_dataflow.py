@@ -12,6 +12,7 @@ from airflow.providers.google.cloud.operators.dataflow import DataflowConfigurat
 from airflow.sdk import DAG
 from img2tfrecord_common import (
     BUCKET,
+    COMMON_PARAMS,
     DAG_DEFAULTS,
     GCS_PARAMS,
     PROJECT,
@@ -25,6 +26,7 @@ with DAG(
     description="Convert a bucket of images to TFRecords on Dataflow, once a day.",
     **DAG_DEFAULTS,
     params={
+        **COMMON_PARAMS,
         **GCS_PARAMS,
         "container_image": os.environ.get(
             "IMG2TFRECORD_IMAGE", f"{REGION}-docker.pkg.dev/{PROJECT}/img2tfrecord/worker:0.1.0"
