@@ -13,6 +13,17 @@ from PIL import Image
 os.environ.setdefault("TF_CPP_MIN_LOG_LEVEL", "2")
 
 
+# Files next to the shards of every finished (uncompressed, slim) dataset.
+METADATA_FILES = [
+    "dataset_info.json",
+    "failures.jsonl",
+    "features.json",
+    "image-class-label.labels.txt",
+    "labels.txt",
+    "summary.json",
+]
+
+
 def write_image(path: Path, size=(24, 16), mode: str = "RGB", fmt: str | None = None, seed: int = 0) -> Path:
     """Writes a random image of `size` (w, h) and `mode` to `path` (format from `fmt` or suffix)."""
     path.parent.mkdir(parents=True, exist_ok=True)

@@ -11,7 +11,7 @@ import json
 import pytest
 
 from beam_pipeline import main
-from tests.conftest import read_records, write_image
+from tests.conftest import METADATA_FILES, read_records, write_image
 from tests.gcs_emulator import BUCKET, download_prefix, upload_tree
 
 
@@ -42,14 +42,7 @@ def test_convert_gs_to_gs_multiprocess(gcs_bucket, image_tree, tmp_path):
     names = download_prefix(gcs_bucket, "out", local)
     assert not [n for n in names if "beam-temp" in n or "probe" in n]
     shards = [n for n in names if n.endswith(".tfrecord")]
-    assert sorted(set(names) - set(shards)) == [
-        "dataset_info.json",
-        "failures.jsonl",
-        "features.json",
-        "image-class-label.labels.txt",
-        "labels.txt",
-        "summary.json",
-    ]
+    assert sorted(set(names) - set(shards)) == METADATA_FILES
     assert json.loads((local / "summary.json").read_text()) == summary
     failures = [json.loads(line) for line in (local / "failures.jsonl").read_text().splitlines()]
     assert [f["path"] for f in failures] == [f"gs://{BUCKET}/in/cat/broken.jpg"]

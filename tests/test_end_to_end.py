@@ -8,7 +8,7 @@ import sys
 import pytest
 
 from beam_pipeline import main
-from tests.conftest import read_records, write_image
+from tests.conftest import METADATA_FILES, read_records, write_image
 
 
 def _convert(args):
@@ -31,15 +31,7 @@ def test_convert_reads_back_with_tensorflow(image_tree, tmp_path):
     failures = [json.loads(line) for line in (out / "failures.jsonl").read_text().splitlines()]
     assert sorted(os.path.basename(f["path"]) for f in failures) == ["broken.jpg", "empty.png", "html.jpg"]
     assert all(f["reason"] for f in failures)
-    assert sorted(os.listdir(out)) == [
-        "dataset_info.json",
-        "failures.jsonl",
-        "features.json",
-        "image-class-label.labels.txt",
-        "labels.txt",
-        "summary.json",
-        "train-00000-of-00001.tfrecord",
-    ]
+    assert sorted(os.listdir(out)) == sorted(METADATA_FILES + ["train-00000-of-00001.tfrecord"])
 
     records = read_records(out)
     by_name = {r["filename"]: r for r in records}
@@ -133,3 +125,30 @@ def test_cli_entry_points(image_tree, tmp_path, command):
         timeout=300,
     )
     assert bad.returncode == 2 and "Traceback" not in bad.stderr
+
+
+def test_accounting_error_names_the_first_mismatch():
+    from transforms.write import accounting_error
+
+    good = {
+        "listed": 3,
+        "written": 2,
+        "failed": 1,
+        "splits": {
+            "train": {
+                "listed": 3,
+                "written": 2,
+                "failed": 1,
+                "classes": {
+                    "a": {"listed": 2, "written": 1, "failed": 1},
+                    "b": {"listed": 1, "written": 1, "failed": 0},
+                },
+            }
+        },
+    }
+    assert accounting_error(good) is None
+    lost = json.loads(json.dumps(good))
+    lost["splits"]["train"]["classes"]["b"]["written"] = 0
+    assert accounting_error(lost) == "class 'b' of split 'train': listed 1 != written 0 + failed 0"
+    lost["written"] = 1
+    assert accounting_error(lost).startswith("dataset: listed 3 != written 1 + failed 1")

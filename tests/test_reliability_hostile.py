@@ -22,7 +22,7 @@ import pytest
 from PIL import Image
 
 from beam_pipeline import main
-from tests.conftest import write_image
+from tests.conftest import METADATA_FILES, write_image
 from transforms.output import MARKER_FILE
 
 IMAGE_SUFFIXES = (b".jpg", b".jpeg", b".png", b".gif", b".bmp")
@@ -261,14 +261,7 @@ def test_hostile_corpus_nothing_lost(hostile, tmp_path):
     unlabelled = sum(f["split"] is None for f in failures)
     assert unlabelled == 3 and summary["listed"] == sum(e["listed"] for e in summary["splits"].values()) + 3
     assert not (out / MARKER_FILE).exists()
-    assert sorted(p.name for p in out.iterdir() if not p.name.endswith(".tfrecord")) == [
-        "dataset_info.json",
-        "failures.jsonl",
-        "features.json",
-        "image-class-label.labels.txt",
-        "labels.txt",
-        "summary.json",
-    ]
+    assert sorted(p.name for p in out.iterdir() if not p.name.endswith(".tfrecord")) == METADATA_FILES
 
 
 def test_too_many_failures_exit_3_after_writing_failures(hostile, tmp_path, capsys):

@@ -623,7 +623,9 @@ def join_key(
     labels, problem = _check_labels(row.labels, settings)
     for f in images:
         if problem:
-            fail(f, problem, row.split, "|".join(labels))
+            # Counted at the top level only, as every label-stage failure: the image
+            # never reached a split, so per-split counts stay listed == written + failed.
+            fail(f, problem, None, "|".join(labels))
             continue
         try:
             split = _split_of(f.relpath, row, settings)

@@ -287,6 +287,25 @@ def _image_fields(settings: EncodeSettings, reasons: collections.Counter) -> dic
     }
 
 
+def accounting_error(summary: dict) -> str | None:
+    """Where `listed == written + failed` does not hold in a summary, or None.
+
+    Checked at the top level, per split and per class before anything is published: a
+    mismatch means an image was lost (or counted twice) by a bug, and must not pass silently.
+    """
+
+    def mismatch(where: str, c: dict) -> str | None:
+        if c["listed"] != c["written"] + c["failed"]:
+            return f"{where}: listed {c['listed']} != written {c['written']} + failed {c['failed']}"
+        return None
+
+    problems = [mismatch("dataset", summary)]
+    for split, entry in summary.get("splits", {}).items():
+        problems.append(mismatch(f"split {split!r}", entry))
+        problems += [mismatch(f"class {c!r} of split {split!r}", v) for c, v in entry["classes"].items()]
+    return next((p for p in problems if p), None)
+
+
 def too_many_failures(failed: int, listed: int, max_ratio: float) -> bool:
     """True when more than `max_ratio` of the listed images failed."""
     return listed > 0 and failed > max_ratio * listed
@@ -345,6 +364,9 @@ class FinalizeFn(beam.DoFn):
             listed_total, dict(listed), dict(written), failures, shards, class_index, self._settings
         )
         summary.update(extras or {})  # sections added by optional steps (e.g. "labels")
+        problem = accounting_error(summary)
+        if problem:  # a bug, not bad input: fail loudly and publish nothing
+            raise RuntimeError(f"images lost or double-counted ({problem}); nothing was published")
         write_text(staged[SUMMARY_FILE], json.dumps(summary, indent=2, ensure_ascii=False) + "\n")
         # Shards (with their index files) in plan order per split, then the metadata,
         # summary.json last.
