@@ -1,6 +1,6 @@
 """Encoding one image into a serialized tf.train.Example.
 
-`encode_record` is the pure core (bytes in, bytes out); it is called by WriteShardFn, which
+`encode_image` is the pure core (bytes in, bytes out); it is called by WriteShardFn, which
 reads each image right before encoding it so that image bytes never enter a PCollection.
 """
 

@@ -10,8 +10,7 @@ from __future__ import annotations
 
 from collections.abc import Iterable
 
-from apache_beam.io.filesystems import FileSystems
-
+from transforms.output import write_text
 from transforms.tfrecord import RECORD_OVERHEAD
 
 INDEX_SUFFIX = ".idx"
@@ -39,6 +38,5 @@ def index_path(shard_path: str) -> str:
 def write_index(shard_path: str, record_sizes: Iterable[int]) -> str:
     """Writes `<shard_path>.idx`; returns its path."""
     path = index_path(shard_path)
-    with FileSystems.create(path, mime_type="text/plain") as f:
-        f.write(index_text(record_sizes).encode("ascii"))
+    write_text(path, index_text(record_sizes))  # ASCII digits and spaces
     return path

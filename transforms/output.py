@@ -163,9 +163,15 @@ def aborted_reason(output_dir: str, run_id: str) -> str | None:
     return marker.get("aborted") if marker.get("run_id") == run_id else None
 
 
-def write_bytes(path: str, data: bytes) -> None:
-    with FileSystems.create(path, mime_type="application/octet-stream") as f:
+def write_bytes(path: str, data: bytes, mime_type: str = "application/octet-stream") -> None:
+    """Writes a whole file through Beam's filesystems (local or gs://)."""
+    with FileSystems.create(path, mime_type=mime_type) as f:
         f.write(data)
+
+
+def write_text(path: str, text: str) -> None:
+    """Writes `text` as UTF-8."""
+    write_bytes(path, text.encode("utf-8"), mime_type="text/plain")
 
 
 def publish(output_dir: str, moves: list[tuple[str, str]], keep_marker: bool = False) -> None:

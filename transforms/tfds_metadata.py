@@ -18,6 +18,7 @@ import re
 
 from apache_beam.io.filesystems import FileSystems
 
+from transforms.output import write_text
 from transforms.schema import Schema
 
 DATASET_INFO_FILE = "dataset_info.json"
@@ -184,11 +185,6 @@ def label_map_pbtxt(class_names: list[str], offset: int) -> str:
     )
 
 
-def _write(path: str, text: str) -> None:
-    with FileSystems.create(path, mime_type="text/plain") as f:
-        f.write(text.encode("utf-8"))
-
-
 def write_reader_metadata(
     output_dir: str,
     summary: dict,
@@ -210,16 +206,16 @@ def write_reader_metadata(
     offset = summary.get("label_offset", 0)
     written: list[str] = []
     if schema.name == "odapi":
-        _write(FileSystems.join(output_dir, LABEL_MAP_FILE), label_map_pbtxt(names, offset))
+        write_text(FileSystems.join(output_dir, LABEL_MAP_FILE), label_map_pbtxt(names, offset))
         written.append(LABEL_MAP_FILE)
     if compression != "none" or not split_shards:
         return written
     labels = class_label_names(names, offset)
     animated = bool(ANIMATED_FORMATS & set(image_formats))
     features = features_json(schema, len(labels), is_single_label(summary), image_as_bytes=animated)
-    _write(FileSystems.join(output_dir, class_label_file(schema)), "".join(n + "\n" for n in labels))
-    _write(FileSystems.join(output_dir, FEATURES_FILE), json.dumps(features, indent=2) + "\n")
+    write_text(FileSystems.join(output_dir, class_label_file(schema)), "".join(n + "\n" for n in labels))
+    write_text(FileSystems.join(output_dir, FEATURES_FILE), json.dumps(features, indent=2) + "\n")
     split_bytes = {s: v.get("bytes", 0) for s, v in summary.get("splits", {}).items()}
     info = dataset_info_json(name or tfds_name(output_dir), split_shards, split_bytes)
-    _write(FileSystems.join(output_dir, DATASET_INFO_FILE), json.dumps(info, indent=2) + "\n")
+    write_text(FileSystems.join(output_dir, DATASET_INFO_FILE), json.dumps(info, indent=2) + "\n")
     return written + [class_label_file(schema), FEATURES_FILE, DATASET_INFO_FILE]

@@ -37,6 +37,7 @@ from transforms.output import (
     mark_aborted,
     publish,
     staging_dir,
+    write_text,
 )
 from transforms.prefetch import default_threads, map_in_order
 from transforms.prescan import DEDUPE_STAGE
@@ -82,11 +83,6 @@ def _mkdirs(path: str) -> None:
     except OSError:
         if not FileSystems.exists(path) and "://" not in path:
             raise
-
-
-def write_text(path: str, text: str) -> None:
-    with FileSystems.create(path, mime_type="text/plain") as f:
-        f.write(text.encode("utf-8"))
 
 
 class WriteShardFn(beam.DoFn):
