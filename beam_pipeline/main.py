@@ -73,11 +73,13 @@ def _given(argv: list[str], flag: str) -> bool:
 def _local_defaults(options: PipelineOptions, argv: list[str]) -> None:
     """Local runs use the in-process runner, one Beam worker, and every core unless told otherwise.
 
-    Every core is kept busy by WriteShardFn's read-ahead threads (`--read_threads`, one per
-    core), which also works for a split of one shard. One `in_memory` worker avoids the
-    gRPC data plane of `multi_threading` (a per-element cost, and a rare decode error in
-    Beam 2.77 when two bundles run at once; see benchmarks/README.md). Asking for more
-    workers without a mode gets `multi_threading`.
+    Every core is kept busy by WriteShardFn's worker processes (`--write_processes`, one
+    per core), each writing whole shards: the per-image work holds the GIL, so threads
+    alone cannot use a second core. One `in_memory` worker avoids the gRPC data plane of
+    `multi_threading` (a per-element cost, and a rare decode error in Beam 2.77 when two
+    bundles run at once; see benchmarks/README.md). Asking for more workers without a mode
+    gets `multi_threading`. In `multi_processing` mode the DoFns already run in worker
+    processes, so shards are written there (`--write_processes` 1 unless given).
     """
     standard = options.view_as(StandardOptions)
     if standard.runner not in _LOCAL_NAMES:
@@ -88,6 +90,10 @@ def _local_defaults(options: PipelineOptions, argv: list[str]) -> None:
         direct.direct_num_workers = 1
     if not _given(argv, "--direct_running_mode"):
         direct.direct_running_mode = "in_memory" if direct.direct_num_workers == 1 else "multi_threading"
+    convert = options.view_as(ConvertOptions)
+    if not convert.write_processes:
+        in_runner_process = direct.direct_running_mode != "multi_processing"
+        convert.write_processes = (os.cpu_count() or 1) if in_runner_process else 1
 
 
 def _in_process(options: PipelineOptions) -> bool:

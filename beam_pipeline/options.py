@@ -137,7 +137,15 @@ class ConvertOptions(PipelineOptions):
             "--read_threads",
             type=int,
             default=0,
-            help="Threads per shard writer that read and check the next images (0: one per core).",
+            help="Threads per shard writer that read and check the next images (0: one per core "
+            "when shards are written in the runner's process, none in a --write_processes worker).",
+        )
+        parser.add_argument(
+            "--write_processes",
+            type=int,
+            default=0,
+            help="Worker processes that write whole shards at once (0: one per core on the local "
+            "runner, 1 elsewhere; 1: shards are written in the runner's own process).",
         )
         parser.add_argument(
             "--progress_interval",
@@ -171,6 +179,8 @@ def validate(opts: ConvertOptions) -> None:
         raise UserError("--max_failure_ratio must be between 0 and 1")
     if opts.read_threads < 0:
         raise UserError("--read_threads must be 0 (one per core) or positive")
+    if opts.write_processes < 0:
+        raise UserError("--write_processes must be 0 (automatic) or positive")
     if opts.progress_interval <= 0:
         raise UserError("--progress_interval must be positive")
     if opts.splits and opts.splits != "folders":

@@ -89,7 +89,8 @@ def build_pipeline(p: beam.Pipeline, opts: ConvertOptions, run_id: str) -> Pipel
         write_index=opts.write_index,
         threads=opts.read_threads,
         progress_key=run_id,
-    )  # .shards ShardResult, .written Written, .failed Failure
+        processes=opts.write_processes or 1,  # 0 (auto) is resolved for local runs by main.py
+    )  # .shards ShardResult (with per-class written counts), .failed Failure
     failures = (labeled.failed, shards.failed, *failed) | "FlattenFailures" >> beam.Flatten()
     _ = files | "TrackListed" >> CountProgress(run_id, LISTED)  # live progress and Beam counters
     _ = failures | "TrackFailures" >> CountProgress(run_id, FAILED_ANYWHERE)
@@ -99,7 +100,6 @@ def build_pipeline(p: beam.Pipeline, opts: ConvertOptions, run_id: str) -> Pipel
         opts.compression,
         files=listed,
         records=records,
-        written=shards.written,
         failed=failures,
         shards=shards.shards,
         class_index=classes,

@@ -7,7 +7,6 @@ import json
 
 # Tagged-output names. Never written as bare strings elsewhere.
 FAILED = "failed"
-WRITTEN = "written"
 
 # Prefixes the message of an error raised inside the pipeline that is the user's to fix,
 # so that the entry point can tell it from a bug once the runner has wrapped it.

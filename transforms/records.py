@@ -64,11 +64,5 @@ class ShardResult:
     records: int
     bytes: int
     formats: tuple[str, ...] = ()  # image formats stored in the shard (metadata for readers)
-
-
-@dataclasses.dataclass(frozen=True)
-class Written:
-    """One written image, reduced to what the summary counts."""
-
-    split: str
-    class_key: str
+    # ((split, class_key), images written), sorted: what the summary counts per class.
+    written: tuple[tuple[tuple[str, str], int], ...] = ()

@@ -35,10 +35,16 @@ def masked_crc32c(data: bytes) -> int:
     return (((crc >> 15) | (crc << 17)) + _MASK_DELTA) & 0xFFFFFFFF
 
 
+def frame_parts(data: bytes) -> tuple[bytes, bytes]:
+    """The (header, footer) that frame `data` as one TFRecord: header + data + footer."""
+    length = struct.pack("<Q", len(data))
+    return length + struct.pack("<I", masked_crc32c(length)), struct.pack("<I", masked_crc32c(data))
+
+
 def frame_record(data: bytes) -> bytes:
     """`data` framed as one TFRecord (what the writer appends for an uncompressed shard)."""
-    length = struct.pack("<Q", len(data))
-    return length + struct.pack("<I", masked_crc32c(length)) + data + struct.pack("<I", masked_crc32c(data))
+    header, footer = frame_parts(data)
+    return header + data + footer
 
 
 def _read_exactly(f: BinaryIO, n: int) -> bytes:

@@ -1,10 +1,11 @@
-"""Writing: shards through Beam's TFRecord sink, then failures and metadata.
+"""Writing: shards (transforms/shard_writer.py), then failures and metadata.
 
-Each ShardTask is written by one WriteShardFn call: it reads, checks and encodes the
-shard's images in order and streams them into a temporary file opened with the sink's own
-writer (`_TFRecordSink.open_writer`: TFRecord framing, CRCs, compression). When every shard
-is written, FinalizeFn stages failures.jsonl, labels.txt and summary.json next to the temp
-shards and publishes everything by renaming it into place (temp then rename, as
+Each ShardTask is written whole by one writer, in its planned order: WriteShardFn's own
+thread, or on local runs a forked worker process per shard at a time (one per core; see
+transforms/shard_processes.py), which reads, checks and encodes the shard's images and
+streams them into a temporary TFRecord file; only a small ShardResult comes back. When
+every shard is written, FinalizeFn stages failures.jsonl, labels.txt and summary.json next
+to the temp shards and publishes everything by renaming it into place (temp then rename, as
 `WriteToTFRecord` does), summary.json last; see transforms/output.py.
 """
 
@@ -12,21 +13,19 @@ from __future__ import annotations
 
 import collections
 import json
-import uuid
 from collections.abc import Callable, Iterable
 from concurrent.futures import ThreadPoolExecutor
 
 import apache_beam as beam
 from apache_beam import coders, pvalue
-from apache_beam.io.filesystem import CompressionTypes
 from apache_beam.io.filesystems import FileSystems
 from apache_beam.io.tfrecordio import _TFRecordSink
 from apache_beam.metrics import Metrics
+from apache_beam.transforms.window import GlobalWindows
 
-from transforms.encode import EncodeSettings, encode_image
-from transforms.failures import FAILED, USER_ERROR_MARKER, WRITTEN, Failure
-from transforms.image import ImageError, ImageInfo
-from transforms.index import index_path, write_index
+from transforms.encode import EncodeSettings
+from transforms.failures import FAILED, USER_ERROR_MARKER, Failure
+from transforms.index import index_path
 from transforms.label_table import ORPHANS_FILE
 from transforms.labels import ClassIndex
 from transforms.output import (
@@ -39,25 +38,21 @@ from transforms.output import (
     staging_dir,
     write_text,
 )
-from transforms.prefetch import default_threads, map_in_order
+from transforms.prefetch import default_threads
 from transforms.prescan import DEDUPE_STAGE
 from transforms.progress import Progress, lookup
 from transforms.reading import DEFAULT_RETRY, RetryPolicy, read_bytes, read_with_retries
-from transforms.records import ImageFile, ImageRecord, ShardResult, ShardTask, Written
+from transforms.records import ImageFile, ImageRecord, ShardResult, ShardTask
 from transforms.schema import schema_from_summary
-from transforms.testhooks import pause_if_asked
+from transforms.shard_processes import ShardProcesses
+from transforms.shard_writer import COMPRESSIONS, ShardJob, ShardOutcome, shard_suffix, write_shard
 from transforms.tfds_metadata import tfds_name, write_reader_metadata
 
 SHARD_TEMPLATE = "-SSSSS-of-NNNNN"
-COMPRESSIONS = {"none": CompressionTypes.UNCOMPRESSED, "gzip": CompressionTypes.GZIP}
-
-
-def shard_suffix(compression: str) -> str:
-    return ".tfrecord.gz" if compression == "gzip" else ".tfrecord"
 
 
 def make_sink(output_dir: str, split: str, compression: str = "none") -> _TFRecordSink:
-    """Beam's TFRecord sink for one split: `<output_dir>/<split>-SSSSS-of-NNNNN.tfrecord`."""
+    """Beam's TFRecord sink for one split, whose writer ShardFile matches byte for byte (tested)."""
     return _TFRecordSink(
         file_path_prefix=FileSystems.join(output_dir, split),
         coder=coders.BytesCoder(),
@@ -86,42 +81,32 @@ def _mkdirs(path: str) -> None:
 
 
 class WriteShardFn(beam.DoFn):
-    """ShardTask -> ShardResult; WRITTEN and FAILED per image as tagged outputs.
+    """ShardTask -> ShardResult (with per-class written counts); FAILED per image as a tagged output.
 
-    `threads` > 1 reads and checks the next images in a thread pool while the current one
-    is written (order unchanged); 0 means one thread per core. `progress_key` names the
-    run's process-local Progress (transforms/progress.py), if any. Reads go through
-    `reader` with `retry` (transient errors are retried with backoff).
+    `processes` > 1 writes that many shards at once, each whole shard in a forked worker
+    process (transforms/shard_processes.py; local runs). With 1 the shard is written in the
+    DoFn's own thread (Dataflow: one SDK process per core already). `threads` > 1 reads and
+    checks the next images in a thread pool while the current one is written (order
+    unchanged), per writer: the DoFn, or each worker process; 0 means one thread per core
+    in the DoFn, none in a worker process. `progress_key` names the run's process-local
+    Progress (transforms/progress.py), if any.
     """
 
-    def __init__(
-        self,
-        output_dir: str,
-        temp_dir: str,
-        compression: str,
-        settings: EncodeSettings,
-        write_index: bool = False,
-        reader: Callable[[str], bytes] = read_bytes,
-        retry: RetryPolicy = DEFAULT_RETRY,
-        threads: int = 0,
-        progress_key: str | None = None,
-    ):
-        self._output_dir, self._temp_dir = output_dir, temp_dir
-        self._compression, self._settings = compression, settings
-        # DALI/PyTorch index files exist for uncompressed shards only.
-        self._write_index = write_index and compression == "none"
-        self._reader, self._retry = reader, retry
-        self._threads, self._progress_key = threads, progress_key
+    def __init__(self, job: ShardJob, threads: int = 0, progress_key: str | None = None, processes: int = 1):
+        self._job, self._threads, self._progress_key = job, threads, progress_key
+        self._processes = processes
         self._encoded = Metrics.counter(self.__class__, "images_encoded")
         self._failed = Metrics.counter(self.__class__, "images_failed")
         self._bytes = Metrics.counter(self.__class__, "bytes_written")
         self._pool: ThreadPoolExecutor | None = None
+        self._workers: ShardProcesses | None = None
         self._progress: Progress | None = None
 
     def setup(self) -> None:
-        threads = self._threads or default_threads()
-        self._pool = ThreadPoolExecutor(threads, thread_name_prefix="read-check") if threads > 1 else None
         self._progress = lookup(self._progress_key)
+        threads = self._threads or default_threads()
+        if self._processes == 1 and threads > 1:
+            self._pool = ThreadPoolExecutor(threads, thread_name_prefix="read-check")
 
     def teardown(self) -> None:
         if self._pool is not None:
@@ -129,56 +114,65 @@ class WriteShardFn(beam.DoFn):
             self._pool = None
 
     def process(self, task: ShardTask, class_index: ClassIndex) -> Iterable:
-        sink = make_sink(self._output_dir, task.split, self._compression)
-        split_temp = FileSystems.join(self._temp_dir, task.split)
-        _mkdirs(split_temp)
-        # The shard number leads the temp name, so the temp paths sort in plan order.
-        writer = sink.open_writer(split_temp, f"{task.index:05d}-{uuid.uuid4().hex}")
-        written = size = 0
-        sizes: list[int] = []
-        formats: set[str] = set()
-        settings, reader, retry = self._settings, self._reader, self._retry
-
-        def load(record: ImageRecord) -> tuple[bytes, ImageInfo]:  # read + check + encode, in a pool thread
-            return encode_image(record, read_with_retries(record.path, reader, retry), class_index, settings)
-
-        for record, result in map_in_order(load, task.records, self._pool):
-            try:
-                serialized, info = result()
-            except ImageError as e:
-                yield self._failure(record, str(e), "decode")
-                continue
-            except OSError as e:  # missing, unreadable, permission denied, transient I/O
-                yield self._failure(record, f"unreadable: {e}", "read")
-                continue
-            writer.write(serialized)
-            written += 1
-            size += len(serialized)
-            sizes.append(len(serialized))
-            formats.add(info.format)  # as stored, after any conversion
-            self._encoded.inc()
-            self._bytes.inc(len(serialized))  # per image, so the Dataflow UI shows it live
-            if self._progress is not None:
-                self._progress.add(written=1, nbytes=len(serialized))
-            yield pvalue.TaggedOutput(WRITTEN, Written(record.split, record.class_key))
-            pause_if_asked("write_shard")
-        temp_path = writer.close()
-        if not written:
-            delete_paths([temp_path])
+        if self._processes == 1:
+            outcome = write_shard(task, class_index, self._job, self._pool, self._count_written)
+            yield from self._outputs(outcome)
             return
-        if self._write_index:
-            write_index(temp_path, sizes)
-        yield ShardResult(task.split, task.index, temp_path, written, size, tuple(sorted(formats)))
+        # Workers live for one bundle (all shards of a split arrive in one), so they never
+        # outlive the thread that forked them.
+        if self._workers is None:
+            self._workers = ShardProcesses(self._processes, self._threads or 1, self._progress)
+        try:
+            self._workers.submit(task, class_index, self._job)
+            for outcome in self._workers.finished(wait=False):
+                self._count_shard(outcome)
+                yield from self._outputs(outcome)
+        except BaseException:
+            self._stop_workers(cancel=True)
+            raise
 
-    def _failure(self, record: ImageRecord, reason: str, stage: str) -> pvalue.TaggedOutput:
-        self._failed.inc()
-        return pvalue.TaggedOutput(
-            FAILED, Failure(record.path, reason, stage, record.split, record.class_key)
-        )
+    def finish_bundle(self) -> Iterable:
+        if self._workers is None:
+            return
+        try:
+            for outcome in self._workers.finished(wait=True):
+                self._count_shard(outcome)
+                for output in self._outputs(outcome):
+                    if isinstance(output, pvalue.TaggedOutput):
+                        yield pvalue.TaggedOutput(output.tag, GlobalWindows.windowed_value(output.value))
+                    else:
+                        yield GlobalWindows.windowed_value(output)
+        except BaseException:
+            self._stop_workers(cancel=True)
+            raise
+        self._stop_workers(cancel=False)
+
+    def _stop_workers(self, cancel: bool) -> None:
+        if self._workers is not None:
+            workers, self._workers = self._workers, None
+            workers.close(cancel=cancel)
+
+    def _count_written(self, nbytes: int) -> None:  # per image, so the Dataflow UI shows it live
+        self._encoded.inc()
+        self._bytes.inc(nbytes)
+        if self._progress is not None:
+            self._progress.add(written=1, nbytes=nbytes)
+
+    def _count_shard(self, outcome: ShardOutcome) -> None:  # written in a worker: counted per shard
+        if outcome.result is not None:
+            self._encoded.inc(outcome.result.records)
+            self._bytes.inc(outcome.result.bytes)
+
+    def _outputs(self, outcome: ShardOutcome) -> Iterable:
+        self._failed.inc(len(outcome.failures))
+        for failure in outcome.failures:
+            yield pvalue.TaggedOutput(FAILED, failure)
+        if outcome.result is not None:
+            yield outcome.result
 
 
 class WriteShards(beam.PTransform):
-    """Writes ShardTasks to temp shards. Outputs `.shards`, `.written` and `.failed`."""
+    """Writes ShardTasks to temp shards. Outputs `.shards` (ShardResult) and `.failed` (Failure)."""
 
     def __init__(
         self,
@@ -193,20 +187,23 @@ class WriteShards(beam.PTransform):
         retry: RetryPolicy = DEFAULT_RETRY,
         threads: int = 0,
         progress_key: str | None = None,
+        processes: int = 1,
     ):
         super().__init__()
         if compression not in COMPRESSIONS:
             raise ValueError(f"compression must be one of {sorted(COMPRESSIONS)}")
         if threads < 0:
             raise ValueError("threads must be 0 (one per core) or positive")
-        self._fn = WriteShardFn(
-            output_dir, temp_dir, compression, settings, write_index, reader, retry, threads, progress_key
-        )
+        if processes < 1:
+            raise ValueError("processes must be positive")
+        # DALI/PyTorch index files exist for uncompressed shards only.
+        job = ShardJob(temp_dir, compression, settings, write_index and compression == "none", reader, retry)
+        self._fn = WriteShardFn(job, threads, progress_key, processes)
         self._class_index = class_index
 
     def expand(self, tasks: beam.PCollection[ShardTask]) -> pvalue.DoOutputsTuple:
         return tasks | beam.ParDo(self._fn, beam.pvalue.AsSingleton(self._class_index)).with_outputs(
-            WRITTEN, FAILED, main="shards"
+            FAILED, main="shards"
         )
 
 
@@ -283,6 +280,15 @@ def _image_fields(settings: EncodeSettings, reasons: collections.Counter) -> dic
     }
 
 
+def written_counts(shards: Iterable[ShardResult]) -> dict[tuple[str, str], int]:
+    """Images written per (split, class_key), summed over the shards' own counts."""
+    written: collections.Counter = collections.Counter()
+    for shard in shards:
+        for key, n in shard.written:
+            written[key] += n
+    return dict(written)
+
+
 def accounting_error(summary: dict) -> str | None:
     """Where `listed == written + failed` does not hold in a summary, or None.
 
@@ -330,9 +336,7 @@ class FinalizeFn(beam.DoFn):
         self._max_failure_ratio = max_failure_ratio
         self._dataset_name = dataset_name
 
-    def process(
-        self, _, listed_total, listed, written, failures, shards, class_index, extras=None
-    ) -> Iterable[dict]:
+    def process(self, _, listed_total, listed, failures, shards, class_index, extras=None) -> Iterable[dict]:
         if listed_total == 0:
             delete_paths([self._temp_dir])
             raise ValueError(f"{USER_ERROR_MARKER} the input holds no image files")
@@ -357,7 +361,7 @@ class FinalizeFn(beam.DoFn):
             return
         write_text(staged[LABELS_FILE], "".join(n + "\n" for n in class_index.names))
         summary = build_summary(
-            listed_total, dict(listed), dict(written), failures, shards, class_index, self._settings
+            listed_total, dict(listed), written_counts(shards), failures, shards, class_index, self._settings
         )
         summary.update(extras or {})  # sections added by optional steps (e.g. "labels")
         problem = accounting_error(summary)
@@ -411,7 +415,6 @@ class WriteMetadata(beam.PTransform):
         *,
         files: beam.PCollection[ImageFile],
         records: beam.PCollection[ImageRecord],
-        written: beam.PCollection[Written],
         failed: beam.PCollection[Failure],
         shards: beam.PCollection[ShardResult],
         class_index: beam.PCollection[ClassIndex],
@@ -422,7 +425,7 @@ class WriteMetadata(beam.PTransform):
     ):
         super().__init__()
         self._fn = FinalizeFn(output_dir, temp_dir, compression, settings, max_failure_ratio, dataset_name)
-        self._files, self._records, self._written = files, records, written
+        self._files, self._records = files, records
         self._failed, self._shards, self._class_index = failed, shards, class_index
         self._extras = summary_extras
 
@@ -433,11 +436,6 @@ class WriteMetadata(beam.PTransform):
             | "KeyListed" >> beam.Map(lambda r: (r.split, r.class_key))
             | "CountListedPerClass" >> beam.combiners.Count.PerElement()
         )
-        written = (
-            self._written
-            | "KeyWritten" >> beam.Map(lambda w: (w.split, w.class_key))
-            | "CountWrittenPerClass" >> beam.combiners.Count.PerElement()
-        )
         extras = self._extras if self._extras is not None else pbegin | "NoExtras" >> beam.Create([{}])
         return (
             pbegin
@@ -447,7 +445,6 @@ class WriteMetadata(beam.PTransform):
                 self._fn,
                 pvalue.AsSingleton(listed_total),
                 pvalue.AsDict(listed),
-                pvalue.AsDict(written),
                 pvalue.AsList(self._failed),
                 pvalue.AsList(self._shards),
                 pvalue.AsSingleton(self._class_index),

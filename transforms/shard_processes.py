@@ -1,0 +1,121 @@
+"""Whole shards written in parallel worker processes (local runs, `--write_processes`).
+
+Almost all per-image work (read, check, encode, framing) holds the GIL, so threads cannot
+use a second core; processes that each write whole shards can. A worker gets a ShardTask
+(paths and labels: small), reads, checks and encodes the images and writes the temp shard
+itself (`transforms.shard_writer.write_shard`); only the ShardOutcome (temp path, counts,
+failures) comes back. Image bytes never cross a process boundary.
+
+Workers are forked: they start in milliseconds with every module already imported (a
+spawned or forkserver worker re-imports the main module, i.e. Beam, ~1.3 s of CPU each).
+Forking a process that runs threads is safe here because a worker uses nothing that
+another thread of the parent may hold: it opens its own files, makes its own thread pool,
+and Beam's GCS filesystem makes a new client (and HTTP session) for every call. Workers
+die with the thread that forked them (PR_SET_PDEATHSIG on Linux), so a killed run leaves
+no worker writing into its temp folder.
+
+Progress: every worker adds each written image to one shared counter (images, bytes),
+which the main process reads while it waits and forwards to the run's Progress.
+"""
+
+from __future__ import annotations
+
+import ctypes
+import multiprocessing
+import os
+import signal
+import sys
+from collections.abc import Iterator
+from concurrent import futures
+from concurrent.futures import ProcessPoolExecutor, ThreadPoolExecutor
+
+from transforms.labels import ClassIndex
+from transforms.progress import Progress
+from transforms.records import ShardTask
+from transforms.shard_writer import ShardJob, ShardOutcome, write_shard
+
+# How often (seconds) the main process forwards the workers' counts to Progress while it waits.
+POLL_SECONDS = 0.1
+_PR_SET_PDEATHSIG = 1  # from <linux/prctl.h>
+
+
+class ShardProcesses:
+    """A pool of forked worker processes, each writing whole shards (see module docstring).
+
+    Create it in the thread that waits for the results (the DoFn's), and close it there.
+    """
+
+    def __init__(self, processes: int, threads: int = 1, progress: Progress | None = None):
+        if processes < 1:
+            raise ValueError("processes must be positive")
+        context = multiprocessing.get_context("fork")
+        self._counts = context.Array("q", 2)  # images and bytes written by all workers
+        self._forwarded = (0, 0)
+        self._progress = progress
+        self._executor = ProcessPoolExecutor(
+            processes,
+            mp_context=context,
+            initializer=_start_worker,
+            initargs=(self._counts, threads, os.getpid()),
+        )
+        self._pending: set[futures.Future] = set()
+
+    def submit(self, task: ShardTask, class_index: ClassIndex, job: ShardJob) -> None:
+        self._pending.add(self._executor.submit(_write_in_worker, task, class_index, job))
+
+    def finished(self, wait: bool) -> Iterator[ShardOutcome]:
+        """Outcomes of the shards written so far; with `wait`, of every submitted shard.
+
+        Raises whatever a worker raised (a bug: expected errors are Failures) and
+        BrokenProcessPool if a worker died.
+        """
+        while self._pending:
+            done, self._pending = futures.wait(
+                self._pending, timeout=POLL_SECONDS if wait else 0, return_when=futures.FIRST_COMPLETED
+            )
+            self._forward()
+            for future in done:  # in any order: FinalizeFn sorts shards and failures
+                yield future.result()
+            if not wait:
+                return
+
+    def close(self, cancel: bool = False) -> None:
+        """Stops the workers: after their current shard if `cancel`, else after all submitted ones."""
+        self._executor.shutdown(wait=not cancel, cancel_futures=cancel)
+        self._forward()
+
+    def _forward(self) -> None:
+        if self._progress is None:
+            return
+        with self._counts.get_lock():
+            written, nbytes = self._counts[0], self._counts[1]
+        if (written, nbytes) != self._forwarded:
+            self._progress.add(written=written - self._forwarded[0], nbytes=nbytes - self._forwarded[1])
+            self._forwarded = (written, nbytes)
+
+
+# --- in the worker process -------------------------------------------------------------------
+
+_counts = None  # the shared (images, bytes) counter
+_pool: ThreadPoolExecutor | None = None  # read-ahead threads of this worker
+
+
+def _start_worker(counts, threads: int, parent_pid: int) -> None:
+    """Worker set-up: die with the parent, keep the shared counter, make the read-ahead pool."""
+    global _counts, _pool
+    if sys.platform.startswith("linux"):
+        ctypes.CDLL(None, use_errno=True).prctl(_PR_SET_PDEATHSIG, signal.SIGKILL)
+    if os.getppid() != parent_pid:  # the parent died before prctl took effect
+        os._exit(1)
+    _counts = counts
+    _pool = ThreadPoolExecutor(threads, thread_name_prefix="read-check") if threads > 1 else None
+
+
+def _count_written(nbytes: int) -> None:
+    with _counts.get_lock():
+        _counts[0] += 1
+        _counts[1] += nbytes
+
+
+def _write_in_worker(task: ShardTask, class_index: ClassIndex, job: ShardJob) -> ShardOutcome:
+    return write_shard(task, class_index, job, _pool, _count_written)

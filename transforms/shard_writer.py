@@ -1,0 +1,177 @@
+"""Writing one shard: read, check and encode its images in plan order into a temp TFRecord file.
+
+`write_shard` is the whole job of one ShardTask as a plain function, so that WriteShardFn
+can run it in its own thread (Dataflow, remote runners, `--write_processes 1`) or hand it
+to a worker process (transforms/shard_processes.py), which then needs nothing but the
+task's paths and labels. `ShardFile` frames the records itself and writes them to a plain
+buffered file (local, uncompressed) or through Beam's FileSystems (gzip, gs://): the same
+bytes as the writer of Beam's `_TFRecordSink`, without its per-record layers (see
+tests/test_write_processes.py).
+"""
+
+from __future__ import annotations
+
+import collections
+import dataclasses
+import os
+import uuid
+from collections.abc import Callable
+from concurrent.futures import ThreadPoolExecutor
+
+from apache_beam.io.filesystem import CompressionTypes
+from apache_beam.io.filesystems import FileSystems
+
+from transforms.encode import EncodeSettings, encode_image
+from transforms.failures import Failure
+from transforms.image import ImageError, ImageInfo
+from transforms.index import write_index
+from transforms.labels import ClassIndex
+from transforms.output import delete_paths
+from transforms.prefetch import map_in_order
+from transforms.reading import DEFAULT_RETRY, RetryPolicy, read_bytes, read_with_retries
+from transforms.records import ImageRecord, ShardResult, ShardTask
+from transforms.testhooks import pause_if_asked
+from transforms.tfrecord import frame_parts
+
+COMPRESSIONS = {"none": CompressionTypes.UNCOMPRESSED, "gzip": CompressionTypes.GZIP}
+# Write buffer of a local shard: a few records per write call.
+_BUFFER_BYTES = 1 << 20
+
+
+def shard_suffix(compression: str) -> str:
+    return ".tfrecord.gz" if compression == "gzip" else ".tfrecord"
+
+
+class ShardFile:
+    """A TFRecord file being written (a context manager; `close` ends it).
+
+    Byte for byte what `_TFRecordSink.open_writer` writes: a local uncompressed shard
+    goes to a plain buffered file; gzip and remote shards go through `FileSystems.create`,
+    one write per framed record as the sink does.
+    """
+
+    def __init__(self, path: str, compression: str = "none"):
+        self.path = path
+        self._plain = compression == "none" and "://" not in path
+        if self._plain:
+            os.makedirs(os.path.dirname(path) or ".", exist_ok=True)
+            self._file = open(path, "wb", buffering=_BUFFER_BYTES)  # noqa: SIM115 - closed by close()
+        else:
+            self._file = FileSystems.create(path, compression_type=COMPRESSIONS[compression])
+
+    def write(self, data: bytes) -> None:
+        header, footer = frame_parts(data)
+        if self._plain:  # no copy of the record into a joined buffer
+            self._file.write(header)
+            self._file.write(data)
+            self._file.write(footer)
+        else:
+            self._file.write(header + data + footer)
+
+    def close(self) -> None:
+        self._file.close()
+
+    def __enter__(self) -> ShardFile:
+        return self
+
+    def __exit__(self, *exc: object) -> None:
+        self.close()
+
+
+@dataclasses.dataclass(frozen=True)
+class ShardJob:
+    """How every shard of a run is written. Small and picklable: it goes to worker processes.
+
+    Attributes:
+      temp_dir: the run's temp folder; shards go to `<temp_dir>/<split>/`.
+      compression: 'none' or 'gzip'.
+      settings: how images are checked, converted and encoded.
+      write_index: also write `<shard>.idx` (uncompressed shards only).
+      reader, retry: how an image's bytes are read (transient errors retried).
+    """
+
+    temp_dir: str
+    compression: str = "none"
+    settings: EncodeSettings = EncodeSettings()
+    write_index: bool = False
+    reader: Callable[[str], bytes] = read_bytes
+    retry: RetryPolicy = DEFAULT_RETRY
+
+    def __post_init__(self) -> None:
+        if self.compression not in COMPRESSIONS:
+            raise ValueError(f"compression must be one of {sorted(COMPRESSIONS)}")
+        if self.write_index and self.compression != "none":
+            raise ValueError("index files exist for uncompressed shards only")
+
+    def temp_path(self, task: ShardTask) -> str:
+        """A fresh temp path; the shard number leads the name, so temp paths sort in plan order."""
+        name = f"{task.index:05d}-{uuid.uuid4().hex}.{task.split}{shard_suffix(self.compression)}"
+        return FileSystems.join(self.temp_dir, task.split, name)
+
+
+@dataclasses.dataclass(frozen=True)
+class ShardOutcome:
+    """What writing one ShardTask gave: its ShardResult (None if no image was written) and failures."""
+
+    result: ShardResult | None
+    failures: tuple[Failure, ...]
+
+
+def write_shard(
+    task: ShardTask,
+    class_index: ClassIndex,
+    job: ShardJob,
+    pool: ThreadPoolExecutor | None = None,
+    on_written: Callable[[int], None] | None = None,
+) -> ShardOutcome:
+    """Reads, checks and encodes `task`'s images in order and writes them to a temp shard.
+
+    Images that cannot be read or decoded become Failures (stages 'read' and 'decode'); any
+    other exception is a bug and propagates. `pool` reads and checks the next images ahead
+    (see transforms/prefetch.py); `on_written(nbytes)` is called after each written image.
+    """
+    settings, reader, retry = job.settings, job.reader, job.retry
+
+    def load(record: ImageRecord) -> tuple[bytes, ImageInfo]:  # read + check + encode, maybe in a pool thread
+        return encode_image(record, read_with_retries(record.path, reader, retry), class_index, settings)
+
+    failures: list[Failure] = []
+    sizes: list[int] = []
+    formats: set[str] = set()
+    per_class: collections.Counter = collections.Counter()
+    with ShardFile(job.temp_path(task), job.compression) as shard:
+        for record, result in map_in_order(load, task.records, pool):
+            try:
+                serialized, info = result()
+            except ImageError as e:
+                failures.append(_failure(record, str(e), "decode"))
+                continue
+            except OSError as e:  # missing, unreadable, permission denied, transient I/O
+                failures.append(_failure(record, f"unreadable: {e}", "read"))
+                continue
+            shard.write(serialized)
+            sizes.append(len(serialized))
+            formats.add(info.format)  # as stored, after any conversion
+            per_class[(record.split, record.class_key)] += 1
+            if on_written is not None:
+                on_written(len(serialized))
+            pause_if_asked("write_shard")
+    if not sizes:
+        delete_paths([shard.path])
+        return ShardOutcome(None, tuple(failures))
+    if job.write_index:
+        write_index(shard.path, sizes)
+    result = ShardResult(
+        task.split,
+        task.index,
+        shard.path,
+        len(sizes),
+        sum(sizes),
+        tuple(sorted(formats)),
+        tuple(sorted(per_class.items())),
+    )
+    return ShardOutcome(result, tuple(failures))
+
+
+def _failure(record: ImageRecord, reason: str, stage: str) -> Failure:
+    return Failure(record.path, reason, stage, record.split, record.class_key)
