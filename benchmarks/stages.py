@@ -38,8 +38,8 @@ def stage_costs(data: str, out: str) -> dict[str, float]:
     """CPU seconds of each hot-path stage over every image under `data`."""
     from apache_beam.io.filesystems import FileSystems
 
+    from transforms.encode import check_image
     from transforms.example import serialize_example
-    from transforms.image import inspect_image
     from transforms.labels import ClassIndex, folder_label
     from transforms.listing import has_image_extension, to_image_file
     from transforms.records import ImageRecord
@@ -57,7 +57,8 @@ def stage_costs(data: str, out: str) -> dict[str, float]:
     records = [ImageRecord(f.path, f.relpath, f.size, (folder_label(f.relpath, False)[1],)) for f in files]
     classes = ClassIndex(tuple(sorted({r.labels[0] for r in records})))
     costs["read"], blobs = _cpu(lambda: [read_file(r.path) for r in records])
-    costs["check"], infos = _cpu(lambda: [inspect_image(b) for b in blobs])
+    costs["check"], prepared = _cpu(lambda: [check_image(b) for b in blobs])  # the writer's check
+    infos = [p.info for p in prepared]
     costs["encode"], examples = _cpu(
         lambda: [
             serialize_example(SLIM.build(r, b, i, classes), SLIM.kinds)

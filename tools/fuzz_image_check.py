@@ -1,9 +1,14 @@
 """Fuzz the image check against TensorFlow's decoder (a developer tool, not part of the suite).
 
-Mutates small valid JPEG/PNG/GIF/BMP files (and animated PNG/GIF) at random and reports
-  - exceptions other than ImageError escaping `inspect_image` (they would crash a job), and
-  - images the checks (`inspect_image`, `check_structure`) accept that `tf.io.decode_image(..., expand_animations=False)`
-    rejects or decodes to another shape (they would be written and break training).
+Mutates small valid JPEG (baseline, progressive, 4:4:4, grey, custom Huffman tables,
+restart markers), PNG, GIF and BMP files (and animated PNG/GIF) at random, runs the check
+the writer runs (`transforms.encode.check_image`: the structural JPEG check of
+transforms/jpeg.py, else Pillow) and reports
+  - exceptions other than ImageError escaping the check (they would crash a job),
+  - images the check accepts that `tf.io.decode_image(..., expand_animations=False)`
+    rejects or decodes to another shape (they would be written and break training), and
+  - images the check rejects that TensorFlow decodes (reported as failures needlessly),
+each split by which check decided (`jpeg-walk` or `pillow`).
 
     .venv/bin/python tools/fuzz_image_check.py --cases 5000 --seed 1
 """
@@ -18,12 +23,28 @@ import warnings
 
 from PIL import Image
 
-from transforms.image import ImageError, inspect_image
-from transforms.integrity import check_structure
+from transforms.encode import check_image
+from transforms.image import ImageError
+from transforms.jpeg import check_jpeg
 
 
 def seeds() -> list[bytes]:
     out = []
+    photo = Image.effect_noise((64, 48), 40).convert("RGB")
+    for options in [
+        {},
+        {"progressive": True},
+        {"subsampling": 0, "quality": 95},
+        {"optimize": True},
+        {"restart_marker_blocks": 4},
+        {"exif": b"Exif\x00\x00MM\x00*\x00\x00\x00\x08\x00\x00"},
+    ]:
+        buf = io.BytesIO()
+        photo.save(buf, format="JPEG", **options)
+        out.append(buf.getvalue())
+    buf = io.BytesIO()
+    photo.convert("L").save(buf, format="JPEG", progressive=True)
+    out.append(buf.getvalue())
     for fmt, mode in [
         ("JPEG", "RGB"),
         ("JPEG", "L"),
@@ -48,6 +69,13 @@ def seeds() -> list[bytes]:
 
 def mutate(data: bytes, rng: random.Random) -> bytes:
     d = bytearray(data)
+    if rng.random() < 0.15:  # cut short, sometimes with an end marker appended
+        d = d[: rng.randrange(2, len(d))] + (b"\xff\xd9" if rng.random() < 0.5 else b"")
+        return bytes(d)
+    if rng.random() < 0.15:  # a marker byte pair somewhere
+        p = rng.randrange(2, len(d))
+        d[p:p] = bytes((0xFF, rng.randrange(256)))
+        return bytes(d)
     for _ in range(rng.randint(1, 4)):
         p, op = rng.randrange(len(d)), rng.random()
         if op < 0.6:
@@ -70,33 +98,55 @@ def main() -> None:
     rng = random.Random(args.seed)
     corpus = seeds()
     escaped: collections.Counter = collections.Counter()
-    disagree: collections.Counter = collections.Counter()
+    wrong: collections.Counter = collections.Counter()  # accepted, but TensorFlow disagrees
+    needless: collections.Counter = collections.Counter()  # rejected, but TensorFlow decodes
     example: dict = {}
     accepted = 0
+
+    def decode(data: bytes) -> tuple | str:
+        try:
+            return tuple(tf.io.decode_image(data, expand_animations=False).shape)
+        except tf.errors.InvalidArgumentError as e:
+            return str(e).splitlines()[0][-120:]
+
     for _ in range(args.cases):
         data = mutate(rng.choice(corpus), rng)
+        fmt = "jpeg" if data.startswith(b"\xff\xd8\xff") else "other"
         try:
-            info = inspect_image(data)
-            check_structure(info.format, data)
+            decided = "jpeg-walk" if fmt == "jpeg" and check_jpeg(data) else "pillow"
         except ImageError:
+            decided = "jpeg-walk"
+        except Exception as e:  # noqa: BLE001 - that is what we are looking for
+            escaped[type(e).__name__] += 1
+            continue
+        try:
+            prepared = check_image(data)
+        except ImageError as e:
+            tf_result = decode(data)
+            if isinstance(tf_result, tuple):
+                key = (fmt, decided, "rejected, tensorflow decodes")
+                needless[key] += 1
+                example.setdefault(key, str(e))
             continue
         except Exception as e:  # noqa: BLE001 - that is what we are looking for
             escaped[type(e).__name__] += 1
             continue
         accepted += 1
-        try:
-            shape = tuple(tf.io.decode_image(data, expand_animations=False).shape)
-        except tf.errors.InvalidArgumentError as e:
-            disagree[(info.format, "tensorflow rejects")] += 1
-            example.setdefault((info.format, "tensorflow rejects"), str(e).splitlines()[0][-120:])
+        info = prepared.info
+        tf_result = decode(prepared.data)
+        if isinstance(tf_result, str):
+            key = (info.format, decided, "tensorflow rejects")
+        elif tf_result != (info.height, info.width, info.channels):
+            key = (info.format, decided, "other shape")
+            tf_result = f"checked {info.height}x{info.width}x{info.channels}, tensorflow {tf_result}"
+        else:
             continue
-        if shape != (info.height, info.width, info.channels):
-            key = (info.format, "other shape")
-            disagree[key] += 1
-            example.setdefault(key, f"checked {info.height}x{info.width}x{info.channels}, tensorflow {shape}")
-    print(f"{args.cases} mutated files, {accepted} accepted by the checks")
-    print(f"exceptions escaping inspect_image: {dict(escaped) or 'none'}")
-    print(f"accepted but not what TensorFlow decodes: {dict(disagree) or 'none'}")
+        wrong[key] += 1
+        example.setdefault(key, tf_result)
+    print(f"{args.cases} mutated files, {accepted} accepted by the check")
+    print(f"exceptions escaping the check: {dict(escaped) or 'none'}")
+    print(f"accepted but not what TensorFlow decodes: {dict(wrong) or 'none'}")
+    print(f"rejected but decoded by TensorFlow: {dict(needless) or 'none'}")
     for key, text in example.items():
         print(f"  e.g. {key}: {text}")
 

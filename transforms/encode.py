@@ -10,8 +10,9 @@ import dataclasses
 import functools
 
 from transforms.example import serialize_example
-from transforms.image import ImageInfo, ImageOptions, detect_format, prepare_image
+from transforms.image import ImageInfo, ImageOptions, PreparedImage, detect_format, prepare_image
 from transforms.integrity import check_structure
+from transforms.jpeg import prepare_kept_jpeg
 from transforms.labels import ClassIndex
 from transforms.records import ImageRecord
 from transforms.schema import DEFAULT_SCHEMA, Schema, get_schema
@@ -35,6 +36,20 @@ def _schema(name: str, renames: tuple[tuple[str, str], ...]) -> Schema:
     return get_schema(name, renames)
 
 
+def check_image(data: bytes, settings: ImageOptions = EncodeSettings()) -> PreparedImage:
+    """The bytes to store for `data` and what TensorFlow decodes them to (see prepare_image).
+
+    JPEGs kept as they are get the structural check of transforms/jpeg.py; everything else
+    is decoded by Pillow. Bombs are refused from the header, before anything is decoded.
+
+    Raises:
+      ImageError: the image does not decode or cannot be written; the message says why.
+    """
+    prepared = prepare_kept_jpeg(data, settings) or prepare_image(data, settings)
+    check_structure(detect_format(data), data)  # what Pillow forgives but TensorFlow does not
+    return prepared
+
+
 def encode_image(
     record: ImageRecord, data: bytes, class_index: ClassIndex, settings: EncodeSettings = EncodeSettings()
 ) -> tuple[bytes, ImageInfo]:
@@ -47,8 +62,7 @@ def encode_image(
       ImageError: the image does not decode or cannot be written; the message says why.
     """
     schema = _schema(settings.schema, settings.rename_keys)
-    prepared = prepare_image(data, settings)  # refuses bombs before decoding anything
-    check_structure(detect_format(data), data)  # what Pillow forgives but TensorFlow does not
+    prepared = check_image(data, settings)
     features = schema.features(record, prepared.data, prepared.info, class_index)
     return serialize_example(features, schema.kinds), prepared.info
 

@@ -152,7 +152,8 @@ def detect_format(data: bytes) -> str | None:
     return None
 
 
-def _colorspace(channels: int) -> str:
+def colorspace_of(channels: int) -> str:
+    """The `image/colorspace` name of a channel count."""
     return {1: "Grayscale", 2: "GrayscaleAlpha", 3: "RGB", 4: "RGBA"}[channels]
 
 
@@ -252,7 +253,7 @@ def _check_as_stored(data: bytes, fmt: str, img: Image.Image) -> ImageInfo:
     if fmt == "jpeg":
         img.draft(img.mode, (max(1, width // 8), max(1, height // 8)))
     _load(img, fmt)
-    return ImageInfo(fmt, height, width, channels, _colorspace(channels))
+    return ImageInfo(fmt, height, width, channels, colorspace_of(channels))
 
 
 def inspect_image(data: bytes, max_pixels: int = DEFAULT_MAX_PIXELS) -> ImageInfo:
@@ -406,7 +407,7 @@ def _convert(
     img = _normalize_mode(img, keep_16bit=not transforms and options.image_format != "jpeg")
     img = _resize(_apply_color(img, options.color), options)
     channels = _MODE_CHANNELS[img.mode]
-    info = dict(height=img.height, width=img.width, channels=channels, colorspace=_colorspace(channels))
+    info = dict(height=img.height, width=img.width, channels=channels, colorspace=colorspace_of(channels))
     if options.store == "raw":
         pixels = np.asarray(img, dtype=np.uint8).reshape(img.height, img.width, channels)
         return PreparedImage(pixels.tobytes(), ImageInfo(RAW_FORMAT, **info), reason)
@@ -414,7 +415,7 @@ def _convert(
     data = _encode(img, out_fmt, options.jpeg_quality)
     if out_fmt == "jpeg":
         channels = {1: 1, 2: 1, 3: 3, 4: 3}[channels]  # alpha dropped
-        info.update(channels=channels, colorspace=_colorspace(channels))
+        info.update(channels=channels, colorspace=colorspace_of(channels))
     return PreparedImage(data, ImageInfo(out_fmt, **info), reason)
 
 
