@@ -171,16 +171,14 @@ def _check_no_image_bytes_reach_a_group_by_key(described):
         (source,) = gbk.inputs.values()
         upstream = _upstream(p, source)
         writes = {(name, tag) for name, tag in upstream if name.startswith("WriteShards/")}
-        # Only the WRITTEN tag (split and class of each written image) of the one step
-        # that reads image bytes ever reaches a shuffle.
-        assert {tag for _, tag in writes} <= {"written"}, (gbk.unique_name, writes)
+        # Nothing of the one step that reads image bytes ever reaches a shuffle.
+        assert not writes, (gbk.unique_name, writes)
     # ... and no record type that travels between steps has a bytes field.
     for cls in (
         records_module.ImageFile,
         records_module.ImageRecord,
         records_module.ShardTask,
         records_module.ShardResult,
-        records_module.Written,
     ):
         assert not _fields_hold_bytes(cls), cls
 

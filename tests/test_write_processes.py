@@ -1,0 +1,193 @@
+"""Shards written in worker processes (--write_processes): same bytes, same summary, live progress.
+
+Real pipelines on the local runner: the same dataset written by the runner's own process
+and by two worker processes must give identical files; a worker's progress reaches the
+run's Progress while its shard is still being written; a bug in a worker fails the job.
+"""
+
+from __future__ import annotations
+
+import collections
+import filecmp
+import json
+import os
+import threading
+import time
+from pathlib import Path
+
+import apache_beam as beam
+import pytest
+from apache_beam.options.pipeline_options import PipelineOptions
+from apache_beam.testing.test_pipeline import TestPipeline
+
+from beam_pipeline import main
+from beam_pipeline.options import ConvertOptions
+from tests.conftest import read_records, write_image
+from transforms import progress
+from transforms.encode import EncodeSettings
+from transforms.labels import ClassIndex
+from transforms.reading import read_bytes
+from transforms.records import ImageRecord, ShardTask
+from transforms.shard_writer import ShardFile
+from transforms.write import WriteShards, make_sink
+
+
+@pytest.mark.parametrize("compression", ["none", "gzip"])
+def test_shard_file_writes_the_bytes_of_beams_tfrecord_sink(tmp_path, compression):
+    records = [b"", b"x", os.urandom(70_000), b"\x00" * 5000, os.urandom(300)] * 3
+    writer = make_sink(str(tmp_path), "train", compression).open_writer(str(tmp_path / "beam"), "s")
+    for r in records:
+        writer.write(r)
+    beam_path = writer.close()
+    with ShardFile(str(tmp_path / "ours" / "s.train.tfrecord"), compression) as shard:
+        for r in records:
+            shard.write(r)
+    assert Path(shard.path).read_bytes() == Path(beam_path).read_bytes()
+
+
+@pytest.fixture(scope="module")
+def mixed_tree(tmp_path_factory) -> Path:
+    """Three classes of small JPEGs and PNGs, and one file that does not decode."""
+    root = tmp_path_factory.mktemp("procs") / "images"
+    for i in range(60):
+        fmt = "png" if i % 7 == 0 else "jpg"
+        write_image(root / ("ant", "bee", "cow")[i % 3] / f"{i:03d}.{fmt}", (20 + i % 13, 18 + i % 5), seed=i)
+    (root / "bee" / "broken.jpg").write_bytes(b"\xff\xd8\xff\xe0 not really a jpeg")
+    return root
+
+
+def _convert(root: Path, out: Path, *extra: str) -> dict:
+    args = ["--input", str(root), "--output_dir", str(out), "--quiet", "--max_failure_ratio", "0.1"]
+    return main.run(
+        args + ["--splits", "train=0.7,validation=0.3", "--shard_size_mb", "0.02", "--seed", "3", *extra],
+        save_main_session=False,
+    )
+
+
+def test_worker_processes_write_the_same_dataset_as_the_runner_process(mixed_tree, tmp_path):
+    one, two = tmp_path / "one", tmp_path / "two"
+    _convert(mixed_tree, one, "--write_processes", "1", "--write_index")
+    summary = _convert(mixed_tree, two, "--write_processes", "2", "--write_index")
+    names = sorted(os.listdir(one))
+    assert names == sorted(os.listdir(two))
+    assert len([n for n in names if n.startswith("train-") and n.endswith(".tfrecord")]) >= 3
+    for name in names:  # shards, index files, summary.json, failures.jsonl and the rest
+        assert filecmp.cmp(one / name, two / name, shallow=False), name
+
+    assert (summary["listed"], summary["written"], summary["failed"]) == (61, 60, 1)
+    failure = json.loads((two / "failures.jsonl").read_text())
+    assert (os.path.basename(failure["path"]), failure["stage"], failure["class_key"]) == (
+        "broken.jpg",
+        "decode",
+        "bee",
+    )
+    # The per-class written counts carried by the shard results are what the shards hold.
+    for split in ("train", "validation"):
+        held = collections.Counter(r["text"][0] for r in read_records(two, split))
+        counted = {c: v["written"] for c, v in summary["splits"][split]["classes"].items() if v["written"]}
+        assert held == counted, split
+
+
+class GatedReader:
+    """Reads real files, but the second image of a shard waits until the `gate` file exists."""
+
+    def __init__(self, gated_path: str, gate: Path):
+        self.gated_path, self.gate = gated_path, str(gate)
+
+    def __call__(self, path: str) -> bytes:
+        deadline = time.monotonic() + 30
+        while path == self.gated_path and not os.path.exists(self.gate) and time.monotonic() < deadline:
+            time.sleep(0.01)
+        return read_bytes(path)
+
+
+def _buggy_reader(path: str) -> bytes:
+    raise ZeroDivisionError(f"a bug while reading {os.path.basename(path)}")
+
+
+def _write_one_shard(records: tuple[ImageRecord, ...], out: Path, reader, key: str | None = None) -> None:
+    with TestPipeline(runner="FnApiRunner") as p:
+        index = p | "Index" >> beam.Create([ClassIndex(("c",))])
+        tasks = p | "Tasks" >> beam.Create([ShardTask("train", 0, records)])
+        _ = tasks | "Write" >> WriteShards(
+            str(out),
+            str(out / "tmp"),
+            index,
+            "none",
+            EncodeSettings(),
+            reader=reader,
+            progress_key=key,
+            processes=2,
+        )
+
+
+def _records(root: Path, n: int) -> tuple[ImageRecord, ...]:
+    paths = [write_image(root / "c" / f"{i}.png", seed=i) for i in range(n)]
+    return tuple(ImageRecord(str(p), f"c/{p.name}", p.stat().st_size, ("c",)) for p in paths)
+
+
+def test_progress_moves_while_a_worker_writes_its_shard(tmp_path):
+    records = _records(tmp_path / "in", 3)
+    gate = tmp_path / "gate"
+    key = "test-write-processes-progress"
+    tally = progress.register(key)
+    errors: list[BaseException] = []
+
+    def run() -> None:
+        try:
+            _write_one_shard(records, tmp_path / "out", GatedReader(records[1].path, gate), key)
+        except BaseException as e:  # noqa: BLE001 - re-raised in the test's thread
+            errors.append(e)
+
+    writing = threading.Thread(target=run)
+    writing.start()
+    try:
+        deadline = time.monotonic() + 20
+        while tally.snapshot()[1] < 1 and time.monotonic() < deadline:
+            time.sleep(0.02)
+        # The worker waits at the second image: its first one is already counted.
+        assert tally.snapshot()[1] == 1 and tally.snapshot()[3] > 0
+    finally:
+        gate.touch()
+        writing.join(60)
+        progress.unregister(key)
+    assert not errors, errors
+    assert tally.snapshot()[1] == 3
+
+
+def test_a_bug_in_a_worker_process_fails_the_job(tmp_path):
+    records = _records(tmp_path / "in", 2)
+    with pytest.raises(Exception, match="a bug while reading 0.png"):
+        _write_one_shard(records, tmp_path / "out", _buggy_reader)
+
+
+def test_write_processes_default_to_one_per_core_where_the_runner_runs_the_dofns():
+    def resolved(*argv: str) -> int:
+        options = PipelineOptions(list(argv))
+        main._local_defaults(options, list(argv))
+        return options.view_as(ConvertOptions).write_processes
+
+    assert resolved() == os.cpu_count()
+    assert resolved("--direct_num_workers=2") == os.cpu_count()  # multi_threading: one runner process
+    assert resolved("--direct_running_mode=multi_processing", "--direct_num_workers=2") == 1
+    assert resolved("--write_processes=3") == 3
+    remote = PipelineOptions(["--runner=DataflowRunner"])
+    main._local_defaults(remote, ["--runner=DataflowRunner"])
+    assert remote.view_as(ConvertOptions).write_processes == 0  # the pipeline writes in-process
+
+
+def test_worker_processes_read_and_write_gs_paths(gcs_bucket, image_tree, tmp_path):
+    from tests.gcs_emulator import BUCKET, download_prefix, upload_tree
+
+    upload_tree(gcs_bucket, image_tree, "in")
+    args = ["--input", f"gs://{BUCKET}/in/", "--quiet", "--compression", "gzip", "--num_shards", "2"]
+    summary = main.run(
+        args + ["--output_dir", f"gs://{BUCKET}/out", "--write_processes", "2"], save_main_session=False
+    )
+    local_args = ["--input", str(image_tree), "--quiet", "--compression", "gzip", "--num_shards", "2"]
+    local = main.run(local_args + ["--output_dir", str(tmp_path / "local")], save_main_session=False)
+    names = download_prefix(gcs_bucket, "out", tmp_path / "out")
+    assert summary["written"] == local["written"] == 6
+    for name in names:
+        if name.endswith(".tfrecord.gz"):
+            assert (tmp_path / "out" / name).read_bytes() == (tmp_path / "local" / name).read_bytes(), name
