@@ -88,7 +88,7 @@ class ShardProcesses:
         if self._progress is None:
             return
         with self._counts.get_lock():
-            written, nbytes = self._counts[0], self._counts[1]
+            written, nbytes = self._counts.get_obj()
         if (written, nbytes) != self._forwarded:
             self._progress.add(written=written - self._forwarded[0], nbytes=nbytes - self._forwarded[1])
             self._forwarded = (written, nbytes)
@@ -112,9 +112,10 @@ def _start_worker(counts, threads: int, parent_pid: int) -> None:
 
 
 def _count_written(nbytes: int) -> None:
+    counts = _counts.get_obj()  # the raw array: one lock round trip per image, not one per item
     with _counts.get_lock():
-        _counts[0] += 1
-        _counts[1] += nbytes
+        counts[0] += 1
+        counts[1] += nbytes
 
 
 def _write_in_worker(task: ShardTask, class_index: ClassIndex, job: ShardJob) -> ShardOutcome:
