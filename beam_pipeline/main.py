@@ -45,6 +45,7 @@ from transforms.output import (
     delete_paths,
     list_children,
 )
+from transforms.shard_processes import default_processes
 from transforms.write import FAILURES_FILE, SUMMARY_FILE, USER_ERROR_MARKER
 
 # Exit statuses (documented in README.md).
@@ -93,7 +94,7 @@ def _local_defaults(options: PipelineOptions, argv: list[str]) -> None:
     convert = options.view_as(ConvertOptions)
     if not convert.write_processes:
         in_runner_process = direct.direct_running_mode != "multi_processing"
-        convert.write_processes = (os.cpu_count() or 1) if in_runner_process else 1
+        convert.write_processes = default_processes() if in_runner_process else 1
 
 
 def _in_process(options: PipelineOptions) -> bool:

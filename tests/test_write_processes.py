@@ -11,6 +11,7 @@ import collections
 import filecmp
 import json
 import os
+import signal
 import threading
 import time
 from pathlib import Path
@@ -105,6 +106,11 @@ def _buggy_reader(path: str) -> bytes:
     raise ZeroDivisionError(f"a bug while reading {os.path.basename(path)}")
 
 
+def _dying_reader(path: str) -> bytes:
+    os.kill(os.getpid(), signal.SIGKILL)  # e.g. the kernel's OOM killer
+    raise AssertionError("unreachable")
+
+
 def _write_one_shard(records: tuple[ImageRecord, ...], out: Path, reader, key: str | None = None) -> None:
     with TestPipeline(runner="FnApiRunner") as p:
         index = p | "Index" >> beam.Create([ClassIndex(("c",))])
@@ -155,10 +161,14 @@ def test_progress_moves_while_a_worker_writes_its_shard(tmp_path):
     assert tally.snapshot()[1] == 3
 
 
-def test_a_bug_in_a_worker_process_fails_the_job(tmp_path):
+@pytest.mark.parametrize(
+    "reader,message",
+    [(_buggy_reader, "a bug while reading 0.png"), (_dying_reader, "terminated abruptly")],
+)
+def test_a_bug_or_a_death_in_a_worker_process_fails_the_job(tmp_path, reader, message):
     records = _records(tmp_path / "in", 2)
-    with pytest.raises(Exception, match="a bug while reading 0.png"):
-        _write_one_shard(records, tmp_path / "out", _buggy_reader)
+    with pytest.raises(Exception, match=message):
+        _write_one_shard(records, tmp_path / "out", reader)
 
 
 def test_write_processes_default_to_one_per_core_where_the_runner_runs_the_dofns():
@@ -167,8 +177,9 @@ def test_write_processes_default_to_one_per_core_where_the_runner_runs_the_dofns
         main._local_defaults(options, list(argv))
         return options.view_as(ConvertOptions).write_processes
 
-    assert resolved() == os.cpu_count()
-    assert resolved("--direct_num_workers=2") == os.cpu_count()  # multi_threading: one runner process
+    cores = len(os.sched_getaffinity(0))
+    assert resolved() == cores
+    assert resolved("--direct_num_workers=2") == cores  # multi_threading: one runner process
     assert resolved("--direct_running_mode=multi_processing", "--direct_num_workers=2") == 1
     assert resolved("--write_processes=3") == 3
     remote = PipelineOptions(["--runner=DataflowRunner"])

@@ -39,6 +39,13 @@ POLL_SECONDS = 0.1
 _PR_SET_PDEATHSIG = 1  # from <linux/prctl.h>
 
 
+def default_processes() -> int:
+    """Worker processes when not configured: one per core this process may run on."""
+    if hasattr(os, "sched_getaffinity"):
+        return len(os.sched_getaffinity(0))
+    return os.cpu_count() or 1
+
+
 class ShardProcesses:
     """A pool of forked worker processes, each writing whole shards (see module docstring).
 

@@ -109,6 +109,7 @@ class WriteShardFn(beam.DoFn):
             self._pool = ThreadPoolExecutor(threads, thread_name_prefix="read-check")
 
     def teardown(self) -> None:
+        self._stop_workers(cancel=True)
         if self._pool is not None:
             self._pool.shutdown(wait=False, cancel_futures=True)
             self._pool = None
@@ -118,8 +119,8 @@ class WriteShardFn(beam.DoFn):
             outcome = write_shard(task, class_index, self._job, self._pool, self._count_written)
             yield from self._outputs(outcome)
             return
-        # Workers live for one bundle (all shards of a split arrive in one), so they never
-        # outlive the thread that forked them.
+        # Workers live for one bundle (PlanShards emits every shard in one) and are forked
+        # by, and never outlive, the thread that runs it.
         if self._workers is None:
             self._workers = ShardProcesses(self._processes, self._threads or 1, self._progress)
         try:
