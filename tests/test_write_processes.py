@@ -90,14 +90,14 @@ def test_worker_processes_write_the_same_dataset_as_the_runner_process(mixed_tre
 
 
 class GatedReader:
-    """Reads real files, but the second image of a shard waits until the `gate` file exists."""
+    """Reads real files, but every image except `free_path` waits until the `gate` file exists."""
 
-    def __init__(self, gated_path: str, gate: Path):
-        self.gated_path, self.gate = gated_path, str(gate)
+    def __init__(self, free_path: str, gate: Path):
+        self.free_path, self.gate = free_path, str(gate)
 
     def __call__(self, path: str) -> bytes:
         deadline = time.monotonic() + 30
-        while path == self.gated_path and not os.path.exists(self.gate) and time.monotonic() < deadline:
+        while path != self.free_path and not os.path.exists(self.gate) and time.monotonic() < deadline:
             time.sleep(0.01)
         return read_bytes(path)
 
@@ -133,7 +133,7 @@ def _records(root: Path, n: int) -> tuple[ImageRecord, ...]:
 
 
 def test_progress_moves_while_a_worker_writes_its_shard(tmp_path):
-    records = _records(tmp_path / "in", 3)
+    records = _records(tmp_path / "in", 4)
     gate = tmp_path / "gate"
     key = "test-write-processes-progress"
     tally = progress.register(key)
@@ -141,7 +141,7 @@ def test_progress_moves_while_a_worker_writes_its_shard(tmp_path):
 
     def run() -> None:
         try:
-            _write_one_shard(records, tmp_path / "out", GatedReader(records[1].path, gate), key)
+            _write_one_shard(records, tmp_path / "out", GatedReader(records[0].path, gate), key)
         except BaseException as e:  # noqa: BLE001 - re-raised in the test's thread
             errors.append(e)
 
@@ -151,19 +151,20 @@ def test_progress_moves_while_a_worker_writes_its_shard(tmp_path):
         deadline = time.monotonic() + 20
         while tally.snapshot()[1] < 1 and time.monotonic() < deadline:
             time.sleep(0.02)
-        # The worker waits at the second image: its first one is already counted.
+        # The other images wait for the gate: the first one is already counted.
+        time.sleep(0.3)
         assert tally.snapshot()[1] == 1 and tally.snapshot()[3] > 0
     finally:
         gate.touch()
         writing.join(60)
         progress.unregister(key)
     assert not errors, errors
-    assert tally.snapshot()[1] == 3
+    assert tally.snapshot()[1] == 4
 
 
 @pytest.mark.parametrize(
     "reader,message",
-    [(_buggy_reader, "a bug while reading 0.png"), (_dying_reader, "terminated abruptly")],
+    [(_buggy_reader, r"a bug while reading [01]\.png"), (_dying_reader, "terminated abruptly")],
 )
 def test_a_bug_or_a_death_in_a_worker_process_fails_the_job(tmp_path, reader, message):
     records = _records(tmp_path / "in", 2)

@@ -32,7 +32,7 @@ from concurrent.futures import ProcessPoolExecutor, ThreadPoolExecutor
 from transforms.labels import ClassIndex
 from transforms.progress import Progress
 from transforms.records import ShardTask
-from transforms.shard_writer import ShardJob, ShardOutcome, write_shard
+from transforms.shard_writer import ShardJob, ShardOutcome, can_split, join_parts, split_shards, write_shard
 
 # How often (seconds) the main process forwards the workers' counts to Progress while it waits.
 POLL_SECONDS = 0.1
@@ -65,26 +65,33 @@ class ShardProcesses:
             initializer=_start_worker,
             initargs=(self._counts, threads, os.getpid()),
         )
-        self._pending: set[futures.Future] = set()
+        self._processes = processes
 
-    def submit(self, task: ShardTask, class_index: ClassIndex, job: ShardJob) -> None:
-        self._pending.add(self._executor.submit(_write_in_worker, task, class_index, job))
+    def write(self, tasks: list[ShardTask], class_index: ClassIndex, job: ShardJob) -> Iterator[ShardOutcome]:
+        """Writes every task and yields each shard's outcome as soon as it is complete.
 
-    def finished(self, wait: bool) -> Iterator[ShardOutcome]:
-        """Outcomes of the shards written so far; with `wait`, of every submitted shard.
-
-        Raises whatever a worker raised (a bug: expected errors are Failures) and
-        BrokenProcessPool if a worker died.
+        Local uncompressed shards at the end of the queue are written in parts and joined
+        (see `split_shards`). Raises whatever a worker raised (a bug: expected errors are
+        Failures) and BrokenProcessPool if a worker died.
         """
-        while self._pending:
-            done, self._pending = futures.wait(
-                self._pending, timeout=POLL_SECONDS if wait else 0, return_when=futures.FIRST_COMPLETED
-            )
+        plan = split_shards(tasks, self._processes if can_split(job) else 1)
+        which: dict[futures.Future, tuple[int, int]] = {}
+        for i, parts in enumerate(plan):
+            whole = len(parts) == 1
+            for k, part in enumerate(parts):
+                which[self._executor.submit(_write_in_worker, part, class_index, job, whole)] = (i, k)
+        outcomes: list[list[ShardOutcome | None]] = [[None] * len(parts) for parts in plan]
+        left = [len(parts) for parts in plan]
+        pending = set(which)
+        while pending:
+            done, pending = futures.wait(pending, timeout=POLL_SECONDS, return_when=futures.FIRST_COMPLETED)
             self._forward()
             for future in done:  # in any order: FinalizeFn sorts shards and failures
-                yield future.result()
-            if not wait:
-                return
+                i, k = which[future]
+                outcomes[i][k] = future.result()
+                left[i] -= 1
+                if not left[i]:
+                    yield join_parts(outcomes[i], job) if len(plan[i]) > 1 else outcomes[i][0]
 
     def close(self, cancel: bool = False) -> None:
         """Stops the workers: after their current shard if `cancel`, else after all submitted ones."""
@@ -125,5 +132,5 @@ def _count_written(nbytes: int) -> None:
         counts[1] += nbytes
 
 
-def _write_in_worker(task: ShardTask, class_index: ClassIndex, job: ShardJob) -> ShardOutcome:
-    return write_shard(task, class_index, job, _pool, _count_written)
+def _write_in_worker(task: ShardTask, class_index: ClassIndex, job: ShardJob, whole: bool) -> ShardOutcome:
+    return write_shard(task, class_index, job, _pool, _count_written, whole)

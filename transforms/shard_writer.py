@@ -14,9 +14,11 @@ from __future__ import annotations
 import collections
 import dataclasses
 import os
+import shutil
 import uuid
 from collections.abc import Callable
 from concurrent.futures import ThreadPoolExecutor
+from typing import BinaryIO
 
 from apache_beam.io.filesystem import CompressionTypes
 from apache_beam.io.filesystems import FileSystems
@@ -111,10 +113,17 @@ class ShardJob:
 
 @dataclasses.dataclass(frozen=True)
 class ShardOutcome:
-    """What writing one ShardTask gave: its ShardResult (None if no image was written) and failures."""
+    """What writing one ShardTask (or part of one) gave.
+
+    Attributes:
+      result: the temp shard written, or None if no image was written.
+      failures: the images that could not be read or decoded.
+      sizes: the data bytes of each written record, in order (for the index of joined parts).
+    """
 
     result: ShardResult | None
     failures: tuple[Failure, ...]
+    sizes: tuple[int, ...] = ()
 
 
 def write_shard(
@@ -123,12 +132,15 @@ def write_shard(
     job: ShardJob,
     pool: ThreadPoolExecutor | None = None,
     on_written: Callable[[int], None] | None = None,
+    whole: bool = True,
 ) -> ShardOutcome:
     """Reads, checks and encodes `task`'s images in order and writes them to a temp shard.
 
     Images that cannot be read or decoded become Failures (stages 'read' and 'decode'); any
     other exception is a bug and propagates. `pool` reads and checks the next images ahead
     (see transforms/prefetch.py); `on_written(nbytes)` is called after each written image.
+    With `whole` False the task is one part of a shard (see `split_shards`): its index
+    file, if any, is written by `join_parts`.
     """
     settings, reader, retry = job.settings, job.reader, job.retry
 
@@ -159,7 +171,7 @@ def write_shard(
     if not sizes:
         delete_paths([shard.path])
         return ShardOutcome(None, tuple(failures))
-    if job.write_index:
+    if job.write_index and whole:
         write_index(shard.path, sizes)
     result = ShardResult(
         task.split,
@@ -170,7 +182,78 @@ def write_shard(
         tuple(sorted(formats)),
         tuple(sorted(per_class.items())),
     )
-    return ShardOutcome(result, tuple(failures))
+    return ShardOutcome(result, tuple(failures), tuple(sizes))
+
+
+def can_split(job: ShardJob) -> bool:
+    """True if a shard may be written in parts and joined: local and uncompressed.
+
+    A TFRecord file is its records one after the other, so the parts of an uncompressed
+    shard appended in order are byte for byte the shard written whole. (Gzip members
+    would not be, and objects in a bucket cannot be appended to.)
+    """
+    return job.compression == "none" and "://" not in job.temp_dir
+
+
+def split_shards(tasks: list[ShardTask], workers: int) -> list[list[ShardTask]]:
+    """The order in which `workers` processes write `tasks`, each as a list of its parts.
+
+    Largest shards first, so that the small ones fill in at the end; the last `workers`
+    shards are cut into `workers` parts each, so that no process idles while another
+    writes a whole last shard alone (with 2 workers and 5 equal shards, the fifth
+    would otherwise take a fifth of the time on one core).
+    """
+    ordered = sorted(tasks, key=lambda t: -sum(r.size for r in t.records))
+    plan = [[task] for task in ordered]
+    for i in range(max(0, len(plan) - workers), len(plan) if workers > 1 else 0):
+        task = plan[i][0]
+        n = len(task.records)
+        bounds = [n * k // workers for k in range(workers + 1)]
+        parts = [dataclasses.replace(task, records=task.records[a:b]) for a, b in zip(bounds, bounds[1:])]
+        plan[i] = [p for p in parts if p.records] or [task]
+    return plan
+
+
+def join_parts(parts: list[ShardOutcome], job: ShardJob) -> ShardOutcome:
+    """One shard from the outcomes of its parts, in order: the part files appended to the first."""
+    failures = tuple(f for p in parts for f in p.failures)
+    sizes = tuple(s for p in parts for s in p.sizes)
+    written = [p.result for p in parts if p.result is not None]
+    if not written:
+        return ShardOutcome(None, failures)
+    first = written[0]
+    with open(first.temp_path, "r+b", buffering=0) as out:
+        out.seek(0, os.SEEK_END)
+        for part in written[1:]:
+            with open(part.temp_path, "rb") as src:
+                _copy(src, out, os.fstat(src.fileno()).st_size)
+    delete_paths([p.temp_path for p in written[1:]])
+    if job.write_index:
+        write_index(first.temp_path, sizes)
+    per_class: collections.Counter = collections.Counter()
+    for r in written:
+        per_class.update(dict(r.written))
+    result = dataclasses.replace(
+        first,
+        records=sum(r.records for r in written),
+        bytes=sum(r.bytes for r in written),
+        formats=tuple(sorted({f for r in written for f in r.formats})),
+        written=tuple(sorted(per_class.items())),
+    )
+    return ShardOutcome(result, failures, sizes)
+
+
+def _copy(src: BinaryIO, dst: BinaryIO, size: int) -> None:
+    """Appends `size` bytes of `src` at `dst`'s position, inside the kernel where it can."""
+    if not hasattr(os, "copy_file_range"):
+        shutil.copyfileobj(src, dst)
+        return
+    dst.flush()
+    while size > 0:
+        copied = os.copy_file_range(src.fileno(), dst.fileno(), size)
+        if copied == 0:
+            raise OSError(f"{src.name} ended early while being joined to {dst.name}")
+        size -= copied
 
 
 def _failure(record: ImageRecord, reason: str, stage: str) -> Failure:

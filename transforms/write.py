@@ -114,29 +114,28 @@ class WriteShardFn(beam.DoFn):
             self._pool.shutdown(wait=False, cancel_futures=True)
             self._pool = None
 
+    def start_bundle(self) -> None:
+        self._tasks: list[ShardTask] = []
+        self._class_index: ClassIndex | None = None
+
     def process(self, task: ShardTask, class_index: ClassIndex) -> Iterable:
         if self._processes == 1:
             outcome = write_shard(task, class_index, self._job, self._pool, self._count_written)
             yield from self._outputs(outcome)
             return
-        # Workers live for one bundle (PlanShards emits every shard in one) and are forked
-        # by, and never outlive, the thread that runs it.
-        if self._workers is None:
-            self._workers = ShardProcesses(self._processes, self._threads or 1, self._progress)
-        try:
-            self._workers.submit(task, class_index, self._job)
-            for outcome in self._workers.finished(wait=False):
-                self._count_shard(outcome)
-                yield from self._outputs(outcome)
-        except BaseException:
-            self._stop_workers(cancel=True)
-            raise
+        # Written in finish_bundle, when the bundle's shards are known (PlanShards emits every
+        # shard in one bundle): the processes can then share the last shards out evenly.
+        self._tasks.append(task)
+        self._class_index = class_index
 
     def finish_bundle(self) -> Iterable:
-        if self._workers is None:
+        if not self._tasks:
             return
+        tasks, self._tasks = self._tasks, []
+        # The workers are forked by, and never outlive, the thread that runs the bundle.
+        self._workers = ShardProcesses(self._processes, self._threads or 1, self._progress)
         try:
-            for outcome in self._workers.finished(wait=True):
+            for outcome in self._workers.write(tasks, self._class_index, self._job):
                 self._count_shard(outcome)
                 for output in self._outputs(outcome):
                     if isinstance(output, pvalue.TaggedOutput):
