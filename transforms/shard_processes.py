@@ -4,7 +4,9 @@ Almost all per-image work (read, check, encode, framing) holds the GIL, so threa
 use a second core; processes that each write whole shards can. A worker gets a ShardTask
 (paths and labels: small), reads, checks and encodes the images and writes the temp shard
 itself (`transforms.shard_writer.write_shard`); only the ShardOutcome (temp path, counts,
-failures) comes back. Image bytes never cross a process boundary.
+failures) comes back. Image bytes never cross a process boundary. Shards go out largest
+first, and the last few (local, uncompressed) in parts that are appended in order
+afterwards, so that every process stays busy to the end (`split_shards`, `join_parts`).
 
 Workers are forked: they start in milliseconds with every module already imported (a
 spawned or forkserver worker re-imports the main module, i.e. Beam, ~1.3 s of CPU each).
@@ -47,7 +49,7 @@ def default_processes() -> int:
 
 
 class ShardProcesses:
-    """A pool of forked worker processes, each writing whole shards (see module docstring).
+    """A pool of forked worker processes writing shards (see module docstring).
 
     Create it in the thread that waits for the results (the DoFn's), and close it there.
     """

@@ -1,9 +1,9 @@
 """Writing: shards (transforms/shard_writer.py), then failures and metadata.
 
-Each ShardTask is written whole by one writer, in its planned order: WriteShardFn's own
-thread, or on local runs a forked worker process per shard at a time (one per core; see
-transforms/shard_processes.py), which reads, checks and encodes the shard's images and
-streams them into a temporary TFRecord file; only a small ShardResult comes back. When
+Each ShardTask is written in its planned order by WriteShardFn's own thread or, on local
+runs, by forked worker processes (one per core; see transforms/shard_processes.py), which
+read, check and encode the shard's images and stream them into a temporary TFRecord file;
+only a small ShardResult comes back. When
 every shard is written, FinalizeFn stages failures.jsonl, labels.txt and summary.json next
 to the temp shards and publishes everything by renaming it into place (temp then rename, as
 `WriteToTFRecord` does), summary.json last; see transforms/output.py.
