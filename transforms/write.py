@@ -83,9 +83,9 @@ def _mkdirs(path: str) -> None:
 class WriteShardFn(beam.DoFn):
     """ShardTask -> ShardResult (with per-class written counts); FAILED per image as a tagged output.
 
-    `processes` > 1 writes that many shards at once, each whole shard in a forked worker
-    process (transforms/shard_processes.py; local runs). With 1 the shard is written in the
-    DoFn's own thread (Dataflow: one SDK process per core already). `threads` > 1 reads and
+    `processes` > 1 writes that many shards at once in forked worker processes, once the
+    bundle's shards are all known (transforms/shard_processes.py; local runs). With 1 each
+    shard is written in the DoFn's own thread (Dataflow: one SDK process per core already). `threads` > 1 reads and
     checks the next images in a thread pool while the current one is written (order
     unchanged), per writer: the DoFn, or each worker process; 0 means one thread per core
     in the DoFn, none in a worker process. `progress_key` names the run's process-local
