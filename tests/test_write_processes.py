@@ -18,6 +18,7 @@ from pathlib import Path
 
 import apache_beam as beam
 import pytest
+from apache_beam.metrics.metric import MetricsFilter
 from apache_beam.options.pipeline_options import PipelineOptions
 from apache_beam.testing.test_pipeline import TestPipeline
 
@@ -111,20 +112,31 @@ def _dying_reader(path: str) -> bytes:
     raise AssertionError("unreachable")
 
 
-def _write_one_shard(records: tuple[ImageRecord, ...], out: Path, reader, key: str | None = None) -> None:
-    with TestPipeline(runner="FnApiRunner") as p:
-        index = p | "Index" >> beam.Create([ClassIndex(("c",))])
-        tasks = p | "Tasks" >> beam.Create([ShardTask("train", 0, records)])
-        _ = tasks | "Write" >> WriteShards(
-            str(out),
-            str(out / "tmp"),
-            index,
-            "none",
-            EncodeSettings(),
-            reader=reader,
-            progress_key=key,
-            processes=2,
-        )
+def _write_one_shard(
+    records: tuple[ImageRecord, ...], out: Path, reader, key: str | None = None, processes: int = 2
+) -> dict[str, int]:
+    """Writes one ShardTask with WriteShards; returns the Beam counters of the run."""
+    p = TestPipeline(runner="FnApiRunner")
+    index = p | "Index" >> beam.Create([ClassIndex(("c",))])
+    tasks = p | "Tasks" >> beam.Create([ShardTask("train", 0, records)])
+    _ = tasks | "Write" >> WriteShards(
+        str(out),
+        str(out / "tmp"),
+        index,
+        "none",
+        EncodeSettings(),
+        reader=reader,
+        progress_key=key,
+        processes=processes,
+    )
+    result = p.run()
+    result.wait_until_finish()
+    counters = result.metrics().query(MetricsFilter())["counters"]
+    return {
+        c.key.metric.name: c.committed
+        for c in counters
+        if c.key.metric.name.startswith(("images_", "bytes_"))
+    }
 
 
 def _records(root: Path, n: int) -> tuple[ImageRecord, ...]:
@@ -160,6 +172,18 @@ def test_progress_moves_while_a_worker_writes_its_shard(tmp_path):
         progress.unregister(key)
     assert not errors, errors
     assert tally.snapshot()[1] == 4
+
+
+@pytest.mark.parametrize("processes", [1, 2])
+def test_beam_counters_count_every_image_whoever_writes_it(tmp_path, processes):
+    records = _records(tmp_path / "in", 5)
+    broken = tmp_path / "in" / "c" / "broken.png"
+    broken.write_bytes(b"\x89PNG\r\n\x1a\n broken")
+    records += (ImageRecord(str(broken), "c/broken.png", broken.stat().st_size, ("c",)),)
+    counters = _write_one_shard(records, tmp_path / "out", read_bytes, processes=processes)
+    (shard,) = (tmp_path / "out" / "tmp" / "train").glob("*.tfrecord")
+    data_bytes = shard.stat().st_size - 16 * 5  # framing: 16 bytes a record
+    assert counters == {"images_encoded": 5, "images_failed": 1, "bytes_written": data_bytes}
 
 
 @pytest.mark.parametrize(
