@@ -2,9 +2,11 @@
 
     python benchmarks/run.py                 # 16,000 JPEGs (~700 MB), 3 rounds
     python benchmarks/run.py --rounds 5 --variant inmem="--direct_running_mode=in_memory --direct_num_workers=1"
+    python benchmarks/run.py --cold          # the files read from the disk by every tool
 
 Generates the dataset once (cached in benchmarks/work/, see dataset.py), warms the page
-cache, then runs every tool once per round, interleaved (cat, tutorial, convert, variants,
+cache (or, with --cold, evicts the dataset's files from it before every run, so each tool
+reads them from the disk), then runs every tool once per round, interleaved (cat, tutorial, convert, variants,
 then the next round), so load from other processes hits all tools alike. Each run is a whole
 process, start-up included; output goes to benchmarks/work/out and is synced and deleted
 between runs (not timed). Prints medians, and ratios taken within each round (then the
@@ -15,6 +17,9 @@ CPU s (user + system time of the process tree), CPU % (CPU time / wall: 200% = t
 busy), demand % ((CPU time + time waiting for a core) / wall: an estimate of the CPU % the
 tool would reach alone on the machine, high for GIL-bound threads; measure.py), x cat (wall / cat's wall, lower is better),
 speed-up vs the tutorial loop (tutorial's wall / wall, higher is better).
+
+The `import-beam` row is a process that only imports apache_beam: the start-up floor of any
+Beam job, against which the `x cat` goal can be judged.
 """
 
 from __future__ import annotations
@@ -43,12 +48,30 @@ def tool_commands(data: str, out: str, variants: dict[str, list[str]]) -> dict[s
     convert = [py, "-m", "beam_pipeline", "convert", "--input", data]
     tools = {
         "cat": ["sh", "-c", f"find {shlex.quote(data)} -name '*.jpg' -print0 | xargs -0 cat > {out}/cat.bin"],
+        "import-beam": [py, "-c", "import apache_beam"],
         "tutorial": [py, os.path.join(HERE, "tutorial_loop.py"), data, f"{out}/tutorial.tfrecord"],
         "convert": convert + ["--output_dir", f"{out}/convert"],
     }
     for name, flags in variants.items():
         tools[name] = convert + ["--output_dir", f"{out}/{name}"] + flags
     return tools
+
+
+def drop_from_page_cache(root: str) -> int:
+    """Evicts every file under `root` from the page cache (POSIX_FADV_DONTNEED; no root needed).
+
+    Returns the number of files. The next read of each file then comes from the disk.
+    """
+    count = 0
+    for folder, _, names in os.walk(root):
+        for name in names:
+            fd = os.open(os.path.join(folder, name), os.O_RDONLY)
+            try:
+                os.posix_fadvise(fd, 0, 0, os.POSIX_FADV_DONTNEED)
+            finally:
+                os.close(fd)
+            count += 1
+    return count
 
 
 def _load() -> str:
@@ -140,7 +163,10 @@ def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--count", type=int, default=16_000, help="JPEGs in the generated dataset.")
     parser.add_argument("--rounds", type=int, default=3)
-    parser.add_argument("--tools", default="cat,tutorial,convert", help="Comma-separated subset.")
+    parser.add_argument("--tools", default="cat,import-beam,tutorial,convert", help="Comma-separated subset.")
+    parser.add_argument(
+        "--cold", action="store_true", help="Evict the dataset from the page cache before every run."
+    )
     parser.add_argument(
         "--variant",
         action="append",
@@ -167,6 +193,7 @@ def main(argv: list[str] | None = None) -> int:
 
     print(f"dataset: {data}: {count} images, {total_bytes / 1e6:.0f} MB; {os.cpu_count()} cores", flush=True)
     print(f"load average before: {_load()}", flush=True)
+    print(f"page cache: {'dataset evicted before every run' if args.cold else 'warm'}", flush=True)
     _fresh(out)
     run_measured(commands.get("cat") or tool_commands(data, out, {})["cat"])  # warm the page cache
     runs: dict[str, list[Measurement]] = {name: [] for name in commands}
@@ -174,6 +201,8 @@ def main(argv: list[str] | None = None) -> int:
         for name, cmd in commands.items():
             _fresh(out)
             subprocess.run(["sync"], check=False)
+            if args.cold:
+                drop_from_page_cache(data)
             log = os.path.join(logs, f"{name}-{r}.log")
             m = run_measured(cmd, env=env, log_path=log)
             _check(name, m, log, out, count)
@@ -187,12 +216,21 @@ def main(argv: list[str] | None = None) -> int:
     rows = summarize(runs, count, total_bytes)
     print(f"load average after: {_load()}")
     print()
-    print(f"medians of {args.rounds} rounds, {count} images, {total_bytes / 1e6:.0f} MB:")
+    cache = "cold page cache" if args.cold else "warm page cache"
+    print(f"medians of {args.rounds} rounds, {count} images, {total_bytes / 1e6:.0f} MB, {cache}:")
     print(format_table(rows))
     if args.json:
         with open(args.json, "w") as f:
             json.dump(
-                {"count": count, "bytes": total_bytes, "rounds": args.rounds, "rows": rows}, f, indent=2
+                {
+                    "count": count,
+                    "bytes": total_bytes,
+                    "rounds": args.rounds,
+                    "cold": args.cold,
+                    "rows": rows,
+                },
+                f,
+                indent=2,
             )
     return 0
 

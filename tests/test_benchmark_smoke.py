@@ -37,11 +37,12 @@ def test_run_benchmark_prints_its_table(tmp_path):
         str(tmp_path),
         "--json",
         str(tmp_path / "r.json"),
+        "--cold",
     )
-    table = out[out.index("medians of 1 rounds, 40 images") :].splitlines()
+    table = out[out.index("medians of 1 rounds, 40 images, 2 MB, cold page cache") :].splitlines()
     assert table[1].split()[:3] == ["tool", "wall", "s"]
     rows = {line.split()[0]: line.split() for line in table[2:]}
-    assert set(rows) == {"cat", "tutorial", "convert"}
+    assert set(rows) == {"cat", "import-beam", "tutorial", "convert"}
     assert rows["cat"][-2] == "1.00" and rows["tutorial"][-1] == "1.00"
     assert float(rows["convert"][1]) > 0
 

@@ -85,6 +85,8 @@ CASES = {
     "bmp_rgba32": (lambda: _save(_pixels("RGBA"), "BMP"), False, "png", 3),
     "bmp_palette": (_palette_bmp, False, "png", 3),
     "bmp_1bit": (lambda: _save(_pixels("1"), "BMP"), False, "png", 1),
+    # TensorFlow demands the exact size from the header; Pillow ignores trailing bytes.
+    "bmp_rgb24_trailing_bytes": (lambda: _save(_pixels("RGB"), "BMP") + b"\0\0", False, "png", 3),
     "tiff_rgb": (lambda: _save(_pixels("RGB"), "TIFF"), False, "png", 3),
     "tiff_rgba": (lambda: _save(_pixels("RGBA"), "TIFF"), False, "png", 4),
     "tiff_l": (lambda: _save(_pixels("L"), "TIFF"), False, "png", 1),

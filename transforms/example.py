@@ -9,6 +9,7 @@ callers that want one.
 
 from __future__ import annotations
 
+import functools
 import struct
 from collections.abc import Iterable, Mapping
 
@@ -57,27 +58,50 @@ def _as_list(value) -> list:
     return list(value)
 
 
-def _feature(values: list, kind: str | None = None) -> bytes:
-    """The serialized `tf.train.Feature` for one homogeneous list."""
-    if kind is None:
-        if not values:
-            raise ValueError("an empty feature needs an explicit kind")
-        first = values[0]
-        kind = (
-            "bytes" if isinstance(first, (str, bytes)) else "float" if isinstance(first, float) else "int64"
-        )
+def _kind_of(values: list) -> str:
+    if not values:
+        raise ValueError("an empty feature needs an explicit kind")
+    first = values[0]
+    return "bytes" if isinstance(first, (str, bytes)) else "float" if isinstance(first, float) else "int64"
+
+
+_LIST_FIELD = {"bytes": 1, "float": 2, "int64": 3}  # tf.train.Feature's oneof fields
+_FIELD1, _FIELD2 = _varint(1 << 3 | 2), _varint(2 << 3 | 2)  # tags of length-delimited fields 1, 2
+
+
+def _feature_parts(values: list, kind: str | None = None) -> tuple[list[bytes], int]:
+    """The serialized `tf.train.Feature` of one homogeneous list, as (chunks, total size).
+
+    Chunks, not one bytes object: a large value (the image) is then copied once, when the
+    whole Example is joined, instead of once per level of nesting.
+    """
+    kind = kind or _kind_of(values)
     if kind == "bytes":
-        body = b"".join(_field(1, _as_bytes(v)) for v in values)
-        return _field(1, body)
-    if kind == "float":
-        body = _field(1, struct.pack(f"<{len(values)}f", *values)) if values else b""
-        return _field(2, body)
-    if kind == "int64":
+        parts = []
+        size = 0
+        for value in values:
+            value = _as_bytes(value)
+            head = _FIELD1 + _varint(len(value))
+            parts += (head, value)
+            size += len(head) + len(value)
+    elif kind == "float":
+        parts = [_field(1, struct.pack(f"<{len(values)}f", *values))] if values else []
+        size = len(parts[0]) if parts else 0
+    elif kind == "int64":
         if any(isinstance(v, (float, str, bytes)) for v in values):
             raise TypeError(f"int64 feature with non-integer values: {values!r}")
-        body = _field(1, b"".join(_varint(int(v)) for v in values)) if values else b""
-        return _field(3, body)
-    raise ValueError(f"unknown feature kind {kind!r}")
+        parts = [_field(1, b"".join(_varint(int(v)) for v in values))] if values else []
+        size = len(parts[0]) if parts else 0
+    else:
+        raise ValueError(f"unknown feature kind {kind!r}")
+    head = _varint(_LIST_FIELD[kind] << 3 | 2) + _varint(size)
+    return [head, *parts], len(head) + size
+
+
+@functools.lru_cache(maxsize=1024)
+def _key_field(name: str) -> bytes:
+    """The map entry's key field (the same few feature names for every image)."""
+    return _field(1, name.encode("utf-8"))
 
 
 def serialize_example(features: Features, kinds: Mapping[str, str] | None = None) -> bytes:
@@ -91,13 +115,17 @@ def serialize_example(features: Features, kinds: Mapping[str, str] | None = None
       The Example's wire bytes.
     """
     kinds = kinds or {}
-    entries = []
+    parts: list[bytes] = []
+    size = 0  # of the Features message
     for name in sorted(features):
-        entry = _field(1, name.encode("utf-8")) + _field(
-            2, _feature(_as_list(features[name]), kinds.get(name))
-        )
-        entries.append(_field(1, entry))
-    return _field(1, b"".join(entries))
+        feature, feature_size = _feature_parts(_as_list(features[name]), kinds.get(name))
+        key = _key_field(name)
+        value_head = _FIELD2 + _varint(feature_size)
+        entry_size = len(key) + len(value_head) + feature_size
+        entry_head = _FIELD1 + _varint(entry_size)  # one map entry: key, value
+        parts += (entry_head, key, value_head, *feature)
+        size += len(entry_head) + entry_size
+    return b"".join((_FIELD1, _varint(size), *parts))
 
 
 def make_example(features: Features, kinds: Mapping[str, str] | None = None):

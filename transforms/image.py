@@ -182,6 +182,12 @@ def _bmp_layout(data: bytes) -> tuple[int, int]:
     return struct.unpack_from("<H", data, 28)[0], struct.unpack_from("<I", data, 30)[0]
 
 
+def _bmp_expected_size(data: bytes) -> int:
+    """The exact file size TensorFlow's BMP decoder demands: pixel offset + padded rows."""
+    offset, width, height = struct.unpack_from("<I", data, 10)[0], *struct.unpack_from("<ii", data, 18)
+    return offset + (3 * width + 3) // 4 * 4 * abs(height)
+
+
 def _tf_problem(fmt: str, data: bytes, img: Image.Image) -> str | None:
     """Why TensorFlow 2.21 cannot decode these bytes as they are, or None if it can."""
     if fmt not in TF_FORMATS:
@@ -191,6 +197,8 @@ def _tf_problem(fmt: str, data: bytes, img: Image.Image) -> str | None:
     if fmt == "bmp" and _bmp_layout(data) != (24, 0):
         bits, compression = _bmp_layout(data)
         return f"{bits}-bit BMP (compression {compression}) is misread by TensorFlow"
+    if fmt == "bmp" and len(data) != _bmp_expected_size(data):
+        return "BMP whose file size does not match its header is refused by TensorFlow"
     if fmt == "webp" and _is_animated(img):
         return "animated WebP crashes TensorFlow's decoder"
     return None
