@@ -42,10 +42,14 @@ _PR_SET_PDEATHSIG = 1  # from <linux/prctl.h>
 
 
 def default_processes() -> int:
-    """Worker processes when not configured: one per core this process may run on."""
-    if hasattr(os, "sched_getaffinity"):
-        return len(os.sched_getaffinity(0))
-    return os.cpu_count() or 1
+    """Worker processes when not configured: one per core this process may run on (Linux).
+
+    Elsewhere 1 (shards written in the runner's process): forking a process that runs
+    threads is only safe where fork is the platform's own way to start processes.
+    """
+    if not sys.platform.startswith("linux"):
+        return 1
+    return len(os.sched_getaffinity(0))
 
 
 class ShardProcesses:
