@@ -30,7 +30,7 @@ from transforms.encode import EncodeSettings
 from transforms.labels import ClassIndex
 from transforms.reading import read_bytes
 from transforms.records import ImageRecord, ShardTask
-from transforms.shard_writer import ShardFile
+from transforms.shard_writer import ShardFile, split_shards
 from transforms.write import WriteShards, make_sink
 
 
@@ -45,6 +45,23 @@ def test_shard_file_writes_the_bytes_of_beams_tfrecord_sink(tmp_path, compressio
         for r in records:
             shard.write(r)
     assert Path(shard.path).read_bytes() == Path(beam_path).read_bytes()
+
+
+def test_largest_shards_go_first_and_the_last_ones_in_parts():
+    def task(index: int, n: int) -> ShardTask:
+        return ShardTask("train", index, tuple(ImageRecord(f"/{index}/{i}", f"{i}", 10) for i in range(n)))
+
+    tasks = [task(0, 30), task(1, 30), task(2, 5), task(3, 30), task(4, 31)]
+    plan = split_shards(tasks, 2)
+    assert [[(p.index, len(p.records)) for p in parts] for parts in plan] == [
+        [(4, 31)],
+        [(0, 30)],
+        [(1, 30)],
+        [(3, 15), (3, 15)],
+        [(2, 2), (2, 3)],
+    ]
+    assert [part.records for part in plan[3]] == [tasks[3].records[:15], tasks[3].records[15:]]
+    assert split_shards(tasks, 1) == [[t] for t in sorted(tasks, key=lambda t: -len(t.records))]
 
 
 @pytest.fixture(scope="module")
