@@ -138,7 +138,8 @@ class ConvertOptions(PipelineOptions):
             type=int,
             default=0,
             help="Threads per shard writer that read and check the next images (0: one per core "
-            "when shards are written in the runner's process, none in a --write_processes worker).",
+            "in the runner's process; in a --write_processes worker, none for local files, which "
+            "the kernel reads ahead, and 8 that read bucket objects ahead).",
         )
         parser.add_argument(
             "--write_processes",

@@ -58,7 +58,7 @@ class ShardProcesses:
     Create it in the thread that waits for the results (the DoFn's), and close it there.
     """
 
-    def __init__(self, processes: int, threads: int = 1, progress: Progress | None = None):
+    def __init__(self, processes: int, threads: int = 0, progress: Progress | None = None):
         if processes < 1:
             raise ValueError("processes must be positive")
         context = multiprocessing.get_context("fork")
@@ -116,19 +116,22 @@ class ShardProcesses:
 
 # --- in the worker process -------------------------------------------------------------------
 
+# Objects of a bucket read ahead by a worker (its threads wait on the network, not the GIL).
+REMOTE_READ_THREADS = 8
+
 _counts = None  # the shared (images, bytes) counter
-_pool: ThreadPoolExecutor | None = None  # read-ahead threads of this worker
+_threads = 0  # --read_threads
+_pool: ThreadPoolExecutor | None = None  # read-ahead threads of this worker, made when needed
 
 
 def _start_worker(counts, threads: int, parent_pid: int) -> None:
-    """Worker set-up: die with the parent, keep the shared counter, make the read-ahead pool."""
-    global _counts, _pool
+    """Worker set-up: die with the parent, keep the shared counter and the thread setting."""
+    global _counts, _threads
     if sys.platform.startswith("linux"):
         ctypes.CDLL(None, use_errno=True).prctl(_PR_SET_PDEATHSIG, signal.SIGKILL)
     if os.getppid() != parent_pid:  # the parent died before prctl took effect
         os._exit(1)
-    _counts = counts
-    _pool = ThreadPoolExecutor(threads, thread_name_prefix="read-check") if threads > 1 else None
+    _counts, _threads = counts, threads
 
 
 def _count_written(nbytes: int) -> None:
@@ -139,4 +142,19 @@ def _count_written(nbytes: int) -> None:
 
 
 def _write_in_worker(task: ShardTask, class_index: ClassIndex, job: ShardJob, whole: bool) -> ShardOutcome:
-    return write_shard(task, class_index, job, _pool, _count_written, whole)
+    """Writes a shard (or part) in this worker.
+
+    With `--read_threads` 0 the worker itself checks, encodes and writes each image (all
+    of it holds the GIL, and a thread hand-over per image would cost more than it saves)
+    while the kernel is asked to read the next local files ahead (`posix_fadvise`), or
+    REMOTE_READ_THREADS threads read the next objects of a bucket. 1: nothing is read
+    ahead; more: that many threads read, check and encode ahead.
+    """
+    global _pool
+    remote = any("://" in r.path for r in task.records)
+    threads = (REMOTE_READ_THREADS if remote else 1) if _threads == 0 else _threads
+    if threads > 1 and _pool is None:
+        _pool = ThreadPoolExecutor(threads, thread_name_prefix="read-ahead")
+    pool = _pool if threads > 1 else None
+    reads_only, hint_ahead = _threads == 0 and remote, 8 if _threads == 0 and not remote else 0
+    return write_shard(task, class_index, job, pool, _count_written, whole, reads_only, hint_ahead)

@@ -133,26 +133,45 @@ def write_shard(
     pool: ThreadPoolExecutor | None = None,
     on_written: Callable[[int], None] | None = None,
     whole: bool = True,
+    reads_only: bool = False,
+    hint_ahead: int = 0,
 ) -> ShardOutcome:
     """Reads, checks and encodes `task`'s images in order and writes them to a temp shard.
 
     Images that cannot be read or decoded become Failures (stages 'read' and 'decode'); any
-    other exception is a bug and propagates. `pool` reads and checks the next images ahead
-    (see transforms/prefetch.py); `on_written(nbytes)` is called after each written image.
-    With `whole` False the task is one part of a shard (see `split_shards`): its index
-    file, if any, is written by `join_parts`.
+    other exception is a bug and propagates. `pool` reads, checks and encodes the next
+    images ahead (see transforms/prefetch.py) or, with `reads_only`, only reads them (the
+    rest holds the GIL: done in this thread, it costs no hand-over). `on_written(nbytes)` is
+    called after each written image. `hint_ahead` > 0 asks the kernel to read that many
+    local files ahead (`will_need`). With `whole` False the task is one part of a shard
+    (see `split_shards`): its index file, if any, is written by `join_parts`.
     """
     settings, reader, retry = job.settings, job.reader, job.retry
 
-    def load(record: ImageRecord) -> tuple[bytes, ImageInfo]:  # read + check + encode, maybe in a pool thread
-        return encode_image(record, read_with_retries(record.path, reader, retry), class_index, settings)
+    def read(record: ImageRecord) -> bytes:
+        return read_with_retries(record.path, reader, retry)
 
+    def load(record: ImageRecord) -> tuple[bytes, ImageInfo]:
+        return encode_image(record, read(record), class_index, settings)
+
+    def encode_after(record: ImageRecord, data: Callable[[], bytes]) -> Callable[[], tuple[bytes, ImageInfo]]:
+        return lambda: encode_image(record, data(), class_index, settings)
+
+    if reads_only:
+        loaded = ((r, encode_after(r, data)) for r, data in map_in_order(read, task.records, pool))
+    else:
+        loaded = map_in_order(load, task.records, pool)
     failures: list[Failure] = []
     sizes: list[int] = []
     formats: set[str] = set()
     per_class: collections.Counter = collections.Counter()
+    records = task.records
+    for record in records[:hint_ahead]:
+        will_need(record.path)
     with ShardFile(job.temp_path(task), job.compression) as shard:
-        for record, result in map_in_order(load, task.records, pool):
+        for i, (record, result) in enumerate(loaded):
+            if hint_ahead and i + hint_ahead < len(records):
+                will_need(records[i + hint_ahead].path)
             try:
                 serialized, info = result()
             except ImageError as e:
@@ -183,6 +202,26 @@ def write_shard(
         tuple(sorted(per_class.items())),
     )
     return ShardOutcome(result, tuple(failures), tuple(sizes))
+
+
+def will_need(path: str) -> None:
+    """Asks the kernel to start reading a local file into the page cache; never blocks or fails.
+
+    Opened non-blocking (a FIFO must not hang here); any error is left for the real read
+    to report.
+    """
+    if "://" in path or not hasattr(os, "posix_fadvise"):
+        return
+    try:
+        fd = os.open(path, os.O_RDONLY | os.O_NONBLOCK)
+    except OSError:
+        return
+    try:
+        os.posix_fadvise(fd, 0, 0, os.POSIX_FADV_WILLNEED)
+    except OSError:
+        pass
+    finally:
+        os.close(fd)
 
 
 def can_split(job: ShardJob) -> bool:

@@ -88,7 +88,8 @@ class WriteShardFn(beam.DoFn):
     shard is written in the DoFn's own thread (Dataflow: one SDK process per core already). `threads` > 1 reads and
     checks the next images in a thread pool while the current one is written (order
     unchanged), per writer: the DoFn, or each worker process; 0 means one thread per core
-    in the DoFn, none in a worker process. `progress_key` names the run's process-local
+    in the DoFn, and in a worker process what `_write_in_worker` says (no thread for local
+    files, read-ahead threads for a bucket). `progress_key` names the run's process-local
     Progress (transforms/progress.py), if any.
     """
 
@@ -133,7 +134,7 @@ class WriteShardFn(beam.DoFn):
             return
         tasks, self._tasks = self._tasks, []
         # The workers are forked by, and never outlive, the thread that runs the bundle.
-        self._workers = ShardProcesses(self._processes, self._threads or 1, self._progress)
+        self._workers = ShardProcesses(self._processes, self._threads, self._progress)
         try:
             for outcome in self._workers.write(tasks, self._class_index, self._job):
                 self._count_shard(outcome)
