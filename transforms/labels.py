@@ -104,6 +104,53 @@ def _sorted_names(names: Iterable[str]) -> list[str]:
     return sorted(set(names))
 
 
+class ClassNamesFn(beam.CombineFn):
+    """Every label of the records, as a set: one cheap call per record (lifted), no shuffle
+    of names as a Distinct would."""
+
+    def create_accumulator(self) -> set[str]:
+        return set()
+
+    def add_input(self, names: set[str], record: ImageRecord) -> set[str]:
+        names.update(record.labels)
+        return names
+
+    def merge_accumulators(self, accumulators: Iterable[set[str]]) -> set[str]:
+        merged: set[str] = set()
+        for names in accumulators:
+            merged |= names
+        return merged
+
+    def extract_output(self, names: set[str]) -> list[str]:
+        return sorted(names)
+
+
+# Images per (split, class_key).
+ClassCounts = dict[tuple[str, str], int]
+
+
+class CountPerClassFn(beam.CombineFn):
+    """Records -> {(split, class_key): count}: one cheap call per record (lifted)."""
+
+    def create_accumulator(self) -> ClassCounts:
+        return {}
+
+    def add_input(self, counts: ClassCounts, record: ImageRecord) -> ClassCounts:
+        key = (record.split, record.class_key)
+        counts[key] = counts.get(key, 0) + 1
+        return counts
+
+    def merge_accumulators(self, accumulators: Iterable[ClassCounts]) -> ClassCounts:
+        merged: ClassCounts = {}
+        for counts in accumulators:
+            for key, n in counts.items():
+                merged[key] = merged.get(key, 0) + n
+        return merged
+
+    def extract_output(self, counts: ClassCounts) -> ClassCounts:
+        return counts
+
+
 # Integer labels make labels.txt list every id up to the largest: refuse absurd ranges.
 MAX_INTEGER_CLASSES = 1_000_000
 
@@ -158,9 +205,7 @@ class BuildClassIndex(beam.PTransform):
             return records.pipeline | "FromMap" >> beam.Create([ClassIndex(tuple(self._names), offset)])
         return (
             records
-            | "Names" >> beam.FlatMap(lambda r: r.labels)
-            | "Distinct" >> beam.Distinct()
-            | "Sort" >> beam.combiners.ToList()
+            | "Names" >> beam.CombineGlobally(ClassNamesFn())  # sorted list of every label
             | "ToIndex" >> beam.Map(_index_or_user_error, offset, label_type)
         )
 

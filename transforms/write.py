@@ -28,7 +28,7 @@ from transforms.failures import FAILED, USER_ERROR_MARKER, WRITTEN, Failure
 from transforms.image import ImageError, ImageInfo
 from transforms.index import index_path, write_index
 from transforms.label_table import ORPHANS_FILE
-from transforms.labels import ClassIndex
+from transforms.labels import ClassIndex, CountPerClassFn
 from transforms.output import (
     FAILURES_FILE,
     LABELS_FILE,
@@ -428,11 +428,9 @@ class WriteMetadata(beam.PTransform):
 
     def expand(self, pbegin: beam.pvalue.PBegin) -> beam.PCollection[dict]:
         listed_total = self._files | "CountListed" >> beam.combiners.Count.Globally()
-        listed = (
-            self._records
-            | "KeyListed" >> beam.Map(lambda r: (r.split, r.class_key))
-            | "CountListedPerClass" >> beam.combiners.Count.PerElement()
-        )
+        listed = self._records | "CountListedPerClass" >> beam.CombineGlobally(
+            CountPerClassFn()
+        )  # {(split, class): n}
         written = (
             self._written
             | "KeyWritten" >> beam.Map(lambda w: (w.split, w.class_key))
@@ -446,7 +444,7 @@ class WriteMetadata(beam.PTransform):
             >> beam.ParDo(
                 self._fn,
                 pvalue.AsSingleton(listed_total),
-                pvalue.AsDict(listed),
+                pvalue.AsSingleton(listed),
                 pvalue.AsDict(written),
                 pvalue.AsList(self._failed),
                 pvalue.AsList(self._shards),
