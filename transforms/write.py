@@ -427,9 +427,13 @@ class WriteMetadata(beam.PTransform):
         self._extras = summary_extras
 
     def expand(self, pbegin: beam.pvalue.PBegin) -> beam.PCollection[dict]:
-        listed_total = self._files | "CountListed" >> beam.combiners.Count.Globally()
-        listed = self._records | "CountListedPerClass" >> beam.CombineGlobally(
-            CountPerClassFn()
+        # Lifted combiners without a default element (an empty input leaves the side inputs
+        # at their defaults): one cheap call per image, no extra steps.
+        count = beam.combiners.CountCombineFn()
+        listed_total = self._files | "CountListed" >> beam.CombineGlobally(count).without_defaults()
+        listed = (
+            self._records
+            | "CountListedPerClass" >> beam.CombineGlobally(CountPerClassFn()).without_defaults()
         )  # {(split, class): n}
         written = (
             self._written
@@ -443,8 +447,8 @@ class WriteMetadata(beam.PTransform):
             | "Finalize"
             >> beam.ParDo(
                 self._fn,
-                pvalue.AsSingleton(listed_total),
-                pvalue.AsSingleton(listed),
+                pvalue.AsSingleton(listed_total, default_value=0),
+                pvalue.AsSingleton(listed, default_value={}),
                 pvalue.AsDict(written),
                 pvalue.AsList(self._failed),
                 pvalue.AsList(self._shards),
