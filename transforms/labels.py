@@ -203,10 +203,17 @@ class BuildClassIndex(beam.PTransform):
         offset, label_type = self._offset, self._label_type
         if self._names is not None:
             return records.pipeline | "FromMap" >> beam.Create([ClassIndex(tuple(self._names), offset)])
+        # Without records (all failed) the index has no names: a side-input default, which
+        # costs two steps where CombineGlobally's default element costs seven.
+        names = records | "Names" >> beam.CombineGlobally(ClassNamesFn()).without_defaults()  # sorted labels
         return (
-            records
-            | "Names" >> beam.CombineGlobally(ClassNamesFn())  # sorted list of every label
-            | "ToIndex" >> beam.Map(_index_or_user_error, offset, label_type)
+            records.pipeline
+            | "Once" >> beam.Impulse()
+            | "ToIndex"
+            >> beam.Map(
+                lambda _, found: _index_or_user_error(found, offset, label_type),
+                pvalue.AsSingleton(names, default_value=[]),
+            )
         )
 
 

@@ -102,14 +102,14 @@ class _ListFn(beam.DoFn):
 
 
 class WalkLocalFn(_ListFn):
-    """root -> ImageFile for every local file with an image extension below it."""
+    """(an impulse) -> ImageFile for every local file with an image extension below `root`."""
 
-    def __init__(self, extensions: tuple[str, ...], progress_key: str | None = None):
+    def __init__(self, root: str, extensions: tuple[str, ...], progress_key: str | None = None):
         super().__init__(progress_key)
-        self._extensions = extensions
+        self._root, self._extensions = root, extensions
 
-    def process(self, root: str) -> Iterable[ImageFile]:
-        yield from count_listed(walk_local(root, self._extensions), self._listed, self._progress)
+    def process(self, _: bytes) -> Iterable[ImageFile]:
+        yield from count_listed(walk_local(self._root, self._extensions), self._listed, self._progress)
 
 
 class KeepImagesFn(_ListFn):
@@ -147,8 +147,8 @@ class ListImages(beam.PTransform):
         if "://" not in root:
             return (
                 pbegin
-                | "Root" >> beam.Create([root])
-                | "WalkLocal" >> beam.ParDo(WalkLocalFn(extensions, key)).with_output_types(ImageFile)
+                | "Start" >> beam.Impulse()  # one step, where a Create of the root would be four
+                | "WalkLocal" >> beam.ParDo(WalkLocalFn(root, extensions, key)).with_output_types(ImageFile)
             )
         return (
             pbegin
