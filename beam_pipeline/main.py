@@ -6,6 +6,7 @@ user errors into one line on stderr and an exit status.
 
 from __future__ import annotations
 
+import gc
 import json
 import logging
 import os
@@ -220,6 +221,11 @@ def run(argv: list[str] | None = None, save_main_session: bool = True) -> dict:
     reporter = None
     if not opts.quiet and _in_process(options):
         reporter = ProgressReporter(progress.register(run_id), sys.stderr, opts.progress_interval).start()
+    # Beam's modules and the pipeline graph (about a million objects) live for the whole run:
+    # frozen, the collector's full passes during the run no longer walk them again and again
+    # (about 10% of the CPU of a 16,000-image local run). Unfrozen afterwards, so that
+    # repeated runs in one process can still free their graphs.
+    gc.freeze()
     try:
         p.run().wait_until_finish()
         if _described_only(options):
@@ -233,6 +239,7 @@ def run(argv: list[str] | None = None, save_main_session: bool = True) -> dict:
             raise UserError(message.split(USER_ERROR_MARKER, 1)[1].splitlines()[0].strip(" '\"")) from None
         raise
     finally:
+        gc.unfreeze()
         if reporter is not None:
             reporter.stop()
         progress.unregister(run_id)
