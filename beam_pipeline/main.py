@@ -319,3 +319,15 @@ def main(argv: list[str] | None = None) -> int:
     except TooManyFailures as e:
         print(f"img2tfrecord: error: {e}", file=sys.stderr)
         return EXIT_TOO_MANY_FAILURES
+
+
+def cli() -> None:
+    """The console entry (`img2tfrecord`, `python -m beam_pipeline`): main(), then exit.
+
+    What is still alive is frozen first: the interpreter's last collection at exit would
+    walk Beam's million objects once more (about 0.4 s of CPU) right before the process
+    ends. Only here, not in main(), which tests and callers run in a long-lived process.
+    """
+    status = main()
+    gc.freeze()
+    sys.exit(status)
