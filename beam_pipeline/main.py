@@ -222,9 +222,9 @@ def run(argv: list[str] | None = None, save_main_session: bool = True) -> dict:
     if not opts.quiet and _in_process(options):
         reporter = ProgressReporter(progress.register(run_id), sys.stderr, opts.progress_interval).start()
     # Beam's modules and the pipeline graph (about a million objects) live for the whole run:
-    # frozen, the collector's full passes during the run no longer walk them again and again
-    # (about 10% of the CPU of a 16,000-image local run). Unfrozen afterwards, so that
-    # repeated runs in one process can still free their graphs.
+    # frozen, the collector's passes during the run no longer walk them again and again
+    # (0.2 s of CPU down to 0.03 s for 16,000 images, 0.1 s to 0.02 s for 40). Unfrozen
+    # afterwards, so that repeated runs in one process can still free their graphs.
     gc.freeze()
     try:
         p.run().wait_until_finish()

@@ -5,8 +5,9 @@
 With --labels (a table) the labelling step is ReadLabels + JoinLabels (a CoGroupByKey on the
 image key) instead of LabelFromFolders, and WriteOrphans reports rows without an image.
 
-Only metadata (ImageRecord: path, label, size) is shuffled; image bytes are read inside
-WriteShards, right where they are encoded and written.
+Only metadata (ImageRecord: path, label, size) is shuffled, coded as tuples of its fields
+(transforms/record_coders.py); image bytes are read inside WriteShards, right where they are
+encoded and written.
 """
 
 from __future__ import annotations
