@@ -34,5 +34,5 @@ setuptools.setup(
     ),
     install_requires=REQUIRED,
     extras_require={"test": TEST},
-    entry_points={"console_scripts": ["img2tfrecord=beam_pipeline.main:main"]},
+    entry_points={"console_scripts": ["img2tfrecord=beam_pipeline.main:cli"]},
 )

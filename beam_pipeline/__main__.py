@@ -1,8 +1,6 @@
 """`python -m beam_pipeline ...` runs the same CLI as the `img2tfrecord` script."""
 
-import sys
-
-from beam_pipeline.main import main
+from beam_pipeline.main import cli
 
 if __name__ == "__main__":
-    sys.exit(main())
+    cli()

@@ -6,6 +6,7 @@ user errors into one line on stderr and an exit status.
 
 from __future__ import annotations
 
+import gc
 import json
 import logging
 import os
@@ -227,6 +228,11 @@ def run(argv: list[str] | None = None, save_main_session: bool = True) -> dict:
     reporter = None
     if not opts.quiet and _in_process(options):
         reporter = ProgressReporter(progress.register(run_id), sys.stderr, opts.progress_interval).start()
+    # Beam's modules and the pipeline graph (about a million objects) live for the whole run:
+    # frozen, the collector's passes during the run no longer walk them again and again
+    # (0.2 s of CPU down to 0.03 s for 16,000 images, 0.1 s to 0.02 s for 40). Unfrozen
+    # afterwards, so that repeated runs in one process can still free their graphs.
+    gc.freeze()
     try:
         p.run().wait_until_finish()
         if _described_only(options):
@@ -240,6 +246,7 @@ def run(argv: list[str] | None = None, save_main_session: bool = True) -> dict:
             raise UserError(message.split(USER_ERROR_MARKER, 1)[1].splitlines()[0].strip(" '\"")) from None
         raise
     finally:
+        gc.unfreeze()
         if reporter is not None:
             reporter.stop()
         progress.unregister(run_id)
@@ -319,3 +326,15 @@ def main(argv: list[str] | None = None) -> int:
     except TooManyFailures as e:
         print(f"img2tfrecord: error: {e}", file=sys.stderr)
         return EXIT_TOO_MANY_FAILURES
+
+
+def cli() -> None:
+    """The console entry (`img2tfrecord`, `python -m beam_pipeline`): main(), then exit.
+
+    What is still alive is frozen first: the interpreter's last collection at exit would
+    walk Beam's million objects once more (about 0.4 s of CPU) right before the process
+    ends. Only here, not in main(), which tests and callers run in a long-lived process.
+    """
+    status = main()
+    gc.freeze()
+    sys.exit(status)

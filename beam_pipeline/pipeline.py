@@ -5,8 +5,9 @@
 With --labels (a table) the labelling step is ReadLabels + JoinLabels (a CoGroupByKey on the
 image key) instead of LabelFromFolders, and WriteOrphans reports rows without an image.
 
-Only metadata (ImageRecord: path, label, size) is shuffled; image bytes are read inside
-WriteShards, right where they are encoded and written.
+Only metadata (ImageRecord: path, label, size) is shuffled, coded as tuples of its fields
+(transforms/record_coders.py); image bytes are read inside WriteShards, right where they are
+encoded and written.
 """
 
 from __future__ import annotations
@@ -24,7 +25,7 @@ from transforms.layout import AssignSplits, PlanShards, parse_split_ratios
 from transforms.listing import ListImages, normalize_root
 from transforms.output import staging_dir, temp_dir_for
 from transforms.prescan import DropDuplicates, EstimateSizes
-from transforms.progress import FAILED_ANYWHERE, LISTED, CountProgress
+from transforms.progress import FAILED_ANYWHERE, CountProgress
 from transforms.tfds_metadata import tfds_name
 from transforms.write import WriteMetadata, WriteShards
 
@@ -51,7 +52,7 @@ def build_pipeline(p: beam.Pipeline, opts: ConvertOptions, run_id: str) -> Pipel
     label_map = load_label_map(opts.label_map) if opts.label_map else None
     by_folder = opts.splits == "folders"
 
-    files = p | "ListImages" >> ListImages(opts.input)  # ImageFile(path, relpath, size)
+    files = p | "ListImages" >> ListImages(opts.input, progress_key=run_id)  # ImageFile(path, relpath, size)
     listed, label_report = files, None
     if opts.labels_path:  # labels from a table, joined by image key
         spec, join = table_spec(opts), join_settings(opts, label_map)
@@ -92,8 +93,7 @@ def build_pipeline(p: beam.Pipeline, opts: ConvertOptions, run_id: str) -> Pipel
         processes=opts.write_processes or 1,  # 0 (auto) is resolved for local runs by main.py
     )  # .shards ShardResult (with per-class written counts), .failed Failure
     failures = (labeled.failed, shards.failed, *failed) | "FlattenFailures" >> beam.Flatten()
-    _ = files | "TrackListed" >> CountProgress(run_id, LISTED)  # live progress and Beam counters
-    _ = failures | "TrackFailures" >> CountProgress(run_id, FAILED_ANYWHERE)
+    _ = failures | "TrackFailures" >> CountProgress(run_id, FAILED_ANYWHERE)  # live progress, Beam counter
     summary = p | "WriteMetadata" >> WriteMetadata(
         output_dir,
         temp_dir,

@@ -234,3 +234,18 @@ def test_tsv_skip_union_split_folders_no_orphans(tmp_path):
     assert sorted(p.name for p in out.iterdir() if not p.name.endswith(".tfrecord")) == sorted(
         METADATA_FILES + ["orphan_labels.jsonl"]
     )
+
+
+def test_undecodable_file_name_with_a_table_is_a_named_failure(tmp_path):
+    # The join key of "bad\xff.jpg" is not UTF-8 text: it is shuffled as bytes, not a crash.
+    write_image(tmp_path / "in" / "cat" / "ok.jpg", (8, 8), seed=1)
+    write_image(tmp_path / "in" / "cat" / "bad\udcff.jpg", (8, 8), seed=2)
+    (tmp_path / "labels.csv").write_text("id,label\nok,cat\n")
+    out = tmp_path / "out"
+    summary = _convert(
+        ["--input", str(tmp_path / "in"), "--labels", str(tmp_path / "labels.csv")]
+        + ["--output_dir", str(out)]
+    )
+    assert (summary["listed"], summary["written"], summary["failed"]) == (2, 1, 1)
+    (failure,) = [json.loads(line) for line in (out / "failures.jsonl").read_text().splitlines()]
+    assert failure["stage"] == "label" and "no row for key 'bad\\udcff'" in failure["reason"]

@@ -703,6 +703,15 @@ class ReadLabels(beam.PTransform):
         )
 
 
+def _key_bytes(key: str) -> bytes:
+    """The join key as shuffled: UTF-8, undecodable bytes of a file name kept as they were."""
+    return key.encode("utf-8", "surrogateescape")
+
+
+def _key_text(key: bytes) -> str:
+    return key.decode("utf-8", "surrogateescape")
+
+
 class JoinLabelsFn(beam.DoFn):
     """(key, {images, rows}) -> ImageRecord; FAILED, ORPHANS and STATS as tagged outputs."""
 
@@ -712,9 +721,9 @@ class JoinLabelsFn(beam.DoFn):
         self._failed = Metrics.counter(self.__class__, "images_without_label")
         self._orphans = Metrics.counter(self.__class__, "orphan_label_rows")
 
-    def process(self, element: tuple[str, Mapping[str, Iterable]]) -> Iterator:
+    def process(self, element: tuple[bytes, Mapping[str, Iterable]]) -> Iterator:
         key, grouped = element
-        result = join_key(key, grouped[_IMAGES], grouped[_ROWS], self._settings)
+        result = join_key(_key_text(key), grouped[_IMAGES], grouped[_ROWS], self._settings)
         self._labeled.inc(len(result.records))
         self._failed.inc(len(result.failures))
         self._orphans.inc(len(result.orphans))
@@ -762,12 +771,15 @@ class JoinLabels(beam.PTransform):
     def expand(self, inputs: tuple[beam.PCollection[ImageFile], beam.PCollection[LabelRow]]) -> JoinedLabels:
         files, rows = inputs
         mode = self._mode
-        # Both sides declare the same (str, Any) type: with inferred, different coders the
+        # Both sides declare the same (bytes, Any) type: with inferred, different coders the
         # Flatten inside CoGroupByKey mis-decodes on the FnApiRunner once both sides are shuffled.
+        # Keys travel as bytes: a file name with undecodable bytes cannot be coded as text.
         keyed_images = files | "KeyImages" >> beam.Map(
-            lambda f: (image_key(f.relpath, mode), f)
-        ).with_output_types(tuple[str, Any])
-        keyed_rows = rows | "KeyRows" >> beam.Map(lambda r: (r.key, r)).with_output_types(tuple[str, Any])
+            lambda f: (_key_bytes(image_key(f.relpath, mode)), f)
+        ).with_output_types(tuple[bytes, Any])
+        keyed_rows = rows | "KeyRows" >> beam.Map(lambda r: (_key_bytes(r.key), r)).with_output_types(
+            tuple[bytes, Any]
+        )
         joined = (
             {_IMAGES: keyed_images, _ROWS: keyed_rows}
             | "GroupByKey" >> beam.CoGroupByKey()  # (key, {images: [ImageFile], rows: [LabelRow]})

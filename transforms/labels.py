@@ -104,6 +104,53 @@ def _sorted_names(names: Iterable[str]) -> list[str]:
     return sorted(set(names))
 
 
+class ClassNamesFn(beam.CombineFn):
+    """Every label of the records, as a set: one cheap call per record (lifted), no shuffle
+    of names as a Distinct would."""
+
+    def create_accumulator(self) -> set[str]:
+        return set()
+
+    def add_input(self, names: set[str], record: ImageRecord) -> set[str]:
+        names.update(record.labels)
+        return names
+
+    def merge_accumulators(self, accumulators: Iterable[set[str]]) -> set[str]:
+        merged: set[str] = set()
+        for names in accumulators:
+            merged |= names
+        return merged
+
+    def extract_output(self, names: set[str]) -> list[str]:
+        return sorted(names)
+
+
+# Images per (split, class_key).
+ClassCounts = dict[tuple[str, str], int]
+
+
+class CountPerClassFn(beam.CombineFn):
+    """Records -> {(split, class_key): count}: one cheap call per record (lifted)."""
+
+    def create_accumulator(self) -> ClassCounts:
+        return {}
+
+    def add_input(self, counts: ClassCounts, record: ImageRecord) -> ClassCounts:
+        key = (record.split, record.class_key)
+        counts[key] = counts.get(key, 0) + 1
+        return counts
+
+    def merge_accumulators(self, accumulators: Iterable[ClassCounts]) -> ClassCounts:
+        merged: ClassCounts = {}
+        for counts in accumulators:
+            for key, n in counts.items():
+                merged[key] = merged.get(key, 0) + n
+        return merged
+
+    def extract_output(self, counts: ClassCounts) -> ClassCounts:
+        return counts
+
+
 # Integer labels make labels.txt list every id up to the largest: refuse absurd ranges.
 MAX_INTEGER_CLASSES = 1_000_000
 
@@ -156,12 +203,17 @@ class BuildClassIndex(beam.PTransform):
         offset, label_type = self._offset, self._label_type
         if self._names is not None:
             return records.pipeline | "FromMap" >> beam.Create([ClassIndex(tuple(self._names), offset)])
+        # Without records (all failed) the index has no names: a side-input default, which
+        # costs two steps where CombineGlobally's default element costs seven.
+        names = records | "Names" >> beam.CombineGlobally(ClassNamesFn()).without_defaults()  # sorted labels
         return (
-            records
-            | "Names" >> beam.FlatMap(lambda r: r.labels)
-            | "Distinct" >> beam.Distinct()
-            | "Sort" >> beam.combiners.ToList()
-            | "ToIndex" >> beam.Map(_index_or_user_error, offset, label_type)
+            records.pipeline
+            | "Once" >> beam.Impulse()
+            | "ToIndex"
+            >> beam.Map(
+                lambda _, found: _index_or_user_error(found, offset, label_type),
+                pvalue.AsSingleton(names, default_value=[]),
+            )
         )
 
 

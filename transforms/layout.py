@@ -13,6 +13,7 @@ from collections.abc import Iterable, Sequence
 
 import apache_beam as beam
 
+from transforms.record_coders import ImageRecordCoder  # noqa: F401 - registers the record coders
 from transforms.records import ImageRecord, ShardTask
 
 DEFAULT_SEED = 42
@@ -206,9 +207,9 @@ class PlanShards(beam.PTransform):
 
         return (
             records
-            | "KeyBySplit" >> beam.Map(lambda r: (r.split, r))
+            | "KeyBySplit" >> beam.Map(lambda r: (r.split, r)).with_output_types(tuple[str, ImageRecord])
             | "GroupBySplit" >> beam.GroupByKey()  # (split, [ImageRecord]) metadata only
-            | "CutShards" >> beam.FlatMap(to_tasks)
+            | "CutShards" >> beam.FlatMap(to_tasks).with_output_types(ShardTask)
             # One shard per bundle, so shards are written in parallel.
             | "SpreadShards" >> beam.Reshuffle()
         )

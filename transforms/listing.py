@@ -1,7 +1,8 @@
 """ListImages: match image files under a root, local or gs://, through Beam's filesystems.
 
 The match runs inside the pipeline (on workers), so the job graph stays the same size
-whatever the number of files.
+whatever the number of files. The listing DoFn also counts the listed images (live
+progress and the Beam counter `images_listed`), so counting costs no step of its own.
 """
 
 from __future__ import annotations
@@ -14,8 +15,10 @@ from collections.abc import Iterable
 import apache_beam as beam
 from apache_beam.io import fileio
 from apache_beam.io.filesystem import FileMetadata
+from apache_beam.metrics import Metrics
 
 from transforms.failures import USER_ERROR_MARKER
+from transforms.progress import LISTED, Progress, count_listed, lookup
 from transforms.records import ImageFile
 
 # Matched case-insensitively against the file name's last suffix.
@@ -85,38 +88,73 @@ def walk_local(root: str, extensions: tuple[str, ...] = IMAGE_EXTENSIONS) -> Ite
             yield ImageFile(path=path, relpath=relative_path(path, root), size=size)
 
 
-class WalkLocalFn(beam.DoFn):
-    """root -> ImageFile for every local file with an image extension below it."""
+class _ListFn(beam.DoFn):
+    """Base of the listing DoFns: counts what they list as `images_listed` and in the
+    run's Progress (`progress_key`, see transforms/progress.py)."""
 
-    def __init__(self, extensions: tuple[str, ...]):
-        self._extensions = extensions
+    def __init__(self, progress_key: str | None):
+        self._progress_key = progress_key
+        self._listed = Metrics.counter(self.__class__, f"images_{LISTED}")
+        self._progress: Progress | None = None
 
-    def process(self, root: str) -> Iterable[ImageFile]:
-        yield from walk_local(root, self._extensions)
+    def setup(self) -> None:
+        self._progress = lookup(self._progress_key)
+
+
+class WalkLocalFn(_ListFn):
+    """(an impulse) -> ImageFile for every local file with an image extension below `root`."""
+
+    def __init__(self, root: str, extensions: tuple[str, ...], progress_key: str | None = None):
+        super().__init__(progress_key)
+        self._root, self._extensions = root, extensions
+
+    def process(self, _: bytes) -> Iterable[ImageFile]:
+        yield from count_listed(walk_local(self._root, self._extensions), self._listed, self._progress)
+
+
+class KeepImagesFn(_ListFn):
+    """A matched file -> its ImageFile if it has an image extension (remote roots)."""
+
+    def __init__(self, root: str, extensions: tuple[str, ...], progress_key: str | None = None):
+        super().__init__(progress_key)
+        self._root, self._extensions = root, extensions
+
+    def process(self, meta: FileMetadata) -> Iterable[ImageFile]:
+        if has_image_extension(meta.path, self._extensions):
+            yield from count_listed([to_image_file(meta, self._root)], self._listed, self._progress)
 
 
 class ListImages(beam.PTransform):
     """Lists every image file below `root`, at any depth.
 
+    Args:
+      progress_key: the run whose live Progress counts the listed images, if any.
+
     Returns:
       PCollection[ImageFile], one per matched file (no order is implied).
     """
 
-    def __init__(self, root: str, extensions: tuple[str, ...] = IMAGE_EXTENSIONS):
+    def __init__(
+        self, root: str, extensions: tuple[str, ...] = IMAGE_EXTENSIONS, progress_key: str | None = None
+    ):
         super().__init__()
         self._root = normalize_root(root)
         self._extensions = tuple(e.lower() for e in extensions)
+        self._progress_key = progress_key
 
     def expand(self, pbegin: beam.pvalue.PBegin) -> beam.PCollection[ImageFile]:
-        root, extensions = self._root, self._extensions
+        root, extensions, key = self._root, self._extensions, self._progress_key
         if "://" not in root:
-            return pbegin | "Root" >> beam.Create([root]) | "WalkLocal" >> beam.ParDo(WalkLocalFn(extensions))
+            return (
+                pbegin
+                | "Start" >> beam.Impulse()  # one step, where a Create of the root would be four
+                | "WalkLocal" >> beam.ParDo(WalkLocalFn(root, extensions, key)).with_output_types(ImageFile)
+            )
         return (
             pbegin
             | "MatchFiles"
             >> fileio.MatchFiles(
                 escape_glob(root) + "/**", empty_match_treatment=fileio.EmptyMatchTreatment.ALLOW
             )
-            | "KeepImages" >> beam.Filter(lambda m: has_image_extension(m.path, extensions))
-            | "ToImageFile" >> beam.Map(to_image_file, root)
+            | "KeepImages" >> beam.ParDo(KeepImagesFn(root, extensions, key)).with_output_types(ImageFile)
         )

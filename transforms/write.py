@@ -27,7 +27,7 @@ from transforms.encode import EncodeSettings
 from transforms.failures import FAILED, USER_ERROR_MARKER, Failure
 from transforms.index import index_path
 from transforms.label_table import ORPHANS_FILE
-from transforms.labels import ClassIndex
+from transforms.labels import ClassIndex, CountPerClassFn
 from transforms.output import (
     FAILURES_FILE,
     LABELS_FILE,
@@ -431,11 +431,13 @@ class WriteMetadata(beam.PTransform):
         self._extras = summary_extras
 
     def expand(self, pbegin: beam.pvalue.PBegin) -> beam.PCollection[dict]:
-        listed_total = self._files | "CountListed" >> beam.combiners.Count.Globally()
+        # Lifted combiners without a default element (an empty input leaves the side inputs
+        # at their defaults): one cheap call per image, no extra steps.
+        count = beam.combiners.CountCombineFn()
+        listed_total = self._files | "CountListed" >> beam.CombineGlobally(count).without_defaults()
         listed = (
             self._records
-            | "KeyListed" >> beam.Map(lambda r: (r.split, r.class_key))
-            | "CountListedPerClass" >> beam.combiners.Count.PerElement()
+            | "CountListedPerClass" >> beam.CombineGlobally(CountPerClassFn()).without_defaults()
         )
         extras = self._extras if self._extras is not None else pbegin | "NoExtras" >> beam.Create([{}])
         return (
@@ -444,8 +446,8 @@ class WriteMetadata(beam.PTransform):
             | "Finalize"
             >> beam.ParDo(
                 self._fn,
-                pvalue.AsSingleton(listed_total),
-                pvalue.AsDict(listed),
+                pvalue.AsSingleton(listed_total, default_value=0),
+                pvalue.AsSingleton(listed, default_value={}),
                 pvalue.AsList(self._failed),
                 pvalue.AsList(self._shards),
                 pvalue.AsSingleton(self._class_index),
