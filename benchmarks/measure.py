@@ -1,8 +1,9 @@
 """Runs one command and measures it: wall time, CPU time and peak RSS of its process tree.
 
-Peak RSS is sampled from /proc every 20 ms, summed over the process and its descendants
-(so worker subprocesses count), and combined with the kernel's own high-water mark
-(`ru_maxrss` of the process). CPU time is user + system from `wait4`, which includes the
+Peak RSS is sampled from /proc every 20 ms: the process's resident set plus the private
+memory of its descendants (so worker subprocesses count; forked workers share the parent's
+pages copy-on-write, and summing their RSS would count those pages once per worker), and
+combined with the kernel's own high-water mark (`ru_maxrss`). CPU time is user + system from `wait4`, which includes the
 descendants the process waited for. Run-queue wait (time a thread was ready but had no
 core, from /proc/.../schedstat, sampled with the RSS) gives the CPU demand, which unlike
 CPU % does not fall when other processes load the machine. Linux only, standard library only.
@@ -69,13 +70,27 @@ def _tree(pid: int) -> list[int]:
     return found
 
 
+def _rss_bytes(pid: int) -> int:
+    with open(f"/proc/{pid}/statm", "rb") as f:
+        return int(f.read().split()[1]) * _PAGE
+
+
+def _private_bytes(pid: int) -> int:
+    """Pages of `pid` no other process maps (copy-on-write pages it has not touched are not)."""
+    try:
+        with open(f"/proc/{pid}/smaps_rollup", "rb") as f:
+            fields = dict(line.split(b":", 1) for line in f.read().splitlines() if b":" in line)
+        return sum(int(fields[k].split()[0]) * 1024 for k in (b"Private_Clean", b"Private_Dirty"))
+    except (OSError, KeyError, ValueError):
+        return _rss_bytes(pid)
+
+
 def tree_rss_bytes(pid: int) -> int:
-    """Resident bytes of `pid` and all its descendants right now."""
+    """Resident bytes of `pid` plus the private bytes of all its descendants right now."""
     total = 0
     for p in _tree(pid):
         try:
-            with open(f"/proc/{p}/statm", "rb") as f:
-                total += int(f.read().split()[1]) * _PAGE
+            total += _rss_bytes(p) if p == pid else _private_bytes(p)
         except OSError:
             pass
     return total

@@ -6,7 +6,7 @@ Each stage of the hot path is timed on its own over every image of the generated
 with the project's real functions and CPU time (`time.process_time`, steady on a busy
 machine): list, read, check, encode, write. Start-up is the CPU time of a process that
 only imports the CLI, and the whole is the CPU time of a real single-threaded `convert`
-(`--direct_running_mode=in_memory --direct_num_workers=1 --read_threads=1`); what the
+(`--direct_running_mode=in_memory --direct_num_workers=1 --read_threads=1 --write_processes=1`); what the
 stages do not explain is Beam's own per-element work (coders, bundles, side inputs).
 For a flame graph of a default run: `py-spy record -o prof.svg -- python -m beam_pipeline convert ...`.
 """
@@ -44,7 +44,8 @@ def stage_costs(data: str, out: str) -> dict[str, float]:
     from transforms.listing import has_image_extension, to_image_file
     from transforms.records import ImageRecord
     from transforms.schema import SLIM
-    from transforms.write import make_sink, read_file
+    from transforms.shard_writer import ShardFile
+    from transforms.write import read_file
 
     costs = {}
     costs["list"], files = _cpu(
@@ -68,10 +69,9 @@ def stage_costs(data: str, out: str) -> dict[str, float]:
     os.makedirs(out, exist_ok=True)
 
     def write() -> None:
-        writer = make_sink(out, "train").open_writer(out, "stages")
-        for e in examples:
-            writer.write(e)
-        writer.close()
+        with ShardFile(os.path.join(out, "stages.tfrecord")) as shard:
+            for e in examples:
+                shard.write(e)
 
     costs["write"], _ = _cpu(write)
     return costs
@@ -101,7 +101,13 @@ def main(argv: list[str] | None = None) -> int:
                 "--output_dir",
                 out + "/convert",
             ),
-            *("--quiet", "--direct_running_mode=in_memory", "--direct_num_workers=1", "--read_threads=1"),
+            *(
+                "--quiet",
+                "--direct_running_mode=in_memory",
+                "--direct_num_workers=1",
+                "--read_threads=1",
+                "--write_processes=1",
+            ),
         ],
         env=env,
     )
