@@ -104,6 +104,28 @@ def _key_field(name: str) -> bytes:
     return _field(1, name.encode("utf-8"))
 
 
+def _entry_parts(name: str, value, kind: str | None) -> tuple[list[bytes], int]:
+    """One `Features.feature` map entry (key, Feature) as (chunks, total size)."""
+    feature, feature_size = _feature_parts(_as_list(value), kind)
+    key = _key_field(name)
+    value_head = _FIELD2 + _varint(feature_size)
+    entry_size = len(key) + len(value_head) + feature_size
+    entry_head = _FIELD1 + _varint(entry_size)
+    return [entry_head, key, value_head, *feature], len(entry_head) + entry_size
+
+
+@functools.lru_cache(maxsize=4096)
+def _small_entry(name: str, value, value_type: type, kind: str | None) -> bytes:
+    """A map entry for a scalar that repeats across images (format, label, size, ...).
+
+    `value_type` is part of the cache key because 1, 1.0 and True are equal keys.
+    """
+    return b"".join(_entry_parts(name, value, kind)[0])
+
+
+_SMALL = 64  # str/bytes values up to this length are cached as whole entries
+
+
 def serialize_example(features: Features, kinds: Mapping[str, str] | None = None) -> bytes:
     """Serializes a feature dict as a `tf.train.Example`, keys in sorted order.
 
@@ -118,13 +140,16 @@ def serialize_example(features: Features, kinds: Mapping[str, str] | None = None
     parts: list[bytes] = []
     size = 0  # of the Features message
     for name in sorted(features):
-        feature, feature_size = _feature_parts(_as_list(features[name]), kinds.get(name))
-        key = _key_field(name)
-        value_head = _FIELD2 + _varint(feature_size)
-        entry_size = len(key) + len(value_head) + feature_size
-        entry_head = _FIELD1 + _varint(entry_size)  # one map entry: key, value
-        parts += (entry_head, key, value_head, *feature)
-        size += len(entry_head) + entry_size
+        value = features[name]
+        value_type = type(value)
+        if value_type is int or (value_type in (str, bytes) and len(value) <= _SMALL):
+            entry = _small_entry(name, value, value_type, kinds.get(name))
+            parts.append(entry)
+            size += len(entry)
+        else:
+            entry_parts, entry_size = _entry_parts(name, value, kinds.get(name))
+            parts += entry_parts
+            size += entry_size
     return b"".join((_FIELD1, _varint(size), *parts))
 
 
