@@ -106,16 +106,20 @@ def read_local(path: str) -> bytes:
             raise
         raise ReadError(e.strerror or str(e)) from None
     try:
-        mode = os.fstat(fd).st_mode
-        if not stat.S_ISREG(mode):
+        info = os.fstat(fd)
+        if not stat.S_ISREG(info.st_mode):
+            mode = info.st_mode
             kind = "directory" if stat.S_ISDIR(mode) else "fifo" if stat.S_ISFIFO(mode) else "special file"
             raise ReadError(f"not a regular file ({kind})")
-        os.set_blocking(fd, True)
-    except BaseException:
+        # O_NONBLOCK does not apply to regular files. One read of the known size (+1, to see
+        # a file that grew) and one that finds the end: 5 system calls a file instead of ~11
+        # through a buffered file object (fstat, ioctl, lseek, ...).
+        chunks = [os.read(fd, info.st_size + 1)]
+        while chunk := os.read(fd, 1 << 20):
+            chunks.append(chunk)
+        return chunks[0] if len(chunks) == 1 else b"".join(chunks)
+    finally:
         os.close(fd)
-        raise
-    with os.fdopen(fd, "rb") as f:
-        return f.read()
 
 
 def read_remote(path: str) -> bytes:
