@@ -235,12 +235,16 @@ def _open(data: bytes, max_pixels: int) -> tuple[str, Image.Image]:
         raise ImageError(f"too large: more than {max_pixels} pixels ({e})") from None
     except (OSError, SyntaxError, ValueError, EOFError):
         raise ImageError(f"does not decode as {fmt or 'an image'}: corrupt header") from None
-    width, height = img.size
+    check_size(*img.size, max_pixels)
+    return fmt, img
+
+
+def check_size(width: int, height: int, max_pixels: int) -> None:
+    """Refuses an empty or too large image from its header's size, before any decoding."""
     if width <= 0 or height <= 0:
         raise ImageError(f"invalid size {width}x{height}")
     if width * height > max_pixels:
         raise ImageError(f"too large: {width}x{height} exceeds {max_pixels} pixels")
-    return fmt, img
 
 
 def _load(img: Image.Image, fmt: str) -> None:

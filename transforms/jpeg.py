@@ -28,7 +28,15 @@ import dataclasses
 import functools
 import re
 
-from transforms.image import ImageError, ImageInfo, ImageOptions, PreparedImage, colorspace_of
+from transforms.image import (
+    ImageError,
+    ImageInfo,
+    ImageOptions,
+    PreparedImage,
+    check_size,
+    colorspace_of,
+    detect_format,
+)
 
 # 0xFF followed by anything but a stuffed zero: a marker (or the first of several fill 0xFF).
 _MARKER = re.compile(rb"\xff[^\x00]")
@@ -48,12 +56,11 @@ _DEFAULT_HUFFMAN = frozenset({(0, 0), (0, 1), (1, 0), (1, 1)})
 
 @dataclasses.dataclass(frozen=True)
 class JpegLayout:
-    """What TensorFlow decodes the file to (channels=0: 1 for grey, 3 for colour)."""
+    """The shape `tf.io.decode_image(data)` gives: 1 channel for grey, 3 for colour."""
 
     height: int
     width: int
     channels: int
-    progressive: bool
 
 
 def prepare_kept_jpeg(data: bytes, options: ImageOptions) -> PreparedImage | None:
@@ -65,13 +72,12 @@ def prepare_kept_jpeg(data: bytes, options: ImageOptions) -> PreparedImage | Non
     Raises:
       ImageError: TensorFlow rejects the file, or it has more than `options.max_pixels`.
     """
-    if not data.startswith(b"\xff\xd8\xff") or options.changes_pixels() or options.exif_transpose:
+    if detect_format(data) != "jpeg" or options.changes_pixels() or options.exif_transpose:
         return None
     layout = check_jpeg(data)
     if layout is None:
         return None
-    if layout.width * layout.height > options.max_pixels:
-        raise ImageError(f"too large: {layout.width}x{layout.height} exceeds {options.max_pixels} pixels")
+    check_size(layout.width, layout.height, options.max_pixels)
     info = ImageInfo("jpeg", layout.height, layout.width, layout.channels, colorspace_of(layout.channels))
     return PreparedImage(data, info)
 
@@ -163,7 +169,7 @@ def _walk(data: bytes) -> JpegLayout:
     if not state.progressive and state.scanned != set(comps):
         raise _Unmodelled  # a sequential image with components never scanned
     channels = 1 if len(comps) == 1 else 3
-    return JpegLayout(height, width, channels, state.progressive)
+    return JpegLayout(height, width, channels)
 
 
 def _frame(state: _State, body: bytes, progressive: bool) -> None:

@@ -16,7 +16,7 @@ import dataclasses
 import os
 import shutil
 import uuid
-from collections.abc import Callable
+from collections.abc import Callable, Iterable
 from concurrent.futures import ThreadPoolExecutor
 from typing import BinaryIO
 
@@ -269,17 +269,23 @@ def join_parts(parts: list[ShardOutcome], job: ShardJob) -> ShardOutcome:
     delete_paths([p.temp_path for p in written[1:]])
     if job.write_index:
         write_index(first.temp_path, sizes)
-    per_class: collections.Counter = collections.Counter()
-    for r in written:
-        per_class.update(dict(r.written))
     result = dataclasses.replace(
         first,
         records=sum(r.records for r in written),
         bytes=sum(r.bytes for r in written),
         formats=tuple(sorted({f for r in written for f in r.formats})),
-        written=tuple(sorted(per_class.items())),
+        written=tuple(sorted(written_counts(written).items())),
     )
     return ShardOutcome(result, failures, sizes)
+
+
+def written_counts(shards: Iterable[ShardResult]) -> dict[tuple[str, str], int]:
+    """Images written per (split, class_key), summed over the shards' own counts."""
+    written: collections.Counter = collections.Counter()
+    for shard in shards:
+        for key, n in shard.written:
+            written[key] += n
+    return dict(written)
 
 
 def _copy(src: BinaryIO, dst: BinaryIO, size: int) -> None:

@@ -45,7 +45,14 @@ from transforms.reading import DEFAULT_RETRY, RetryPolicy, read_bytes, read_with
 from transforms.records import ImageFile, ImageRecord, ShardResult, ShardTask
 from transforms.schema import schema_from_summary
 from transforms.shard_processes import ShardProcesses
-from transforms.shard_writer import COMPRESSIONS, ShardJob, ShardOutcome, shard_suffix, write_shard
+from transforms.shard_writer import (
+    COMPRESSIONS,
+    ShardJob,
+    ShardOutcome,
+    shard_suffix,
+    write_shard,
+    written_counts,
+)
 from transforms.tfds_metadata import tfds_name, write_reader_metadata
 
 SHARD_TEMPLATE = "-SSSSS-of-NNNNN"
@@ -279,15 +286,6 @@ def _image_fields(settings: EncodeSettings, reasons: collections.Counter) -> dic
         "image_format": settings.image_format,
         "duplicates": reasons.get(DEDUPE_STAGE, 0),
     }
-
-
-def written_counts(shards: Iterable[ShardResult]) -> dict[tuple[str, str], int]:
-    """Images written per (split, class_key), summed over the shards' own counts."""
-    written: collections.Counter = collections.Counter()
-    for shard in shards:
-        for key, n in shard.written:
-            written[key] += n
-    return dict(written)
 
 
 def accounting_error(summary: dict) -> str | None:
