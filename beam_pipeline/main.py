@@ -6,6 +6,7 @@ user errors into one line on stderr and an exit status.
 
 from __future__ import annotations
 
+import contextlib
 import gc
 import json
 import logging
@@ -24,6 +25,7 @@ from apache_beam.options.pipeline_options import (
     StandardOptions,
     TestOptions,
 )
+from apache_beam.runners.worker import statesampler
 
 from beam_pipeline.options import (
     ConvertOptions,
@@ -96,6 +98,29 @@ def _local_defaults(options: PipelineOptions, argv: list[str]) -> None:
     if not convert.write_processes:
         in_runner_process = direct.direct_running_mode != "multi_processing"
         convert.write_processes = default_processes() if in_runner_process else 1
+
+
+# Period (ms) of the state sampler thread of each in-process bundle (Beam: 200).
+LOCAL_SAMPLING_PERIOD_MS = 10
+
+
+@contextlib.contextmanager
+def short_state_sampling(period_ms: int = LOCAL_SAMPLING_PERIOD_MS):
+    """Beam's per-bundle state sampler wakes up with a shorter period while in the block.
+
+    The end of every bundle joins the sampler thread, which first finishes its sleep:
+    up to 200 ms with Beam's default period, in the runner's one thread (measured: 0.08
+    to 0.19 s of a 4 s local run on 16,000 images). Beam has no option for it, so the
+    default of `StateSampler.__init__` is swapped for the run and put back after.
+    Waking every 10 ms costs nothing measurable.
+    """
+    init = statesampler.StateSampler.__init__
+    saved = init.__defaults__
+    init.__defaults__ = (period_ms,)
+    try:
+        yield
+    finally:
+        init.__defaults__ = saved
 
 
 def _in_process(options: PipelineOptions) -> bool:
@@ -233,8 +258,10 @@ def run(argv: list[str] | None = None, save_main_session: bool = True) -> dict:
     # (0.2 s of CPU down to 0.03 s for 16,000 images, 0.1 s to 0.02 s for 40). Unfrozen
     # afterwards, so that repeated runs in one process can still free their graphs.
     gc.freeze()
+    sampling = short_state_sampling() if _in_process(options) else contextlib.nullcontext()
     try:
-        p.run().wait_until_finish()
+        with sampling:
+            p.run().wait_until_finish()
         if _described_only(options):
             delete_paths([FileSystems.join(output_dir, MARKER_FILE)])  # nothing ran here
             return {"described_only": True, "output_dir": output_dir}
