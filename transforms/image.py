@@ -9,6 +9,10 @@ rejected with a reason. What TensorFlow 2.21 does, verified by tests/test_image_
 - JPEG L/RGB, PNG (every colour type and bit depth; 16-bit is scaled to uint8 by `>> 8`),
   GIF (always 3 channels, first frame), 24-bit BMP and single-frame WebP decode as stored.
 - CMYK/YCCK JPEG: TensorFlow's CMYK->RGB differs from other decoders -> PNG.
+- GIF: giflib reads every block of the file (transforms/gif.py). Damage before the first
+  frame is complete, or a first-frame colour index beyond its colour table -> rejected;
+  damage after it, or a later frame that does not decode -> PNG of the first frame. The
+  decoded size is the largest frame's, not the logical screen's.
 - BMP other than 24-bit uncompressed: 32-bit gives a 4th channel from the padding byte,
   palette BMPs give palette indices, 1-bit fails -> PNG.
 - Animated WebP corrupts TensorFlow's heap (a crash at training time) -> PNG of frame 1.
@@ -188,7 +192,7 @@ def _bmp_expected_size(data: bytes) -> int:
     return offset + (3 * width + 3) // 4 * 4 * abs(height)
 
 
-def _tf_problem(fmt: str, data: bytes, img: Image.Image) -> str | None:
+def _tf_problem(fmt: str, data: bytes, img: Image.Image, max_pixels: int = DEFAULT_MAX_PIXELS) -> str | None:
     """Why TensorFlow 2.21 cannot decode these bytes as they are, or None if it can."""
     if fmt not in TF_FORMATS:
         return f"{fmt} is not decodable by TensorFlow"
@@ -201,6 +205,8 @@ def _tf_problem(fmt: str, data: bytes, img: Image.Image) -> str | None:
         return "BMP whose file size does not match its header is refused by TensorFlow"
     if fmt == "webp" and _is_animated(img):
         return "animated WebP crashes TensorFlow's decoder"
+    if fmt == "gif":
+        return _gif_problem(data, img, max_pixels)
     return None
 
 
@@ -260,12 +266,66 @@ def _check_as_stored(data: bytes, fmt: str, img: Image.Image) -> ImageInfo:
     A 1/8-scale JPEG decode still reads every entropy-coded block, so truncated or
     corrupt data fails here and not at training time, at a fraction of the cost.
     """
+    if fmt == "gif":
+        return _check_gif(data, img)
     width, height = img.size
     channels = _tf_channels(fmt, data, img)
     if fmt == "jpeg":
         img.draft(img.mode, (max(1, width // 8), max(1, height // 8)))
     _load(img, fmt)
     return ImageInfo(fmt, height, width, channels, colorspace_of(channels))
+
+
+def _check_gif(data: bytes, img: Image.Image) -> ImageInfo:
+    """A GIF kept as stored (its blocks and later frames passed `_gif_problem`): the first
+    frame's LZW data and colour indices (TensorFlow refuses one beyond the colour table,
+    unless it is the transparent one). The size is TensorFlow's: the largest frame's."""
+    from transforms.gif import gif_layout  # gif.py imports ImageError from this module
+
+    layout = gif_layout(data)
+    first = layout.frames[0]
+    _load(img, "gif")
+    box = (
+        first.left,
+        first.top,
+        min(first.left + first.width, img.width),
+        min(first.top + first.height, img.height),
+    )
+    if img.mode in ("P", "L") and box[0] < box[2] and box[1] < box[3]:
+        counts = img.crop(box).histogram()
+        beyond = [i for i in range(first.colors, 256) if counts[i] and i != layout.transparent]
+        if beyond:
+            raise ImageError(
+                f"corrupt gif: colour index {beyond[0]} beyond the {first.colors}-entry colour table"
+            )
+    width, height = layout.size
+    return ImageInfo("gif", height, width, 3, colorspace_of(3))
+
+
+def _gif_problem(data: bytes, img: Image.Image, max_pixels: int) -> str | None:
+    """Why a GIF is not kept as stored although its first frame decodes, or None.
+
+    Damage after the first frame (transforms/gif.py), a later frame that does not decode
+    (giflib decodes every frame), or frames whose largest size, the size TensorFlow
+    allocates, is above the bomb limit. Damage in the first frame raises ImageError.
+    """
+    from transforms.gif import gif_layout  # gif.py imports ImageError from this module
+
+    layout = gif_layout(data)
+    if layout.damage:
+        return f"gif damaged after its first frame ({layout.damage})"
+    width, height = layout.size
+    if width * height > max_pixels:
+        return f"gif frames up to {width}x{height} exceed {max_pixels} pixels"
+    try:
+        for index in range(1, len(layout.frames)):
+            img.seek(index)
+            img.load()
+    except (OSError, SyntaxError, ValueError, EOFError, struct.error, Image.DecompressionBombError) as e:
+        return f"gif frame {index} does not decode ({e})"
+    finally:
+        img.seek(0)
+    return None
 
 
 def inspect_image(data: bytes, max_pixels: int = DEFAULT_MAX_PIXELS) -> ImageInfo:
@@ -276,7 +336,7 @@ def inspect_image(data: bytes, max_pixels: int = DEFAULT_MAX_PIXELS) -> ImageInf
         cannot decode as stored (the reason says why).
     """
     fmt, img = _open(data, max_pixels)
-    problem = _tf_problem(fmt, data, img)
+    problem = _tf_problem(fmt, data, img, max_pixels)
     if problem:
         raise ImageError(problem)
     return _check_as_stored(data, fmt, img)
@@ -443,7 +503,7 @@ def prepare_image(data: bytes, options: ImageOptions = ImageOptions()) -> Prepar
         without loss; the message says why.
     """
     fmt, img = _open(data, options.max_pixels)
-    problem = _tf_problem(fmt, data, img)
+    problem = _tf_problem(fmt, data, img, options.max_pixels)
     change = None if problem else _needs_change(img, fmt, _tf_channels(fmt, data, img), options)
     if problem is None and change is None:
         return PreparedImage(data, _check_as_stored(data, fmt, img))
