@@ -41,3 +41,21 @@ def test_intact_png_and_other_formats_pass():
     check_structure("png", _png())
     check_structure("png", _png() + b"trailing bytes after IEND are ignored")
     check_structure("jpeg", b"\xff\xd8\xff anything")
+
+
+@pytest.mark.parametrize("name", [b"t$XT", b"\x00\x01\x00\x00", b"fd\xe1T"])
+def test_png_chunk_named_by_other_than_letters_is_rejected_like_tensorflow_does(name):
+    import struct
+    import zlib
+
+    import tensorflow as tf
+
+    data = _png()
+    body = b"payload"
+    chunk = struct.pack(">I", len(body)) + name + body + struct.pack(">I", zlib.crc32(name + body))
+    iend = data.rindex(b"IEND") - 4
+    damaged = data[:iend] + chunk + data[iend:]  # a well-formed chunk with a CRC, badly named
+    with pytest.raises(tf.errors.InvalidArgumentError):
+        tf.io.decode_image(damaged, expand_animations=False)
+    with pytest.raises(ImageError, match="invalid chunk type"):
+        check_structure("png", damaged)

@@ -15,7 +15,8 @@ _PNG_SIGNATURE = b"\x89PNG\r\n\x1a\n"
 
 
 def check_png_chunks(data: bytes) -> None:
-    """Walks the PNG chunks: each must be complete, critical ones with a correct CRC, up to IEND.
+    """Walks the PNG chunks: each must be complete and named by four ASCII letters, critical
+    ones with a correct CRC, up to IEND.
 
     Ancillary chunks (lower-case first letter) with a bad CRC are tolerated, as libpng does.
 
@@ -31,6 +32,8 @@ def check_png_chunks(data: bytes) -> None:
         end = pos + 12 + length
         if end > len(data):
             raise ImageError(f"truncated png: the file ends inside a {kind.decode('latin-1')} chunk")
+        if not kind.isalpha():  # libpng: "invalid chunk type" (ASCII letters only)
+            raise ImageError(f"corrupt png: invalid chunk type {kind!r}")
         critical = kind[:1].isupper()
         if critical and zlib.crc32(data[pos + 4 : end - 4]) != int.from_bytes(data[end - 4 : end], "big"):
             raise ImageError(f"corrupt png: bad checksum in a {kind.decode('latin-1')} chunk")
