@@ -11,6 +11,7 @@ import gc
 import json
 import logging
 import os
+import signal
 import sys
 import uuid
 
@@ -56,6 +57,7 @@ EXIT_OK = 0
 EXIT_FAILED = 1
 EXIT_USAGE = 2
 EXIT_TOO_MANY_FAILURES = 3
+EXIT_INTERRUPTED = 130  # 128 + SIGINT, as shells report it
 
 # Logs "Created job with id: [...]" when a Dataflow job is submitted.
 DATAFLOW_SUBMIT_LOGGER = "apache_beam.runners.dataflow"
@@ -355,13 +357,38 @@ def main(argv: list[str] | None = None) -> int:
         return EXIT_TOO_MANY_FAILURES
 
 
+def _exit_on_interrupt(signum: int, frame: object) -> None:
+    """Ctrl-C: one line instead of the runner's tracebacks, then the exit a kill would give.
+
+    Stopping at once is safe: a run's output stays marked unfinished until its last file is
+    published (transforms/output.py), and the next run into the folder replaces it, as
+    after a SIGKILL (tests/test_reliability_output.py). Forked shard writers, which get
+    the terminal's SIGINT too, exit silently.
+    """
+    if os.getpid() == _CLI_PID:
+        print(
+            "img2tfrecord: interrupted; rerun to start over (the unfinished local output is "
+            "replaced; a Dataflow job already submitted keeps running)",
+            file=sys.stderr,
+            flush=True,
+        )
+    os._exit(EXIT_INTERRUPTED)
+
+
+_CLI_PID = 0  # the process that runs cli()
+
+
 def cli() -> None:
     """The console entry (`img2tfrecord`, `python -m beam_pipeline`): main(), then exit.
 
     What is still alive is frozen first: the interpreter's last collection at exit would
     walk Beam's million objects once more (about 0.4 s of CPU) right before the process
-    ends. Only here, not in main(), which tests and callers run in a long-lived process.
+    ends. Only here, not in main(), which tests and callers run in a long-lived process;
+    the same goes for Ctrl-C handling (`_exit_on_interrupt`).
     """
+    global _CLI_PID
+    _CLI_PID = os.getpid()
+    signal.signal(signal.SIGINT, _exit_on_interrupt)
     status = main()
     gc.freeze()
     sys.exit(status)

@@ -192,3 +192,47 @@ def test_sigkill_then_rerun_gives_the_uninterrupted_output(small_tree, tmp_path)
     )
     assert sorted(os.listdir(out)) == sorted(METADATA_FILES + ["train-00000-of-00001.tfrecord"])
     assert len(read_records(out)) == 12
+
+
+def _live_members(pgid: int) -> list[int]:
+    """Processes of group `pgid` still running (zombies, which this VM's init may never
+    reap, are not)."""
+    live = []
+    for entry in os.listdir("/proc"):
+        try:
+            stat = Path("/proc", entry, "stat").read_text()
+        except (OSError, ValueError):
+            continue
+        state, _, group = stat.rpartition(")")[2].split()[:3]
+        if int(group) == pgid and state != "Z":
+            live.append(int(entry))
+    return live
+
+
+def test_ctrl_c_stops_with_one_line_and_the_rerun_converges(small_tree, tmp_path):
+    """SIGINT to the whole process group, as a terminal sends it, in the middle of a shard."""
+    reference = tmp_path / "reference"
+    main.run(_args_for(small_tree, reference), save_main_session=False)
+    out, flag = tmp_path / "out", tmp_path / "flag"
+    proc = subprocess.Popen(
+        [sys.executable, "-m", "beam_pipeline", "convert", *_args_for(small_tree, out)],
+        env={**os.environ, PAUSE_ENV: f"write_shard:{flag}"},
+        stdout=subprocess.DEVNULL,
+        stderr=subprocess.PIPE,
+        start_new_session=True,
+    )
+    deadline = time.monotonic() + 120
+    while not flag.exists():
+        assert proc.poll() is None, proc.stderr.read().decode()[-2000:]
+        assert time.monotonic() < deadline, "the run never reached write_shard"
+        time.sleep(0.05)
+    os.killpg(proc.pid, signal.SIGINT)
+    _, err = proc.communicate(timeout=60)
+    err = err.decode()
+    assert proc.returncode == main.EXIT_INTERRUPTED
+    assert err.count("img2tfrecord: interrupted") == 1 and "Traceback" not in err, err
+    time.sleep(0.5)
+    assert _live_members(proc.pid) == [], "a shard writer outlived the run"
+    assert _looks_finished(out) == [] and (out / MARKER_FILE).exists()
+    main.run(_args_for(small_tree, out), save_main_session=False)
+    assert _files(out) == _files(reference)
