@@ -9,6 +9,7 @@ from apache_beam.testing.test_pipeline import TestPipeline
 from apache_beam.testing.util import assert_that, equal_to
 
 from beam_pipeline.options import ConvertOptions, is_job_label, route_labels_flag
+from transforms.batching import CountImagesFn, chunked
 from transforms.label_table import (
     JoinLabels,
     JoinSettings,
@@ -27,7 +28,6 @@ from transforms.label_table import (
     split_labels,
 )
 from transforms.labels import ClassIndex, class_index_for
-from transforms.batching import CountImagesFn, chunked
 from transforms.records import BATCH_SIZE, FileBatch, ImageFile
 
 CSV = TableSpec(path="t.csv", format="csv")
