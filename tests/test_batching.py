@@ -4,6 +4,7 @@ import collections
 
 import apache_beam as beam
 import pytest
+from apache_beam.io.filesystem import FileMetadata
 from apache_beam.testing.test_pipeline import TestPipeline
 from apache_beam.testing.util import assert_that, equal_to
 
@@ -19,7 +20,7 @@ from transforms.layout import (
     split_for_key,
     stratified_splits,
 )
-from transforms.listing import ListImages
+from transforms.listing import IMAGE_EXTENSIONS, KeepImagesFn, ListImages
 from transforms.prescan import DEDUPE_STAGE, DropDuplicates
 from transforms.records import BATCH_SIZE, FileBatch, ImageFile, ImageRecord, RecordBatch
 
@@ -185,3 +186,31 @@ def test_drop_duplicates_batches_the_kept_records_again(tmp_path):
             equal_to([(DEDUPE_STAGE, "duplicate of 1007.jpg")] * 10),
             label="Failed",
         )
+
+
+def test_bucket_listing_batches_per_bundle_and_counts_every_image():
+    """KeepImagesFn (gs:// roots, one matched file at a time): full batches, then the rest."""
+    n = BATCH_SIZE + 2
+    matched = [FileMetadata(f"gs://b/in/c/{i}.jpg", i) for i in range(n)] + [
+        FileMetadata("gs://b/in/c/x.txt", 1)
+    ]
+    tally = progress.register("batching-bucket")
+    try:
+        with TestPipeline() as p:
+            batches = (
+                p
+                | beam.Create(matched)
+                | beam.ParDo(KeepImagesFn("gs://b/in", IMAGE_EXTENSIONS, "batching-bucket"))
+            )
+            assert_that(
+                batches | beam.FlatMap(lambda b: [(f.relpath, f.size) for f in b.files]),
+                equal_to([(f"c/{i}.jpg", i) for i in range(n)]),
+            )
+            assert_that(
+                batches | "Batched" >> beam.combiners.Count.Globally() | beam.Map(lambda c: 2 <= c <= 10),
+                equal_to([True]),
+                label="Count",
+            )
+        assert tally.snapshot()[0] == n
+    finally:
+        progress.unregister("batching-bucket")
