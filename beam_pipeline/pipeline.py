@@ -7,7 +7,9 @@ image key) instead of LabelFromFolders, and WriteOrphans reports rows without an
 
 Only metadata (ImageRecord: path, label, size) is shuffled, coded as tuples of its fields
 (transforms/record_coders.py); image bytes are read inside WriteShards, right where they are
-encoded and written.
+encoded and written. Up to the shard plan the records travel in batches (FileBatch,
+RecordBatch of up to 1,000 images; transforms/records.py), so Beam's cost per element is
+paid per batch.
 """
 
 from __future__ import annotations
@@ -52,7 +54,7 @@ def build_pipeline(p: beam.Pipeline, opts: ConvertOptions, run_id: str) -> Pipel
     label_map = load_label_map(opts.label_map) if opts.label_map else None
     by_folder = opts.splits == "folders"
 
-    files = p | "ListImages" >> ListImages(opts.input, progress_key=run_id)  # ImageFile(path, relpath, size)
+    files = p | "ListImages" >> ListImages(opts.input, progress_key=run_id)  # FileBatch of ImageFile
     listed, label_report = files, None
     if opts.labels_path:  # labels from a table, joined by image key
         spec, join = table_spec(opts), join_settings(opts, label_map)
@@ -62,12 +64,12 @@ def build_pipeline(p: beam.Pipeline, opts: ConvertOptions, run_id: str) -> Pipel
         label_report = report | "WriteOrphans" >> WriteOrphans(
             staging_dir(temp_dir), spec, join
         )  # {"labels": {..}}
-        listed = labeled.listed  # ImageRecord | Failure: every image but skipped unlabeled ones
+        listed = labeled.listed  # RecordBatch | Failure: every image but skipped unlabeled ones
     else:
         labeled = files | "LabelFromFolders" >> LabelFromFolders(by_folder)  # .records, .failed
     records = labeled.records | "AssignSplits" >> AssignSplits(
         ratios, opts.seed, opts.stratify
-    )  # ImageRecord
+    )  # RecordBatch of ImageRecord
     label_type = opts.label_type if opts.labels_path else "str"
     classes = records | "BuildClassIndex" >> BuildClassIndex(
         label_offset(opts), names=label_map, label_type=label_type
@@ -77,10 +79,10 @@ def build_pipeline(p: beam.Pipeline, opts: ConvertOptions, run_id: str) -> Pipel
         deduped = records | "DropDuplicates" >> DropDuplicates(estimate_with)  # .records, .failed
         to_plan, failed = deduped.records, [deduped.failed]
     elif estimate_with:
-        to_plan = records | "EstimateSizes" >> EstimateSizes(estimate_with)  # ImageRecord, size = estimate
+        to_plan = records | "EstimateSizes" >> EstimateSizes(estimate_with)  # RecordBatch, size = estimate
     tasks = to_plan | "PlanShards" >> PlanShards(
         opts.seed, target_bytes, opts.num_shards or None
-    )  # ShardTask
+    )  # ShardTask (one shard's ImageRecords in write order)
     shards = tasks | "WriteShards" >> WriteShards(
         output_dir,
         temp_dir,

@@ -1,7 +1,8 @@
 """Throughput of the labels-table join: ReadLabels + JoinLabels on N generated rows.
 
 Writes a CSV of N rows (plus 1% orphans), generates N image listings inside the pipeline (no
-image files: the join only sees metadata) and joins them on the local runner. Prints rows/s
+image files: the join only sees metadata; FileBatches, as ListImages emits them) and joins
+them on the local runner. Prints rows/s
 and checks the join's counts (every image matched once, every orphan reported).
 
     python benchmarks/label_join.py --rows 1000000 --mode in_memory
@@ -23,7 +24,7 @@ import apache_beam as beam
 from apache_beam.options.pipeline_options import PipelineOptions
 
 from transforms.label_table import JoinLabels, JoinSettings, ReadLabels, TableSpec
-from transforms.records import ImageFile
+from transforms.records import BATCH_SIZE, FileBatch, ImageFile
 
 
 def write_table(path: str, rows: int) -> None:
@@ -37,6 +38,11 @@ def write_table(path: str, rows: int) -> None:
 
 def image(i: int) -> ImageFile:
     return ImageFile(f"/data/서울/{i % 1049}/IMG_{i:08d}.JPG", f"서울/{i % 1049}/IMG_{i:08d}.JPG", 100_000)
+
+
+def listed_batch(start: int, rows: int) -> FileBatch:
+    """Images start.. as ListImages emits them: a FileBatch of up to BATCH_SIZE."""
+    return FileBatch(tuple(image(i) for i in range(start, min(start + BATCH_SIZE, rows))))
 
 
 def check_stats(stats: list[tuple[str, int]], expected: dict[str, int]) -> None:
@@ -67,9 +73,9 @@ def main() -> None:
             files = (
                 p
                 | beam.Impulse()
-                | "Generate" >> beam.FlatMap(lambda _: range(args.rows))
+                | "Generate" >> beam.FlatMap(lambda _: range(0, args.rows, BATCH_SIZE))
                 | beam.Reshuffle()
-                | "ToImageFile" >> beam.Map(image)
+                | "ToFileBatch" >> beam.Map(listed_batch, args.rows)
             )
             joined = (files, rows) | "JoinLabels" >> JoinLabels("stem", JoinSettings())
             expected = {"rows": args.rows + args.rows // 100, "matched_rows": args.rows}

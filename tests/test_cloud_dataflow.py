@@ -177,6 +177,8 @@ def _check_no_image_bytes_reach_a_group_by_key(described):
     for cls in (
         records_module.ImageFile,
         records_module.ImageRecord,
+        records_module.FileBatch,
+        records_module.RecordBatch,
         records_module.ShardTask,
         records_module.ShardResult,
     ):

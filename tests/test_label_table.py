@@ -9,6 +9,7 @@ from apache_beam.testing.test_pipeline import TestPipeline
 from apache_beam.testing.util import assert_that, equal_to
 
 from beam_pipeline.options import ConvertOptions, is_job_label, route_labels_flag
+from transforms.batching import CountImagesFn, chunked
 from transforms.label_table import (
     JoinLabels,
     JoinSettings,
@@ -27,7 +28,7 @@ from transforms.label_table import (
     split_labels,
 )
 from transforms.labels import ClassIndex, class_index_for
-from transforms.records import ImageFile
+from transforms.records import BATCH_SIZE, FileBatch, ImageFile
 
 CSV = TableSpec(path="t.csv", format="csv")
 
@@ -207,15 +208,27 @@ def test_read_and_join_thousands_of_rows(tmp_path):
     spec = TableSpec(path=str(tmp_path / "labels-*.csv"), format="csv")
     with TestPipeline() as p:
         rows = p | ReadLabels(spec)
-        files = p | "Images" >> beam.Create(images)
+        files = p | "Images" >> beam.Create([FileBatch(chunk) for chunk in chunked(images)])
         joined = (files, rows) | JoinLabels("stem", JoinSettings())
+        # Joined one image at a time, batched again: full batches and each bundle's remainder.
         assert_that(
-            joined.records | "CountRecords" >> beam.combiners.Count.Globally(),
+            joined.records | "BadSizes" >> beam.Filter(lambda b: not 0 < len(b) <= BATCH_SIZE),
+            equal_to([]),
+            label="CheckBatchSizes",
+        )
+        assert_that(
+            joined.records | "CountBatches" >> beam.combiners.Count.Globally() | beam.Map(lambda n: n < 50),
+            equal_to([True]),
+            label="CheckBatched",
+        )
+        records = joined.records | "Records" >> beam.FlatMap(lambda b: b.records)
+        assert_that(
+            records | "CountRecords" >> beam.combiners.Count.Globally(),
             equal_to([n - 300]),
             label="CheckRecords",
         )
         assert_that(
-            joined.records | "Wrong" >> beam.Filter(lambda r: r.labels != (f"c{int(r.relpath[5:10]) % 7}",)),
+            records | "Wrong" >> beam.Filter(lambda r: r.labels != (f"c{int(r.relpath[5:10]) % 7}",)),
             equal_to([]),
             label="CheckLabels",
         )
@@ -239,7 +252,7 @@ def test_read_and_join_thousands_of_rows(tmp_path):
             label="CheckStats",
         )
         assert_that(
-            joined.listed | "CountListed" >> beam.combiners.Count.Globally(),
+            joined.listed | "CountListed" >> beam.CombineGlobally(CountImagesFn()),
             equal_to([n + 400]),
             label="CheckListed",
         )

@@ -8,7 +8,7 @@ from apache_beam.testing.test_pipeline import TestPipeline
 from apache_beam.testing.util import assert_that, equal_to
 
 from transforms.layout import PlanShards, parse_split_ratios, plan_shards, record_size, split_for_key
-from transforms.records import ImageRecord
+from transforms.records import ImageRecord, RecordBatch
 
 
 def _records(n, size=1000, classes=("a", "b", "c")):
@@ -77,7 +77,8 @@ def test_plan_shards_transform():
         for i in range(5)
     ]
     with TestPipeline() as p:
-        tasks = p | beam.Create(records) | PlanShards(seed=1, target_bytes=10_000, num_shards=None)
+        batches = [RecordBatch(tuple(records[i : i + 7])) for i in range(0, len(records), 7)]  # splits mixed
+        tasks = p | beam.Create(batches) | PlanShards(seed=1, target_bytes=10_000, num_shards=None)
         summary = tasks | beam.Map(lambda t: (t.split, t.index, len(t.records)))
         expected = [("train", i, len(s)) for i, s in enumerate(plan_shards(records[:50], 1, 10_000))]
         expected.append(("validation", 0, 5))

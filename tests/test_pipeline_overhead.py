@@ -1,22 +1,31 @@
-"""The cheaper per-image pipeline: record coders, counting inside listing, lifted counts."""
+"""The cheaper per-image pipeline: records in batches, record coders, counting inside listing,
+lifted counts."""
 
 from __future__ import annotations
+
+import dataclasses
+import functools
 
 import apache_beam as beam
 import pytest
 from apache_beam import coders
 from apache_beam.options.pipeline_options import PipelineOptions
-from apache_beam.testing.test_pipeline import TestPipeline
 
 from beam_pipeline import main
 from beam_pipeline.options import ConvertOptions
 from beam_pipeline.pipeline import build_pipeline
 from tests.conftest import write_image
-from transforms import progress
+from transforms.batching import CountImagesFn
+from transforms.failures import Failure
 from transforms.labels import ClassNamesFn, CountPerClassFn
-from transforms.listing import ListImages
-from transforms.record_coders import ImageFileCoder, ImageRecordCoder, ShardTaskCoder
-from transforms.records import ImageFile, ImageRecord, ShardTask
+from transforms.record_coders import (
+    FileBatchCoder,
+    ImageFileCoder,
+    ImageRecordCoder,
+    RecordBatchCoder,
+    ShardTaskCoder,
+)
+from transforms.records import FileBatch, ImageFile, ImageRecord, RecordBatch, ShardTask
 
 RECORDS = [
     ImageRecord("/in/cat/a.jpg", "cat/a.jpg", 1234, ("cat",)),
@@ -62,6 +71,30 @@ def test_shard_task_and_image_file_coders_round_trip():
     assert len(coders.registry.get_coder(ImageRecord).encode(RECORDS[0])) < len(pickled) / 1.5
 
 
+MANY = [dataclasses.replace(r, relpath=f"{r.relpath}{i}") for i in range(300) for r in RECORDS]
+
+
+@pytest.mark.parametrize("records", [RECORDS, RECORDS[:2], (), MANY])
+def test_batch_coders_round_trip_exactly_and_deterministically(records):
+    # With a surrogate name (RECORDS[2]) the whole batch is pickled; without, one tuple call.
+    batch = RecordBatch(tuple(records))
+    coder = coders.registry.get_coder(RecordBatch)
+    assert isinstance(coder, RecordBatchCoder) and coder.is_deterministic()
+    encoded = coder.encode(batch)
+    assert coder.decode(encoded) == batch
+    copy = [ImageRecord(r.path, r.relpath, r.size, tuple(r.labels), r.split, r.extras) for r in records]
+    assert coder.encode(RecordBatch(tuple(copy))) == encoded
+    kv = coders.TupleCoder([coders.StrUtf8Coder(), coder])  # as in GroupBySplit
+    assert kv.decode(kv.encode(("train", batch))) == ("train", batch)
+    files = FileBatch(tuple(ImageFile(r.path, r.relpath, r.size) for r in records))
+    file_coder = coders.registry.get_coder(FileBatch)
+    assert isinstance(file_coder, FileBatchCoder) and file_coder.decode(file_coder.encode(files)) == files
+    # The size estimate (sampled by Beam for its counters) is cheap but of the right order.
+    for c, value in ((coder, batch), (file_coder, files)):
+        estimate, size = c.get_impl().estimate_size(value), len(c.encode(value))
+        assert size / 3 <= estimate <= size * 3 or RECORDS[2] in records or not records
+
+
 def test_plan_shards_shuffles_use_the_record_coders(tmp_path):
     (tmp_path / "in" / "a").mkdir(parents=True)
     options = PipelineOptions(["--input", str(tmp_path / "in"), "--output_dir", str(tmp_path / "out")])
@@ -78,36 +111,25 @@ def test_plan_shards_shuffles_use_the_record_coders(tmp_path):
         pcolls = proto.components.pcollections.values()
         return payloads(next(pc.coder_id for pc in pcolls if pc.unique_name.endswith(step + ".None")))
 
-    assert b"ImageRecordCoder" in coder_of("PlanShards/GroupBySplit")
+    assert b"RecordBatchCoder" in coder_of("PlanShards/GroupBySplit")
     assert b"ShardTaskCoder" in coder_of("PlanShards/CutShards")
-    assert b"ImageFileCoder" in coder_of("ListImages/WalkLocal")
-
-
-def test_listing_counts_listed_images_in_batches(tmp_path):
-    root = tmp_path / "in"
-    for i in range(300):  # more than one batch of count_listed
-        (root / f"c{i % 3}").mkdir(parents=True, exist_ok=True)
-        (root / f"c{i % 3}" / f"{i}.jpg").write_bytes(b"")
-    (root / "c0" / "notes.txt").write_text("not an image")
-    tally = progress.register("listing-test")
-    try:
-        with TestPipeline() as p:
-            _ = p | ListImages(str(root), progress_key="listing-test")
-        assert tally.snapshot()[0] == 300
-    finally:
-        progress.unregister("listing-test")
+    assert b"FileBatchCoder" in coder_of("ListImages/WalkLocal")
+    assert b"RecordBatchCoder" in coder_of("ParDo(LabelFromFoldersFn)")  # the main output, .records
 
 
 def test_count_and_name_combiners_merge():
     counts, names = CountPerClassFn(), ClassNamesFn()
-    a = counts.add_input(counts.create_accumulator(), RECORDS[0])
-    b = counts.add_input(counts.add_input(counts.create_accumulator(), RECORDS[0]), RECORDS[1])
+    a = counts.add_input(counts.create_accumulator(), RecordBatch(RECORDS[:1]))
+    b = counts.add_input(counts.create_accumulator(), RecordBatch((RECORDS[0], RECORDS[1])))
     assert counts.extract_output(counts.merge_accumulators([a, b, counts.create_accumulator()])) == {
         ("train", "cat"): 2,
         ("test", "a|b|c"): 1,
     }
-    n = [names.add_input(names.create_accumulator(), r) for r in RECORDS]
+    n = [names.add_input(names.create_accumulator(), RecordBatch((r,))) for r in RECORDS]
     assert names.extract_output(names.merge_accumulators(n)) == ["1", "a", "b|c", "cat"]
+    images = CountImagesFn()
+    listed = [RecordBatch(tuple(RECORDS)), Failure("/in/x.jpg", "bad", "label"), FileBatch(())]
+    assert images.extract_output(functools.reduce(images.add_input, listed, images.create_accumulator())) == 5
 
 
 def test_nothing_listed_inside_the_pipeline_is_a_user_error(tmp_path):

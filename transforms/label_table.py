@@ -1,13 +1,14 @@
 """Labels from a table (CSV, TSV or JSON Lines), joined to the listed images in Beam.
 
     ReadLabels:  table file(s) -> LabelRow              streamed inside the pipeline, any size
-    JoinLabels:  (ImageFile, LabelRow) -> ImageRecord   CoGroupByKey on the image key
+    JoinLabels:  (FileBatch, LabelRow) -> RecordBatch   CoGroupByKey on the image key
                  + Failure (image without a usable label), OrphanRow (row without an image)
     WriteOrphans: OrphanRow -> orphan_labels.jsonl, and the label counts for summary.json
 
 The table is never loaded on the submitting machine (only its header is checked there) and
 never held in one worker's memory: each file is parsed as a stream and the join is a shuffle
-of small rows keyed by the image key.
+of small rows keyed by the image key (listed batches are taken apart for it, and the joined
+records batched again).
 
 Duplicate keys: rows that say the same thing are merged. Rows of one key that disagree are a
 conflict, resolved by `--duplicate_keys`: `fail` (default; the images fail, reason names the
@@ -32,9 +33,11 @@ from apache_beam.io import fileio
 from apache_beam.io.filesystems import FileSystems
 from apache_beam.metrics import Metrics
 
+from transforms.batching import RebatchFn
 from transforms.failures import FAILED, Failure
 from transforms.labels import DEFAULT_SPLIT
-from transforms.records import ImageFile, ImageRecord
+from transforms.record_coders import RecordBatchCoder  # noqa: F401 - registers the record coders
+from transforms.records import FileBatch, ImageFile, ImageRecord, RecordBatch
 
 FORMATS = ("csv", "tsv", "jsonl")
 _FORMAT_OF_SUFFIX = {".csv": "csv", ".tsv": "tsv", ".tab": "tsv", ".jsonl": "jsonl", ".ndjson": "jsonl"}
@@ -712,8 +715,9 @@ def _key_text(key: bytes) -> str:
     return key.decode("utf-8", "surrogateescape")
 
 
-class JoinLabelsFn(beam.DoFn):
-    """(key, {images, rows}) -> ImageRecord; FAILED, ORPHANS and STATS as tagged outputs."""
+class JoinLabelsFn(RebatchFn):
+    """(key, {images, rows}) -> ImageRecords, in RecordBatches; FAILED, ORPHANS and STATS
+    as tagged outputs."""
 
     def __init__(self, settings: JoinSettings):
         self._settings = settings
@@ -727,7 +731,8 @@ class JoinLabelsFn(beam.DoFn):
         self._labeled.inc(len(result.records))
         self._failed.inc(len(result.failures))
         self._orphans.inc(len(result.orphans))
-        yield from result.records
+        for record in result.records:
+            yield from self.batched(record)
         for failure in result.failures:
             yield pvalue.TaggedOutput(FAILED, failure)
         for orphan in result.orphans:
@@ -741,9 +746,10 @@ class JoinedLabels:
     """The outputs of JoinLabels.
 
     Attributes:
-      records: labelled ImageRecords.
+      records: labelled ImageRecords, in RecordBatches.
       failed: Failures of images without a usable label.
-      listed: every image taken into the conversion (all but those skipped as unlabeled).
+      listed: every image taken into the conversion (all but those skipped as unlabeled):
+        the RecordBatches and the Failures (count them with batching.CountImagesFn).
       orphans: OrphanRows.
       stats: (count name, n) pairs, summed into summary.json's "labels" section.
     """
@@ -768,14 +774,14 @@ class JoinLabels(beam.PTransform):
             raise ValueError(f"duplicates must be one of {DUPLICATE_POLICIES}")
         self._mode, self._settings = image_key_mode, settings
 
-    def expand(self, inputs: tuple[beam.PCollection[ImageFile], beam.PCollection[LabelRow]]) -> JoinedLabels:
+    def expand(self, inputs: tuple[beam.PCollection[FileBatch], beam.PCollection[LabelRow]]) -> JoinedLabels:
         files, rows = inputs
         mode = self._mode
         # Both sides declare the same (bytes, Any) type: with inferred, different coders the
         # Flatten inside CoGroupByKey mis-decodes on the FnApiRunner once both sides are shuffled.
         # Keys travel as bytes: a file name with undecodable bytes cannot be coded as text.
-        keyed_images = files | "KeyImages" >> beam.Map(
-            lambda f: (_key_bytes(image_key(f.relpath, mode)), f)
+        keyed_images = files | "KeyImages" >> beam.FlatMap(
+            lambda batch: [(_key_bytes(image_key(f.relpath, mode)), f) for f in batch.files]
         ).with_output_types(tuple[bytes, Any])
         keyed_rows = rows | "KeyRows" >> beam.Map(lambda r: (_key_bytes(r.key), r)).with_output_types(
             tuple[bytes, Any]
@@ -784,7 +790,9 @@ class JoinLabels(beam.PTransform):
             {_IMAGES: keyed_images, _ROWS: keyed_rows}
             | "GroupByKey" >> beam.CoGroupByKey()  # (key, {images: [ImageFile], rows: [LabelRow]})
             | "Join"
-            >> beam.ParDo(JoinLabelsFn(self._settings)).with_outputs(FAILED, ORPHANS, STATS, main="records")
+            >> beam.ParDo(JoinLabelsFn(self._settings))
+            .with_output_types(RecordBatch)
+            .with_outputs(FAILED, ORPHANS, STATS, main="records")
         )
         listed = (joined.records, joined[FAILED]) | "Listed" >> beam.Flatten()
         return JoinedLabels(

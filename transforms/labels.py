@@ -7,6 +7,7 @@ The class index is computed from the data: ids are the sorted class names, start
 from __future__ import annotations
 
 import dataclasses
+import functools
 from collections.abc import Iterable
 
 import apache_beam as beam
@@ -14,7 +15,8 @@ from apache_beam import pvalue
 from apache_beam.metrics import Metrics
 
 from transforms.failures import FAILED, Failure
-from transforms.records import ImageFile, ImageRecord
+from transforms.record_coders import RecordBatchCoder  # noqa: F401 - registers the record coders
+from transforms.records import FileBatch, ImageRecord, RecordBatch
 
 DEFAULT_SPLIT = "train"
 
@@ -55,6 +57,7 @@ def folder_label(relpath: str, split_from_folders: bool) -> tuple[str, str]:
     return DEFAULT_SPLIT, parts[0]
 
 
+@functools.lru_cache(maxsize=4096)  # a folder name is checked once, not once per image in it
 def check_folder_name(name: str) -> None:
     """A class or split folder name must be printable UTF-8 text (it goes into labels.txt,
     summary.json and the records, one name per line).
@@ -71,33 +74,39 @@ def check_folder_name(name: str) -> None:
 
 
 class LabelFromFoldersFn(beam.DoFn):
-    """ImageFile -> ImageRecord labelled by its class folder (and split folder)."""
+    """FileBatch -> RecordBatch of its files labelled by their class folder (and split
+    folder); FAILED for each file outside a class folder."""
 
     def __init__(self, split_from_folders: bool = False):
         self._split_from_folders = split_from_folders
         self._failed = Metrics.counter(self.__class__, "images_without_label")
 
-    def process(self, f: ImageFile) -> Iterable[ImageRecord | pvalue.TaggedOutput]:
-        try:
-            split, name = folder_label(f.relpath, self._split_from_folders)
-        except ValueError as e:
-            self._failed.inc()
-            yield pvalue.TaggedOutput(FAILED, Failure(f.path, str(e), "label"))
-            return
-        yield ImageRecord(path=f.path, relpath=f.relpath, size=f.size, labels=(name,), split=split)
+    def process(self, batch: FileBatch) -> Iterable[RecordBatch | pvalue.TaggedOutput]:
+        records = []
+        for f in batch.files:
+            try:
+                split, name = folder_label(f.relpath, self._split_from_folders)
+            except ValueError as e:
+                self._failed.inc()
+                yield pvalue.TaggedOutput(FAILED, Failure(f.path, str(e), "label"))
+                continue
+            records.append(
+                ImageRecord(path=f.path, relpath=f.relpath, size=f.size, labels=(name,), split=split)
+            )
+        if records:
+            yield RecordBatch(tuple(records))
 
 
 class LabelFromFolders(beam.PTransform):
-    """Labels each image by its class folder. Outputs `.records` and `.failed`."""
+    """Labels each image by its class folder. Outputs `.records` (RecordBatch) and `.failed`."""
 
     def __init__(self, split_from_folders: bool = False):
         super().__init__()
         self._split_from_folders = split_from_folders
 
-    def expand(self, files: beam.PCollection[ImageFile]) -> pvalue.DoOutputsTuple:
-        return files | beam.ParDo(LabelFromFoldersFn(self._split_from_folders)).with_outputs(
-            FAILED, main="records"
-        )
+    def expand(self, files: beam.PCollection[FileBatch]) -> pvalue.DoOutputsTuple:
+        fn = LabelFromFoldersFn(self._split_from_folders)
+        return files | beam.ParDo(fn).with_output_types(RecordBatch).with_outputs(FAILED, main="records")
 
 
 def _sorted_names(names: Iterable[str]) -> list[str]:
@@ -105,14 +114,15 @@ def _sorted_names(names: Iterable[str]) -> list[str]:
 
 
 class ClassNamesFn(beam.CombineFn):
-    """Every label of the records, as a set: one cheap call per record (lifted), no shuffle
+    """Every label of the records, as a set: one cheap call per batch (lifted), no shuffle
     of names as a Distinct would."""
 
     def create_accumulator(self) -> set[str]:
         return set()
 
-    def add_input(self, names: set[str], record: ImageRecord) -> set[str]:
-        names.update(record.labels)
+    def add_input(self, names: set[str], batch: RecordBatch) -> set[str]:
+        for record in batch.records:
+            names.update(record.labels)
         return names
 
     def merge_accumulators(self, accumulators: Iterable[set[str]]) -> set[str]:
@@ -130,14 +140,15 @@ ClassCounts = dict[tuple[str, str], int]
 
 
 class CountPerClassFn(beam.CombineFn):
-    """Records -> {(split, class_key): count}: one cheap call per record (lifted)."""
+    """RecordBatches -> {(split, class_key): count}: one cheap call per batch (lifted)."""
 
     def create_accumulator(self) -> ClassCounts:
         return {}
 
-    def add_input(self, counts: ClassCounts, record: ImageRecord) -> ClassCounts:
-        key = (record.split, record.class_key)
-        counts[key] = counts.get(key, 0) + 1
+    def add_input(self, counts: ClassCounts, batch: RecordBatch) -> ClassCounts:
+        for record in batch.records:
+            key = (record.split, record.class_key)
+            counts[key] = counts.get(key, 0) + 1
         return counts
 
     def merge_accumulators(self, accumulators: Iterable[ClassCounts]) -> ClassCounts:
@@ -187,7 +198,7 @@ def class_index_for(names: Iterable[str], offset: int = 0, label_type: str = "st
 
 
 class BuildClassIndex(beam.PTransform):
-    """The singleton ClassIndex of every class name that appears in `records`.
+    """The singleton ClassIndex of every class name that appears in `records` (RecordBatches).
 
     With `names` (from --label_map) the index is exactly those names in that order.
     `label_type` is passed to class_index_for ('str' unless labels come from a table).
@@ -199,7 +210,7 @@ class BuildClassIndex(beam.PTransform):
         self._names = names
         self._label_type = label_type
 
-    def expand(self, records: beam.PCollection[ImageRecord]) -> beam.PCollection[ClassIndex]:
+    def expand(self, records: beam.PCollection[RecordBatch]) -> beam.PCollection[ClassIndex]:
         offset, label_type = self._offset, self._label_type
         if self._names is not None:
             return records.pipeline | "FromMap" >> beam.Create([ClassIndex(tuple(self._names), offset)])

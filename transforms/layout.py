@@ -1,6 +1,8 @@
 """Dataset layout: split assignment, a deterministic global shuffle and shard planning.
 
-Everything here works on ImageRecord metadata only. The shuffle is a sort by a seeded hash
+Everything here works on ImageRecord metadata only, in RecordBatches (transforms/records.py):
+the shuffles move one (key, sub-batch) per key and batch, not one element per image. The
+shuffle is a sort by a seeded hash
 of each image's relative path, so the same input and seed give the same shards on any
 runner and with any number of workers, and classes are mixed inside every shard.
 """
@@ -13,8 +15,9 @@ from collections.abc import Iterable, Sequence
 
 import apache_beam as beam
 
-from transforms.record_coders import ImageRecordCoder  # noqa: F401 - registers the record coders
-from transforms.records import ImageRecord, ShardTask
+from transforms.batching import chunked, key_batch, records_of
+from transforms.record_coders import RecordBatchCoder  # noqa: F401 - registers the record coders
+from transforms.records import ImageRecord, RecordBatch, ShardTask
 
 DEFAULT_SEED = 42
 DEFAULT_SHARD_SIZE_MB = 128
@@ -154,6 +157,7 @@ class AssignSplits(beam.PTransform):
 
     With `stratify`, each class is split by the ratios on its own (a GroupByKey of
     metadata per class), so class proportions are the same in every split.
+    RecordBatches in, RecordBatches out.
     """
 
     def __init__(
@@ -164,31 +168,40 @@ class AssignSplits(beam.PTransform):
         self._seed = seed
         self._stratify = stratify
 
-    def expand(self, records: beam.PCollection[ImageRecord]) -> beam.PCollection[ImageRecord]:
+    def expand(self, records: beam.PCollection[RecordBatch]) -> beam.PCollection[RecordBatch]:
         if not self._ratios:
             return records
         ratios, seed = self._ratios, self._seed
         if not self._stratify:
-            return records | "HashSplit" >> beam.Map(
-                lambda r: dataclasses.replace(r, split=split_for_key(r.relpath, seed, ratios))
-            )
 
-        def split_class(item: tuple[str, Iterable[ImageRecord]]) -> Iterable[ImageRecord]:
-            for split, record in stratified_splits(item[1], seed, ratios):
-                yield dataclasses.replace(record, split=split)
+            def hash_split(batch: RecordBatch) -> RecordBatch:
+                return RecordBatch(
+                    tuple(
+                        dataclasses.replace(r, split=split_for_key(r.relpath, seed, ratios))
+                        for r in batch.records
+                    )
+                )
+
+            return records | "HashSplit" >> beam.Map(hash_split).with_output_types(RecordBatch)
+
+        def split_class(item: tuple[str, Iterable[RecordBatch]]) -> Iterable[RecordBatch]:
+            split = stratified_splits(records_of(item[1]), seed, ratios)
+            for chunk in chunked(dataclasses.replace(record, split=name) for name, record in split):
+                yield RecordBatch(chunk)
 
         return (
             records
-            | "KeyByClass" >> beam.Map(lambda r: (r.class_key, r))
-            | "GroupByClass" >> beam.GroupByKey()  # (class, [ImageRecord]) metadata only
-            | "SplitEachClass" >> beam.FlatMap(split_class)
+            | "KeyByClass"
+            >> beam.FlatMap(key_batch, lambda r: r.class_key).with_output_types(tuple[str, RecordBatch])
+            | "GroupByClass" >> beam.GroupByKey()  # (class, [RecordBatch]) metadata only
+            | "SplitEachClass" >> beam.FlatMap(split_class).with_output_types(RecordBatch)
         )
 
 
 class PlanShards(beam.PTransform):
     """Groups each split's metadata, shuffles it and cuts it into ShardTasks.
 
-    Only ImageRecords (a few hundred bytes each) go through the GroupByKey.
+    Only RecordBatches of ImageRecords (a few hundred bytes each) go through the GroupByKey.
     """
 
     def __init__(self, seed: int, target_bytes: int | None, num_shards: int | None):
@@ -197,18 +210,19 @@ class PlanShards(beam.PTransform):
             raise ValueError("PlanShards needs target_bytes or num_shards")
         self._seed, self._target, self._num = seed, target_bytes, num_shards
 
-    def expand(self, records: beam.PCollection[ImageRecord]) -> beam.PCollection[ShardTask]:
+    def expand(self, records: beam.PCollection[RecordBatch]) -> beam.PCollection[ShardTask]:
         seed, target, num = self._seed, self._target, self._num
 
-        def to_tasks(split_records: tuple[str, Iterable[ImageRecord]]) -> Iterable[ShardTask]:
-            split, recs = split_records
-            for index, shard in enumerate(plan_shards(recs, seed, target, num)):
+        def to_tasks(split_batches: tuple[str, Iterable[RecordBatch]]) -> Iterable[ShardTask]:
+            split, batches = split_batches
+            for index, shard in enumerate(plan_shards(records_of(batches), seed, target, num)):
                 yield ShardTask(split=split, index=index, records=tuple(shard))
 
         return (
             records
-            | "KeyBySplit" >> beam.Map(lambda r: (r.split, r)).with_output_types(tuple[str, ImageRecord])
-            | "GroupBySplit" >> beam.GroupByKey()  # (split, [ImageRecord]) metadata only
+            | "KeyBySplit"
+            >> beam.FlatMap(key_batch, lambda r: r.split).with_output_types(tuple[str, RecordBatch])
+            | "GroupBySplit" >> beam.GroupByKey()  # (split, [RecordBatch]) metadata only
             | "CutShards" >> beam.FlatMap(to_tasks).with_output_types(ShardTask)
             # One shard per bundle, so shards are written in parallel.
             | "SpreadShards" >> beam.Reshuffle()

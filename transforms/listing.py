@@ -1,8 +1,10 @@
 """ListImages: match image files under a root, local or gs://, through Beam's filesystems.
 
 The match runs inside the pipeline (on workers), so the job graph stays the same size
-whatever the number of files. The listing DoFn also counts the listed images (live
-progress and the Beam counter `images_listed`), so counting costs no step of its own.
+whatever the number of files. Files leave in FileBatches of up to BATCH_SIZE (one element
+per image would cost Beam more than the listing itself). The listing DoFn also counts the
+listed images (live progress and the Beam counter `images_listed`), so counting costs no
+step of its own.
 """
 
 from __future__ import annotations
@@ -17,9 +19,11 @@ from apache_beam.io import fileio
 from apache_beam.io.filesystem import FileMetadata
 from apache_beam.metrics import Metrics
 
+from transforms.batching import RebatchFn, chunked
 from transforms.failures import USER_ERROR_MARKER
-from transforms.progress import LISTED, Progress, count_listed, lookup
-from transforms.records import ImageFile
+from transforms.progress import LISTED, Progress, lookup
+from transforms.record_coders import FileBatchCoder  # noqa: F401 - registers the record coders
+from transforms.records import FileBatch, ImageFile
 
 # Matched case-insensitively against the file name's last suffix.
 IMAGE_EXTENSIONS = (".jpg", ".jpeg", ".png", ".gif", ".bmp", ".tif", ".tiff", ".webp", ".psd", ".ico", ".tga")
@@ -100,28 +104,47 @@ class _ListFn(beam.DoFn):
     def setup(self) -> None:
         self._progress = lookup(self._progress_key)
 
+    def counted(self, batch: FileBatch) -> FileBatch:
+        """`batch`, counted as listed."""
+        self._listed.inc(len(batch))
+        if self._progress is not None:
+            self._progress.add(listed=len(batch))
+        return batch
+
 
 class WalkLocalFn(_ListFn):
-    """(an impulse) -> ImageFile for every local file with an image extension below `root`."""
+    """(an impulse) -> FileBatches of every local file with an image extension below `root`,
+    in walk order."""
 
     def __init__(self, root: str, extensions: tuple[str, ...], progress_key: str | None = None):
         super().__init__(progress_key)
         self._root, self._extensions = root, extensions
 
-    def process(self, _: bytes) -> Iterable[ImageFile]:
-        yield from count_listed(walk_local(self._root, self._extensions), self._listed, self._progress)
+    def process(self, _: bytes) -> Iterable[FileBatch]:
+        for files in chunked(walk_local(self._root, self._extensions)):
+            yield self.counted(FileBatch(files))
 
 
-class KeepImagesFn(_ListFn):
-    """A matched file -> its ImageFile if it has an image extension (remote roots)."""
+class KeepImagesFn(_ListFn, RebatchFn):
+    """Matched files -> FileBatches of those with an image extension (remote roots).
+
+    Batched per bundle: a batch is emitted when full, the rest when the bundle finishes.
+    """
+
+    make_batch = FileBatch
 
     def __init__(self, root: str, extensions: tuple[str, ...], progress_key: str | None = None):
         super().__init__(progress_key)
         self._root, self._extensions = root, extensions
 
-    def process(self, meta: FileMetadata) -> Iterable[ImageFile]:
+    def process(self, meta: FileMetadata) -> Iterable[FileBatch]:
         if has_image_extension(meta.path, self._extensions):
-            yield from count_listed([to_image_file(meta, self._root)], self._listed, self._progress)
+            yield from map(self.counted, self.batched(to_image_file(meta, self._root)))
+
+    def finish_bundle(self) -> Iterable:
+        for batch in super().finish_bundle():
+            self.counted(batch.value)
+            yield batch
 
 
 class ListImages(beam.PTransform):
@@ -131,7 +154,7 @@ class ListImages(beam.PTransform):
       progress_key: the run whose live Progress counts the listed images, if any.
 
     Returns:
-      PCollection[ImageFile], one per matched file (no order is implied).
+      PCollection[FileBatch]: every matched file once (no order is implied).
     """
 
     def __init__(
@@ -142,13 +165,13 @@ class ListImages(beam.PTransform):
         self._extensions = tuple(e.lower() for e in extensions)
         self._progress_key = progress_key
 
-    def expand(self, pbegin: beam.pvalue.PBegin) -> beam.PCollection[ImageFile]:
+    def expand(self, pbegin: beam.pvalue.PBegin) -> beam.PCollection[FileBatch]:
         root, extensions, key = self._root, self._extensions, self._progress_key
         if "://" not in root:
             return (
                 pbegin
                 | "Start" >> beam.Impulse()  # one step, where a Create of the root would be four
-                | "WalkLocal" >> beam.ParDo(WalkLocalFn(root, extensions, key)).with_output_types(ImageFile)
+                | "WalkLocal" >> beam.ParDo(WalkLocalFn(root, extensions, key)).with_output_types(FileBatch)
             )
         return (
             pbegin
@@ -156,5 +179,5 @@ class ListImages(beam.PTransform):
             >> fileio.MatchFiles(
                 escape_glob(root) + "/**", empty_match_treatment=fileio.EmptyMatchTreatment.ALLOW
             )
-            | "KeepImages" >> beam.ParDo(KeepImagesFn(root, extensions, key)).with_output_types(ImageFile)
+            | "KeepImages" >> beam.ParDo(KeepImagesFn(root, extensions, key)).with_output_types(FileBatch)
         )

@@ -25,9 +25,11 @@ from apache_beam.io.filesystem import CompressionTypes
 from apache_beam.io.filesystems import FileSystems
 from apache_beam.metrics import Metrics
 
+from transforms.batching import RebatchFn
 from transforms.failures import FAILED, Failure
 from transforms.image import ImageOptions, estimate_stored_size
-from transforms.records import ImageRecord
+from transforms.record_coders import RecordBatchCoder  # noqa: F401 - registers the record coders
+from transforms.records import ImageRecord, RecordBatch
 
 DEDUPE_STAGE = "dedupe"
 # Enough for the headers of nearly every image (JPEG EXIF and ICC segments come first).
@@ -52,20 +54,24 @@ def hash_and_header(path: str) -> tuple[str, bytes]:
     return digest.hexdigest(), header
 
 
+def estimated(record: ImageRecord, options: ImageOptions) -> ImageRecord:
+    """The record with its estimated stored size; as it is if its file cannot be read."""
+    try:
+        with FileSystems.open(record.path, compression_type=CompressionTypes.UNCOMPRESSED) as f:
+            header = f.read(HEADER_BYTES)
+    except OSError:  # reported by WriteShards when it reads the file
+        return record
+    return with_estimated_size(record, header, options)
+
+
 class EstimateSizesFn(beam.DoFn):
-    """ImageRecord -> the same record with its estimated stored size."""
+    """RecordBatch -> the same records with their estimated stored sizes."""
 
     def __init__(self, options: ImageOptions):
         self._options = options
 
-    def process(self, record: ImageRecord) -> Iterable[ImageRecord]:
-        try:
-            with FileSystems.open(record.path, compression_type=CompressionTypes.UNCOMPRESSED) as f:
-                header = f.read(HEADER_BYTES)
-        except OSError:  # reported by WriteShards when it reads the file
-            yield record
-            return
-        yield with_estimated_size(record, header, self._options)
+    def process(self, batch: RecordBatch) -> Iterable[RecordBatch]:
+        yield RecordBatch(tuple(estimated(r, self._options) for r in batch.records))
 
 
 class EstimateSizes(beam.PTransform):
@@ -75,27 +81,28 @@ class EstimateSizes(beam.PTransform):
         super().__init__()
         self._options = options
 
-    def expand(self, records: beam.PCollection[ImageRecord]) -> beam.PCollection[ImageRecord]:
-        return records | beam.ParDo(EstimateSizesFn(self._options))
+    def expand(self, records: beam.PCollection[RecordBatch]) -> beam.PCollection[RecordBatch]:
+        return records | beam.ParDo(EstimateSizesFn(self._options)).with_output_types(RecordBatch)
 
 
 class HashContentFn(beam.DoFn):
-    """ImageRecord -> (content key, record); unreadable files get a key of their own."""
+    """RecordBatch -> (content key, record) per image; unreadable files get a key of their own."""
 
     def __init__(self, options: ImageOptions | None):
         self._options = options
         self._hashed = Metrics.counter(self.__class__, "images_hashed")
 
-    def process(self, record: ImageRecord) -> Iterable[tuple[str, ImageRecord]]:
-        try:
-            key, header = hash_and_header(record.path)
-        except OSError:  # reported by WriteShards when it reads the file
-            yield f"unreadable:{record.path}", record
-            return
-        self._hashed.inc()
-        if self._options is not None:
-            record = with_estimated_size(record, header, self._options)
-        yield key, record
+    def process(self, batch: RecordBatch) -> Iterable[tuple[str, ImageRecord]]:
+        for record in batch.records:
+            try:
+                key, header = hash_and_header(record.path)
+            except OSError:  # reported by WriteShards when it reads the file
+                yield f"unreadable:{record.path}", record
+                continue
+            self._hashed.inc()
+            if self._options is not None:
+                record = with_estimated_size(record, header, self._options)
+            yield key, record
 
 
 def split_duplicates(records: Iterable[ImageRecord]) -> tuple[ImageRecord, list[Failure]]:
@@ -106,22 +113,22 @@ def split_duplicates(records: Iterable[ImageRecord]) -> tuple[ImageRecord, list[
     ]
 
 
-class DropDuplicatesFn(beam.DoFn):
-    """(content key, [records]) -> the kept record; FAILED for every other copy."""
+class DropDuplicatesFn(RebatchFn):
+    """(content key, [records]) -> the kept records, in RecordBatches; FAILED for every other copy."""
 
     def __init__(self):
         self._dropped = Metrics.counter(self.__class__, "duplicates_dropped")
 
     def process(self, group: tuple[str, Iterable[ImageRecord]]) -> Iterable:
         kept, failures = split_duplicates(group[1])
-        yield kept
+        yield from self.batched(kept)
         for failure in failures:
             self._dropped.inc()
             yield pvalue.TaggedOutput(FAILED, failure)
 
 
 class DropDuplicates(beam.PTransform):
-    """Keeps one record per distinct file content. Outputs `.records` and `.failed`.
+    """Keeps one record per distinct file content. Outputs `.records` (RecordBatch) and `.failed`.
 
     Args:
       options: when given, the kept records' sizes are replaced by estimates (see module).
@@ -131,10 +138,12 @@ class DropDuplicates(beam.PTransform):
         super().__init__()
         self._options = options
 
-    def expand(self, records: beam.PCollection[ImageRecord]) -> pvalue.DoOutputsTuple:
+    def expand(self, records: beam.PCollection[RecordBatch]) -> pvalue.DoOutputsTuple:
+        keep = beam.ParDo(DropDuplicatesFn()).with_output_types(RecordBatch)
         return (
             records
-            | "HashContent" >> beam.ParDo(HashContentFn(self._options))  # (sha256, ImageRecord)
+            | "HashContent"
+            >> beam.ParDo(HashContentFn(self._options)).with_output_types(tuple[str, ImageRecord])
             | "GroupByContent" >> beam.GroupByKey()  # (sha256, [ImageRecord]) metadata only
-            | "KeepFirst" >> beam.ParDo(DropDuplicatesFn()).with_outputs(FAILED, main="records")
+            | "KeepFirst" >> keep.with_outputs(FAILED, main="records")  # RecordBatch, .failed
         )

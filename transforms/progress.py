@@ -11,8 +11,7 @@ from __future__ import annotations
 
 import threading
 import time
-from collections.abc import Iterable, Iterator
-from typing import TypeVar
+from collections.abc import Iterable
 
 import apache_beam as beam
 from apache_beam.metrics import Metrics
@@ -67,37 +66,6 @@ def lookup(key: str | None) -> Progress | None:
         return None
     with _REGISTRY_LOCK:
         return _REGISTRY.get(key)
-
-
-T = TypeVar("T")
-
-# How many listed images are counted at once by count_listed (one lock and one counter
-# update per batch instead of per image).
-_LISTED_BATCH = 256
-
-
-def count_listed(
-    items: Iterable[T], counter: Metrics.DelegatingCounter, progress: Progress | None
-) -> Iterator[T]:
-    """Yields `items`, counting them as listed on `counter` and `progress` (batched).
-
-    Called by the DoFn that lists the files, so that counting costs no step of its own.
-    """
-    n = 0
-    for item in items:
-        n += 1
-        if n == _LISTED_BATCH:
-            _add_listed(n, counter, progress)
-            n = 0
-        yield item
-    if n:
-        _add_listed(n, counter, progress)
-
-
-def _add_listed(n: int, counter: Metrics.DelegatingCounter, progress: Progress | None) -> None:
-    counter.inc(n)
-    if progress is not None:
-        progress.add(listed=n)
 
 
 # What CountProgressFn counts.

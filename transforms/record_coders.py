@@ -5,19 +5,23 @@ Without them Beam codes a dataclass with pickle (FastPrimitivesCoder's fallback)
 encoded record. Here a record is coded as the tuple of its fields by Beam's compiled
 FastPrimitivesCoder (~0.3 us). A record it cannot code that way (a path with undecodable
 bytes, kept as surrogates) is pickled instead, behind a tag byte, so every record
-round-trips exactly. Registered for ImageRecord and ShardTask on import; a PCollection
-gets them when its element type is declared (`with_output_types`).
+round-trips exactly. A batch (FileBatch, RecordBatch) or a ShardTask is one coder call on
+a tuple of such tuples; its size estimate (Beam samples element sizes for its counters,
+about every element of a short PCollection) is one record's size times the count instead
+of a full encode. Registered for every record type on import; a PCollection gets them when
+its element type is declared (`with_output_types`).
 """
 
 from __future__ import annotations
 
 import pickle
+from itertools import starmap
 from typing import Any
 
 from apache_beam import coders
 from apache_beam.coders import coder_impl
 
-from transforms.records import ImageFile, ImageRecord, ShardTask
+from transforms.records import FileBatch, ImageFile, ImageRecord, RecordBatch, ShardTask
 
 _FIELDS = coders.FastPrimitivesCoder().get_impl()
 _AS_TUPLE = b"\x00"
@@ -26,6 +30,10 @@ _AS_PICKLE = b"\x01"
 
 def _record_fields(r: ImageRecord) -> tuple:
     return r.path, r.relpath, r.size, r.labels, r.split, r.extras
+
+
+def _file_fields(f: ImageFile) -> tuple:
+    return f.path, f.relpath, f.size
 
 
 def _tagged(fields: Any, value: Any) -> bytes:
@@ -43,7 +51,7 @@ def _untagged(data: bytes, build: Any) -> Any:
 
 
 def encode_image_file(f: ImageFile) -> bytes:
-    return _tagged((f.path, f.relpath, f.size), f)
+    return _tagged(_file_fields(f), f)
 
 
 def decode_image_file(data: bytes) -> ImageFile:
@@ -63,7 +71,40 @@ def encode_shard_task(task: ShardTask) -> bytes:
 
 
 def decode_shard_task(data: bytes) -> ShardTask:
-    return _untagged(data, lambda t: ShardTask(t[0], t[1], tuple(ImageRecord(*r) for r in t[2])))
+    return _untagged(data, lambda t: ShardTask(t[0], t[1], tuple(starmap(ImageRecord, t[2]))))
+
+
+def encode_file_batch(batch: FileBatch) -> bytes:
+    return _tagged(tuple(map(_file_fields, batch.files)), batch)
+
+
+def decode_file_batch(data: bytes) -> FileBatch:
+    return _untagged(data, lambda t: FileBatch(tuple(starmap(ImageFile, t))))
+
+
+def encode_record_batch(batch: RecordBatch) -> bytes:
+    return _tagged(tuple(map(_record_fields, batch.records)), batch)
+
+
+def decode_record_batch(data: bytes) -> RecordBatch:
+    return _untagged(data, lambda t: RecordBatch(tuple(starmap(ImageRecord, t))))
+
+
+def _estimated_size(items: tuple, encode_one: Any) -> int:
+    """Coded size of a tuple of records, from its first one (for Beam's size counters)."""
+    return 8 + len(items) * len(encode_one(items[0])) if items else 8
+
+
+def estimate_shard_task(task: ShardTask) -> int:
+    return _estimated_size(task.records, encode_image_record)
+
+
+def estimate_file_batch(batch: FileBatch) -> int:
+    return _estimated_size(batch.files, encode_image_file)
+
+
+def estimate_record_batch(batch: RecordBatch) -> int:
+    return _estimated_size(batch.records, encode_image_record)
 
 
 class _TupleCoder(coders.Coder):
@@ -72,6 +113,7 @@ class _TupleCoder(coders.Coder):
     _type: type
     _encode: Any
     _decode: Any
+    _estimate: Any = None  # a cheap size estimate, where a full encode would be costly
 
     def encode(self, value: Any) -> bytes:
         return type(self)._encode(value)
@@ -80,7 +122,8 @@ class _TupleCoder(coders.Coder):
         return type(self)._decode(encoded)
 
     def _create_impl(self) -> coder_impl.CoderImpl:
-        return coder_impl.CallbackCoderImpl(type(self)._encode, type(self)._decode)
+        cls = type(self)
+        return coder_impl.CallbackCoderImpl(cls._encode, cls._decode, cls._estimate)
 
     def is_deterministic(self) -> bool:
         return True
@@ -104,9 +147,20 @@ class ImageRecordCoder(_TupleCoder):
 
 
 class ShardTaskCoder(_TupleCoder):
-    _type, _encode, _decode = ShardTask, encode_shard_task, decode_shard_task
+    _type, _encode, _decode, _estimate = ShardTask, encode_shard_task, decode_shard_task, estimate_shard_task
+
+
+class FileBatchCoder(_TupleCoder):
+    _type, _encode, _decode, _estimate = FileBatch, encode_file_batch, decode_file_batch, estimate_file_batch
+
+
+class RecordBatchCoder(_TupleCoder):
+    _type, _encode, _decode = RecordBatch, encode_record_batch, decode_record_batch
+    _estimate = estimate_record_batch
 
 
 coders.registry.register_coder(ImageFile, ImageFileCoder)
 coders.registry.register_coder(ImageRecord, ImageRecordCoder)
 coders.registry.register_coder(ShardTask, ShardTaskCoder)
+coders.registry.register_coder(FileBatch, FileBatchCoder)
+coders.registry.register_coder(RecordBatch, RecordBatchCoder)

@@ -2,11 +2,20 @@
 
 Image bytes never travel in a PCollection: only these records do, so every shuffle
 (join, split assignment, shard planning) moves a few hundred bytes per image.
+
+Between listing and shard planning the records travel in batches (FileBatch, RecordBatch:
+up to BATCH_SIZE images an element), because Beam's cost per element (DoFn calls, coders,
+counters) is many times the plain work per image there. Steps that are per image by nature
+(the labels join, dedupe) take single records inside and batch them again on the way out
+(transforms/batching.py).
 """
 
 from __future__ import annotations
 
 import dataclasses
+
+# Images per FileBatch / RecordBatch: few elements per run, each small (~200 KB coded).
+BATCH_SIZE = 1000
 
 
 @dataclasses.dataclass(frozen=True)
@@ -43,6 +52,26 @@ class ImageRecord:
     def class_key(self) -> str:
         """The label text used for per-class counts (multi-labels joined by '|')."""
         return "|".join(self.labels)
+
+
+@dataclasses.dataclass(frozen=True)
+class FileBatch:
+    """Listed files travelling as one element (see the module docstring)."""
+
+    files: tuple[ImageFile, ...]
+
+    def __len__(self) -> int:
+        return len(self.files)
+
+
+@dataclasses.dataclass(frozen=True)
+class RecordBatch:
+    """ImageRecords travelling as one element (see the module docstring)."""
+
+    records: tuple[ImageRecord, ...]
+
+    def __len__(self) -> int:
+        return len(self.records)
 
 
 @dataclasses.dataclass(frozen=True)

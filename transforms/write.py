@@ -23,6 +23,7 @@ from apache_beam.io.tfrecordio import _TFRecordSink
 from apache_beam.metrics import Metrics
 from apache_beam.transforms.window import GlobalWindows
 
+from transforms.batching import CountImagesFn
 from transforms.encode import EncodeSettings
 from transforms.failures import FAILED, USER_ERROR_MARKER, Failure
 from transforms.index import index_path
@@ -42,7 +43,7 @@ from transforms.prefetch import default_threads
 from transforms.prescan import DEDUPE_STAGE
 from transforms.progress import Progress, lookup
 from transforms.reading import DEFAULT_RETRY, RetryPolicy, read_bytes, read_with_retries
-from transforms.records import ImageFile, ImageRecord, ShardResult, ShardTask
+from transforms.records import FileBatch, RecordBatch, ShardResult, ShardTask
 from transforms.schema import schema_from_summary
 from transforms.shard_processes import ShardProcesses
 from transforms.shard_writer import (
@@ -404,7 +405,11 @@ class FinalizeFn(beam.DoFn):
 
 
 class WriteMetadata(beam.PTransform):
-    """Waits for every shard, renames them into place and writes the metadata files."""
+    """Waits for every shard, renames them into place and writes the metadata files.
+
+    `files` are the listed images (FileBatches; or RecordBatches and Failures after a join)
+    and `records` the labelled ones (RecordBatches), counted for summary.json.
+    """
 
     def __init__(
         self,
@@ -412,8 +417,8 @@ class WriteMetadata(beam.PTransform):
         temp_dir: str,
         compression: str,
         *,
-        files: beam.PCollection[ImageFile],
-        records: beam.PCollection[ImageRecord],
+        files: beam.PCollection[FileBatch | RecordBatch | Failure],
+        records: beam.PCollection[RecordBatch],
         failed: beam.PCollection[Failure],
         shards: beam.PCollection[ShardResult],
         class_index: beam.PCollection[ClassIndex],
@@ -430,8 +435,8 @@ class WriteMetadata(beam.PTransform):
 
     def expand(self, pbegin: beam.pvalue.PBegin) -> beam.PCollection[dict]:
         # Lifted combiners without a default element (an empty input leaves the side inputs
-        # at their defaults): one cheap call per image, no extra steps.
-        count = beam.combiners.CountCombineFn()
+        # at their defaults): one cheap call per batch, no extra steps.
+        count = CountImagesFn()
         listed_total = self._files | "CountListed" >> beam.CombineGlobally(count).without_defaults()
         listed = (
             self._records
