@@ -52,6 +52,7 @@ _MAX_SIDE = 65500  # libjpeg-turbo's JPEG_MAX_DIMENSION
 _MAX_OUTPUT_BYTES = 1 << 29  # TensorFlow refuses to decode to more bytes than this
 _MAX_BLOCKS_IN_MCU = 10
 _DEFAULT_HUFFMAN = frozenset({(0, 0), (0, 1), (1, 0), (1, 1)})
+_NOT_A_MARKER = (0x00, 0xFF)  # after 0xFF: a stuffed zero, or a fill byte before a marker
 
 
 @dataclasses.dataclass(frozen=True)
@@ -117,18 +118,24 @@ def _walk(data: bytes) -> JpegLayout:
     pos = 2  # after SOI
     search = _MARKER.search
     while True:
-        found = search(data, pos)
-        if found is None:  # TensorFlow needs the EOI; Pillow accepts a file without one
-            raise ImageError("does not decode as jpeg: truncated (no end-of-image marker)")
-        pos = found.start() + 1
-        while pos < size and data[pos] == 0xFF:  # fill bytes before a marker
+        if pos + 1 < size and data[pos] == 0xFF and data[pos + 1] not in _NOT_A_MARKER:
+            # A marker right where the previous segment ends (the header): what the search
+            # below finds, without it.
+            marker = data[pos + 1]
+            pos += 2
+        else:
+            found = search(data, pos)
+            if found is None:  # TensorFlow needs the EOI; Pillow accepts a file without one
+                raise ImageError("does not decode as jpeg: truncated (no end-of-image marker)")
+            pos = found.start() + 1
+            while pos < size and data[pos] == 0xFF:  # fill bytes before a marker
+                pos += 1
+            if pos >= size:
+                raise _Unmodelled
+            marker = data[pos]
             pos += 1
-        if pos >= size:
-            raise _Unmodelled
-        marker = data[pos]
-        pos += 1
-        if marker == 0x00:  # fill bytes then a stuffed zero: entropy-coded data, not a marker
-            continue
+            if marker == 0x00:  # fill bytes then a stuffed zero: entropy-coded data, not a marker
+                continue
         if marker in _RST or marker == _TEM:
             continue
         if marker == _EOI:
@@ -141,15 +148,20 @@ def _walk(data: bytes) -> JpegLayout:
             raise ImageError(f"does not decode as jpeg: unknown marker 0xFF{marker:02X}")
         if pos + 2 > size:
             raise ImageError("does not decode as jpeg: truncated (the file ends inside a marker)")
-        length = int.from_bytes(data[pos : pos + 2], "big")
+        length = data[pos] << 8 | data[pos + 1]
         if length < 2:
             raise _Unmodelled  # libjpeg skips some of these and refuses others
         end = pos + length
         if end > size:  # TensorFlow runs out of data skipping it (one false alarm in ~10,000 fuzzed)
             raise ImageError("does not decode as jpeg: truncated (the file ends inside a segment)")
+        if marker in _SKIPPED:
+            pos = end
+            continue
         body = data[pos + 2 : end]
         if marker in _HUFFMAN_SOF:
-            _frame(state, body, _HUFFMAN_SOF[marker])
+            if state.frame is not None:
+                raise _Unmodelled
+            state.frame, state.progressive = _frame(body), _HUFFMAN_SOF[marker]
         elif marker == _SOS:
             _scan(state, body)
         elif marker == _DQT:
@@ -160,23 +172,28 @@ def _walk(data: bytes) -> JpegLayout:
             if length != 4:
                 raise _Unmodelled
             state.restarts = state.restarts or body != b"\x00\x00"
-        elif marker not in _SKIPPED:  # other SOF types, arithmetic coding (DAC)
+        else:  # other SOF types, arithmetic coding (DAC)
             raise _Unmodelled
         pos = end
     if state.frame is None or not state.scans:
         raise _Unmodelled
     height, width, comps = state.frame
-    if not state.progressive and state.scanned != set(comps):
+    if not state.progressive and state.scanned != comps.keys():
         raise _Unmodelled  # a sequential image with components never scanned
     channels = 1 if len(comps) == 1 else 3
     return JpegLayout(height, width, channels)
 
 
-def _frame(state: _State, body: bytes, progressive: bool) -> None:
-    """SOF0/1/2: 8-bit samples, 1 or 3 components with sampling libjpeg-turbo supports."""
-    if state.frame is not None or len(body) < 6:
+@functools.lru_cache(maxsize=256)  # image sizes repeat in most datasets
+def _frame(body: bytes) -> tuple[int, int, dict[int, tuple[int, int, int]]]:
+    """SOF0/1/2: 8-bit samples, 1 or 3 components with sampling libjpeg-turbo supports.
+
+    Returns (height, width, component id -> (h, v, quantisation table)); the dict is
+    shared by every file with this frame header, so it is never changed.
+    """
+    if len(body) < 6:
         raise _Unmodelled
-    precision, height, width, count = body[0], *_u16(body, 1, 3), body[5]
+    precision, height, width, count = body[0], body[1] << 8 | body[2], body[3] << 8 | body[4], body[5]
     if precision != 8 or count not in (1, 3) or len(body) != 6 + 3 * count:
         raise _Unmodelled
     if not (0 < height <= _MAX_SIDE and 0 < width <= _MAX_SIDE):
@@ -184,19 +201,19 @@ def _frame(state: _State, body: bytes, progressive: bool) -> None:
     if height * width * (1 if count == 1 else 3) >= _MAX_OUTPUT_BYTES:
         raise _Unmodelled
     comps: dict[int, tuple[int, int, int]] = {}
-    for i in range(count):
-        cid, sampling, table = body[6 + 3 * i : 9 + 3 * i]
+    max_h = max_v = blocks = 0
+    for i in range(6, 6 + 3 * count, 3):
+        cid, sampling, table = body[i], body[i + 1], body[i + 2]
         h, v = sampling >> 4, sampling & 15
         if cid in comps or not (1 <= h <= 4 and 1 <= v <= 4) or table > 3:
             raise _Unmodelled
         comps[cid] = (h, v, table)
-    max_h = max(h for h, _, _ in comps.values())
-    max_v = max(v for _, v, _ in comps.values())
+        max_h, max_v, blocks = max(max_h, h), max(max_v, v), blocks + h * v
     if any(max_h % h or max_v % v for h, v, _ in comps.values()):
         raise _Unmodelled  # fractional sampling ratios
-    if sum(h * v for h, v, _ in comps.values()) > _MAX_BLOCKS_IN_MCU:
+    if blocks > _MAX_BLOCKS_IN_MCU:
         raise _Unmodelled
-    state.frame, state.progressive = (height, width, comps), progressive
+    return height, width, comps
 
 
 def _scan(state: _State, body: bytes) -> None:
@@ -207,7 +224,7 @@ def _scan(state: _State, body: bytes) -> None:
     if not 1 <= count <= 4 or len(body) != 4 + 2 * count:
         raise _Unmodelled
     comps = state.frame[2]
-    ids = [body[1 + 2 * i] for i in range(count)]
+    ids = body[1 : 1 + 2 * count : 2]
     if len(set(ids)) != count or any(cid not in comps for cid in ids):
         raise _Unmodelled
     ss, se, approx = body[1 + 2 * count], body[2 + 2 * count], body[3 + 2 * count]
@@ -278,7 +295,3 @@ def _huffman_tables(body: bytes) -> frozenset[tuple[int, int]]:
         defined.add((kind, table))
         pos += 17 + total
     return frozenset(defined)
-
-
-def _u16(body: bytes, *offsets: int) -> tuple[int, ...]:
-    return tuple(int.from_bytes(body[o : o + 2], "big") for o in offsets)
