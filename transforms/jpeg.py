@@ -79,8 +79,13 @@ def prepare_kept_jpeg(data: bytes, options: ImageOptions) -> PreparedImage | Non
     if layout is None:
         return None
     check_size(layout.width, layout.height, options.max_pixels)
-    info = ImageInfo("jpeg", layout.height, layout.width, layout.channels, colorspace_of(layout.channels))
-    return PreparedImage(data, info)
+    return PreparedImage(data, _jpeg_info(layout))
+
+
+@functools.lru_cache(maxsize=1024)
+def _jpeg_info(layout: JpegLayout) -> ImageInfo:
+    """The ImageInfo of a kept JPEG (immutable, so shared by the images of one size)."""
+    return ImageInfo("jpeg", layout.height, layout.width, layout.channels, colorspace_of(layout.channels))
 
 
 class _Unmodelled(Exception):
@@ -180,7 +185,11 @@ def _walk(data: bytes) -> JpegLayout:
     height, width, comps = state.frame
     if not state.progressive and state.scanned != comps.keys():
         raise _Unmodelled  # a sequential image with components never scanned
-    channels = 1 if len(comps) == 1 else 3
+    return _layout(height, width, 1 if len(comps) == 1 else 3)
+
+
+@functools.lru_cache(maxsize=1024)
+def _layout(height: int, width: int, channels: int) -> JpegLayout:
     return JpegLayout(height, width, channels)
 
 
