@@ -38,6 +38,8 @@ def _varint(value: int) -> bytes:
         return _ONE_BYTE[value]
     if 0 <= value < 0x4000:
         return bytes(((value & 0x7F) | 0x80, value >> 7))
+    if 0 <= value < 0x200000:  # the length of an image of up to 2 MB
+        return bytes(((value & 0x7F) | 0x80, (value >> 7 & 0x7F) | 0x80, value >> 14))
     return _varint_slow(value)
 
 

@@ -28,6 +28,8 @@ import dataclasses
 import functools
 import re
 
+import numpy as np
+
 from transforms.image import (
     ImageError,
     ImageInfo,
@@ -122,6 +124,7 @@ def _walk(data: bytes) -> JpegLayout:
     size = len(data)
     pos = 2  # after SOI
     search = _MARKER.search
+    scan_data = False  # pos is where a sequential scan's entropy-coded data starts
     while True:
         if pos + 1 < size and data[pos] == 0xFF and data[pos + 1] not in _NOT_A_MARKER:
             # A marker right where the previous segment ends (the header): what the search
@@ -129,10 +132,15 @@ def _walk(data: bytes) -> JpegLayout:
             marker = data[pos + 1]
             pos += 2
         else:
-            found = search(data, pos)
-            if found is None:  # TensorFlow needs the EOI; Pillow accepts a file without one
+            if scan_data and not state.restarts:  # no marker expected before the scan's end
+                start = _first_marker(data, pos)
+            else:
+                found = search(data, pos)
+                start = -1 if found is None else found.start()
+            scan_data = False
+            if start < 0:  # TensorFlow needs the EOI; Pillow accepts a file without one
                 raise ImageError("does not decode as jpeg: truncated (no end-of-image marker)")
-            pos = found.start() + 1
+            pos = start + 1
             while pos < size and data[pos] == 0xFF:  # fill bytes before a marker
                 pos += 1
             if pos >= size:
@@ -169,6 +177,7 @@ def _walk(data: bytes) -> JpegLayout:
             state.frame, state.progressive = _frame(body), _HUFFMAN_SOF[marker]
         elif marker == _SOS:
             _scan(state, body)
+            scan_data = not state.progressive
         elif marker == _DQT:
             state.quant.update(_quant_tables(body))
         elif marker == _DHT:
@@ -191,6 +200,23 @@ def _walk(data: bytes) -> JpegLayout:
 @functools.lru_cache(maxsize=1024)
 def _layout(height: int, width: int, channels: int) -> JpegLayout:
     return JpegLayout(height, width, channels)
+
+
+def _first_marker(data: bytes, pos: int) -> int:
+    """Where `_MARKER.search(data, pos)` matches, or -1.
+
+    Found with three vectorised passes over all of `data[pos:]`, ~40% less CPU than the
+    regex's byte-by-byte search over a scan's entropy-coded data (~15 us for 45 KB), but
+    without stopping at the match: only used where the next marker should end the data
+    (at most once per sequential scan), never where markers follow each other closely.
+    """
+    if len(data) - pos < 2:
+        return -1
+    rest = np.frombuffer(data, np.uint8, offset=pos)
+    hit = rest[:-1] == 0xFF
+    np.logical_and(hit, rest[1:], out=hit)  # ... followed by anything but a stuffed zero
+    i = int(hit.argmax())
+    return pos + i if hit[i] else -1
 
 
 @functools.lru_cache(maxsize=256)  # image sizes repeat in most datasets
