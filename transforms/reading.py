@@ -93,8 +93,13 @@ def read_local(path: str) -> bytes:
     The file is opened non-blocking and checked with fstat on the open descriptor, so a
     file swapped for a FIFO between listing and reading cannot hang the worker.
     """
+    return read_open(open_local(path))
+
+
+def open_local(path: str) -> int:
+    """A non-blocking descriptor of `path` for `read_open`. Raises ReadError (or a transient OSError)."""
     try:
-        fd = os.open(path, os.O_RDONLY | os.O_NONBLOCK)
+        return os.open(path, os.O_RDONLY | os.O_NONBLOCK)
     except FileNotFoundError:
         if os.path.islink(path):
             raise ReadError(f"broken symbolic link to {os.readlink(path)!r}") from None
@@ -105,6 +110,14 @@ def read_local(path: str) -> bytes:
         if e.errno in TRANSIENT_ERRNOS:
             raise
         raise ReadError(e.strerror or str(e)) from None
+
+
+def read_open(fd: int) -> bytes:
+    """All bytes of the regular file open (non-blocking) as `fd`, which is closed.
+
+    Raises:
+      ReadError: not a regular file. A transient OSError propagates.
+    """
     try:
         info = os.fstat(fd)
         if not stat.S_ISREG(info.st_mode):

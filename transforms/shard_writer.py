@@ -13,6 +13,7 @@ from __future__ import annotations
 
 import collections
 import dataclasses
+import functools
 import os
 import shutil
 import uuid
@@ -30,7 +31,7 @@ from transforms.index import write_index
 from transforms.labels import ClassIndex
 from transforms.output import delete_paths
 from transforms.prefetch import map_in_order
-from transforms.reading import DEFAULT_RETRY, RetryPolicy, read_bytes, read_with_retries
+from transforms.reading import DEFAULT_RETRY, ReadError, RetryPolicy, read_bytes, read_open, read_with_retries
 from transforms.records import ImageRecord, ShardResult, ShardTask
 from transforms.testhooks import PAUSE_ENV, pause_if_asked
 from transforms.tfrecord import RECORD_OVERHEAD, frame_chunks
@@ -180,7 +181,7 @@ def write_shard(
     images ahead (see transforms/prefetch.py) or, with `reads_only`, only reads them (the
     rest holds the GIL: done in this thread, it costs no hand-over). `on_written(nbytes)` is
     called after each written image. `hint_ahead` > 0 asks the kernel to read that many
-    local files ahead (`will_need`). With `whole` False the task is one part of a shard
+    local files ahead (`OpenAhead`, or `will_need` for a custom reader). With `whole` False the task is one part of a shard
     (see `split_shards`): its index file, if any, is written by `join_parts`.
     """
     settings, reader, retry = job.settings, job.reader, job.retry
@@ -196,19 +197,37 @@ def write_shard(
     ) -> Callable[[], tuple[list[bytes], ImageInfo]]:
         return lambda: encode_image_chunks(record, data(), class_index, settings)
 
+    records = task.records
+    # Read here, by read_bytes: each file is opened once, `hint_ahead` images early (OpenAhead).
+    opened = OpenAhead(records, hint_ahead if pool is None and reader is read_bytes and not reads_only else 0)
+
+    def load_opened(i: int, record: ImageRecord) -> tuple[list[bytes], ImageInfo]:
+        fd = opened.take(i)
+        if fd is None:
+            return load(record)
+        try:
+            data = read_open(fd)
+        except ReadError:
+            raise
+        except OSError:  # transient: read again from the path, with the usual retries
+            data = read(record)
+        return encode_image_chunks(record, data, class_index, settings)
+
     if reads_only:
-        loaded = ((r, encode_after(r, data)) for r, data in map_in_order(read, task.records, pool))
+        loaded = ((r, encode_after(r, data)) for r, data in map_in_order(read, records, pool))
+    elif opened.ahead:
+        loaded = ((r, functools.partial(load_opened, i, r)) for i, r in enumerate(records))
     else:
-        loaded = map_in_order(load, task.records, pool)
+        loaded = map_in_order(load, records, pool)
+    hint_ahead = 0 if opened.ahead else hint_ahead
     failures: list[Failure] = []
     sizes: list[int] = []
     formats: set[str] = set()
     per_class: collections.Counter = collections.Counter()
-    records = task.records
     for record in records[:hint_ahead]:
         will_need(record.path)
     paused = PAUSE_ENV in os.environ  # the test hook (looked up once, not per image)
-    with ShardFile(job.temp_path(task), job.compression) as shard:
+    with ShardFile(job.temp_path(task), job.compression) as shard, opened:
         for i, (record, result) in enumerate(loaded):
             if hint_ahead and i + hint_ahead < len(records):
                 will_need(records[i + hint_ahead].path)
@@ -247,23 +266,62 @@ def write_shard(
 
 
 def will_need(path: str) -> None:
-    """Asks the kernel to start reading a local file into the page cache; never blocks or fails.
+    """Asks the kernel to start reading a local file into the page cache; never blocks or fails."""
+    fd = open_hinted(path)
+    if fd is not None:
+        os.close(fd)
 
-    Opened non-blocking (a FIFO must not hang here); any error is left for the real read
-    to report.
+
+def open_hinted(path: str) -> int | None:
+    """A local file opened after asking the kernel to read it into the page cache, or None.
+
+    Opened non-blocking (a FIFO must not hang here); None for a remote path or when the
+    file cannot be opened: any error is left for the real read to report.
     """
     if "://" in path or not hasattr(os, "posix_fadvise"):
-        return
+        return None
     try:
         fd = os.open(path, os.O_RDONLY | os.O_NONBLOCK)
     except OSError:
-        return
+        return None
     try:
         os.posix_fadvise(fd, 0, 0, os.POSIX_FADV_WILLNEED)
     except OSError:
         pass
-    finally:
-        os.close(fd)
+    return fd
+
+
+class OpenAhead:
+    """The files of a shard opened `ahead` images before they are read (`open_hinted`).
+
+    The kernel reads them in while earlier images are checked and written (a cold disk
+    then serves several reads at once), and the read uses the open descriptor: one open
+    and one close a file. A context manager: leaving it closes what was not read.
+    """
+
+    def __init__(self, records: Sequence[ImageRecord], ahead: int):
+        self.ahead = ahead
+        self._paths = [r.path for r in records] if ahead else []
+        self._fds: dict[int, int] = {}  # record index -> descriptor
+        self._next = 0  # the next record to open
+
+    def take(self, i: int) -> int | None:
+        """The descriptor of record `i` (the caller closes it), or None; opens the next ones."""
+        last = min(i + self.ahead + 1, len(self._paths))
+        while self._next < last:
+            fd = open_hinted(self._paths[self._next])
+            if fd is not None:
+                self._fds[self._next] = fd
+            self._next += 1
+        return self._fds.pop(i, None)
+
+    def __enter__(self) -> OpenAhead:
+        return self
+
+    def __exit__(self, *exc: object) -> None:
+        fds, self._fds = self._fds, {}
+        for fd in fds.values():
+            os.close(fd)
 
 
 def can_split(job: ShardJob) -> bool:
