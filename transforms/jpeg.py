@@ -109,6 +109,8 @@ def check_jpeg(data: bytes) -> JpegLayout | None:
 class _State:
     """What the header segments seen so far define."""
 
+    __slots__ = ("frame", "progressive", "quant", "huffman", "restarts", "scanned", "scans")
+
     def __init__(self) -> None:
         self.frame: tuple[int, int, dict[int, tuple[int, int, int]]] | None = None  # h, w, comps
         self.progressive = False
@@ -149,15 +151,16 @@ def _walk(data: bytes) -> JpegLayout:
             pos += 1
             if marker == 0x00:  # fill bytes then a stuffed zero: entropy-coded data, not a marker
                 continue
-        if marker in _RST or marker == _TEM:
-            continue
-        if marker == _EOI:
-            break
-        if state.restarts and state.scans and (marker == _SOI or marker not in _WITH_LENGTH):
-            raise _Unmodelled  # skipped while resynchronising at a restart marker (measured)
-        if marker == _SOI:
-            raise ImageError("does not decode as jpeg: a second start-of-image marker")
-        if marker not in _WITH_LENGTH:  # libjpeg stops with "Unsupported marker type"
+        if marker not in _WITH_LENGTH:
+            if marker in _RST or marker == _TEM:
+                continue
+            if marker == _EOI:
+                break
+            if state.restarts and state.scans:
+                raise _Unmodelled  # skipped while resynchronising at a restart marker (measured)
+            if marker == _SOI:
+                raise ImageError("does not decode as jpeg: a second start-of-image marker")
+            # libjpeg stops with "Unsupported marker type"
             raise ImageError(f"does not decode as jpeg: unknown marker 0xFF{marker:02X}")
         if pos + 2 > size:
             raise ImageError("does not decode as jpeg: truncated (the file ends inside a marker)")
