@@ -173,18 +173,19 @@ def serialize_example_chunks(features: Features, kinds: Mapping[str, str] | None
         if value_type is list and len(value) == 1 and type(value[0]) in _SCALARS:
             value = value[0]  # one value: the same entry as the value alone
             value_type = type(value)
-        if (value_type is str or value_type is bytes) and kind in (None, "bytes"):
-            data = value if value_type is bytes else _as_bytes(value)
-            n = len(data)
+        if value_type is str and kind in _BYTES_KINDS:
+            value_type, value = bytes, value.encode("utf-8", "surrogateescape")
+        if value_type is bytes and kind in _BYTES_KINDS:
+            n = len(value)
             head = _one_bytes_head(name, n) if n <= _SMALL else _one_bytes_head.__wrapped__(name, n)
             size += len(head) + n
             if n < _CHUNK:
-                run += (head, data)
+                run += (head, value)
             else:
                 run.append(head)
-                chunks += (b"".join(run), data)
+                chunks += (b"".join(run), value)
                 run = []
-        elif value_type is int and kind in (None, "int64"):
+        elif value_type is int and kind in _INT_KINDS:
             entry = _small_entry(name, value, value_type, kind)
             run.append(entry)
             size += len(entry)
@@ -203,6 +204,8 @@ def serialize_example_chunks(features: Features, kinds: Mapping[str, str] | None
 
 
 _SCALARS = (int, str, bytes)
+_BYTES_KINDS = frozenset((None, "bytes"))
+_INT_KINDS = frozenset((None, "int64"))
 
 
 def serialize_example(features: Features, kinds: Mapping[str, str] | None = None) -> bytes:
