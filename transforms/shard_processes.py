@@ -16,20 +16,17 @@ and Beam's GCS filesystem makes a new client (and HTTP session) for every call. 
 die with the thread that forked them (PR_SET_PDEATHSIG on Linux), so a killed run leaves
 no worker writing into its temp folder.
 
-Progress: every worker adds its written images to one shared counter (images, bytes)
-every few milliseconds and after each shard; the main process reads it while it waits
-and forwards it to the run's Progress.
+Progress: every worker adds each written image to one shared counter (images, bytes),
+which the main process reads while it waits and forwards to the run's Progress.
 """
 
 from __future__ import annotations
 
 import ctypes
-import gc
 import multiprocessing
 import os
 import signal
 import sys
-import time
 from collections.abc import Iterator
 from concurrent import futures
 from concurrent.futures import ProcessPoolExecutor, ThreadPoolExecutor
@@ -128,44 +125,20 @@ _pool: ThreadPoolExecutor | None = None  # read-ahead threads of this worker, ma
 
 
 def _start_worker(counts, threads: int, parent_pid: int) -> None:
-    """Worker set-up: die with the parent, keep the shared counter and the thread setting.
-
-    Every object inherited from the parent (Beam, the listing, ...) is moved out of the
-    garbage collector's reach (`gc.freeze`): it is not garbage, and walking it in every
-    older-generation collection cost ~10% of a worker's CPU (and copied its memory pages).
-    """
+    """Worker set-up: die with the parent, keep the shared counter and the thread setting."""
     global _counts, _threads
     if sys.platform.startswith("linux"):
         ctypes.CDLL(None, use_errno=True).prctl(_PR_SET_PDEATHSIG, signal.SIGKILL)
     if os.getppid() != parent_pid:  # the parent died before prctl took effect
         os._exit(1)
     _counts, _threads = counts, threads
-    gc.freeze()
-
-
-# Written images are added to the shared counter at most this often (seconds), and after
-# each shard: one lock round trip per image cost more than the rest of the bookkeeping.
-REPORT_SECONDS = 0.005
-_unreported = [0, 0, 0.0]  # images and bytes written since the last report, and its time
 
 
 def _count_written(nbytes: int) -> None:
-    unreported = _unreported
-    unreported[0] += 1
-    unreported[1] += nbytes
-    now = time.monotonic()
-    if now - unreported[2] >= REPORT_SECONDS:
-        _report(now)
-
-
-def _report(now: float) -> None:
-    images, nbytes, _ = _unreported
-    if images:
-        counts = _counts.get_obj()  # the raw array: one lock round trip, not one per item
-        with _counts.get_lock():
-            counts[0] += images
-            counts[1] += nbytes
-    _unreported[:] = [0, 0, now]
+    counts = _counts.get_obj()  # the raw array: one lock round trip per image, not one per item
+    with _counts.get_lock():
+        counts[0] += 1
+        counts[1] += nbytes
 
 
 def _write_in_worker(task: ShardTask, class_index: ClassIndex, job: ShardJob, whole: bool) -> ShardOutcome:
@@ -184,7 +157,4 @@ def _write_in_worker(task: ShardTask, class_index: ClassIndex, job: ShardJob, wh
         _pool = ThreadPoolExecutor(threads, thread_name_prefix="read-ahead")
     pool = _pool if threads > 1 else None
     reads_only, hint_ahead = _threads == 0 and remote, 8 if _threads == 0 and not remote else 0
-    try:
-        return write_shard(task, class_index, job, pool, _count_written, whole, reads_only, hint_ahead)
-    finally:
-        _report(time.monotonic())
+    return write_shard(task, class_index, job, pool, _count_written, whole, reads_only, hint_ahead)
