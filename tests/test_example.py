@@ -3,7 +3,7 @@
 import pytest
 import tensorflow as tf
 
-from transforms.example import make_example, serialize_example
+from transforms.example import make_example, serialize_example, serialize_example_chunks
 
 
 def _tf_feature(value):
@@ -59,3 +59,16 @@ def test_make_example_parses_back():
     ex = make_example({"image/height": 7, "image/class/text": ["a", "b"]})
     assert ex.features.feature["image/height"].int64_list.value == [7]
     assert list(ex.features.feature["image/class/text"].bytes_list.value) == [b"a", b"b"]
+
+
+@pytest.mark.parametrize("features", CASES)
+def test_chunks_join_to_the_example_and_keep_large_values_uncopied(features):
+    image = bytes(range(256)) * 40
+    features = {**features, "image/encoded": image, "image/filename": "c/x.jpg", "labels": [3]}
+    chunks = serialize_example_chunks(features)
+    assert (
+        b"".join(chunks)
+        == serialize_example(features)
+        == make_example(features).SerializeToString(deterministic=True)
+    )
+    assert any(chunk is image for chunk in chunks)

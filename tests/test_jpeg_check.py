@@ -13,6 +13,7 @@ import pytest
 import tensorflow as tf
 from PIL import Image
 
+from transforms import jpeg
 from transforms.encode import check_image
 from transforms.image import ImageError
 from transforms.jpeg import check_jpeg
@@ -52,7 +53,14 @@ VALID = {
     "optimized tables": lambda: _jpeg(optimize=True),
     "restart markers": lambda: _jpeg(restart_marker_blocks=4),
     "odd size": lambda: _jpeg(size=(17, 3)),
+    "large": lambda: _jpeg(size=LARGE),
 }
+
+
+def test_large_scans_take_the_vectorised_search():
+    data = VALID["large"]()
+    sos = data.index(SOS)
+    assert len(data) - (sos + 2 + int.from_bytes(data[sos + 2 : sos + 4], "big")) > jpeg._VECTOR_SEARCH
 
 
 @pytest.mark.parametrize("name", sorted(VALID))
@@ -64,9 +72,14 @@ def test_valid_jpegs_are_accepted_with_tensorflows_shape(name):
     assert check_image(data).data == data  # kept as it is
 
 
-def _damaged() -> dict[str, tuple[bytes, str | None]]:
+# Large enough for the vectorised search of the scan data (jpeg._VECTOR_SEARCH); the
+# small default size is searched with the regex.
+LARGE = (400, 300)
+
+
+def _damaged(size: tuple[int, int] = (64, 48)) -> dict[str, tuple[bytes, str | None]]:
     """name -> (bytes, expected verdict: 'accept', 'reject' or 'defer' to Pillow)."""
-    base, prog = _jpeg(), _jpeg(progressive=True)
+    base, prog = _jpeg(size=size), _jpeg(size=size, progressive=True)
     mid = _scan_middle(base)
     scans = [i for i in range(len(prog) - 1) if prog[i : i + 2] == SOS]
     no_dqt = bytearray(base[:2])
@@ -97,9 +110,10 @@ def _damaged() -> dict[str, tuple[bytes, str | None]]:
     }
 
 
+@pytest.mark.parametrize("size", [(64, 48), LARGE])
 @pytest.mark.parametrize("name", sorted(_damaged()))
-def test_damaged_jpegs_get_tensorflows_verdict(name):
-    data, expected = _damaged()[name]
+def test_damaged_jpegs_get_tensorflows_verdict(name, size):
+    data, expected = _damaged(size)[name]
     try:
         verdict = "accept" if check_jpeg(data) else "defer"
     except ImageError:

@@ -18,6 +18,7 @@ from transforms.encode import EncodeSettings
 from transforms.labels import ClassIndex
 from transforms.reading import ReadError, RetryPolicy, is_transient, read_bytes, read_with_retries
 from transforms.records import ImageRecord, ShardTask
+from transforms.shard_writer import ShardJob, write_shard
 from transforms.write import WriteShards
 
 FAST = RetryPolicy(attempts=4, initial_delay=0.001, max_delay=0.002)
@@ -159,3 +160,37 @@ def test_write_shards_retries_a_flaky_reader_in_a_pipeline(tmp_path):
     written = read_records(out, "flaky")
     assert sorted(r["filename"] for r in written) == ["c/0.png", "c/1.png", "c/2.png"]
     assert all(r["encoded"] == (tmp_path / "in" / r["filename"]).read_bytes() for r in written)
+
+
+def test_files_opened_ahead_give_the_same_shard_and_failures(tmp_path):
+    """write_shard with hint_ahead (each file opened a few images early, read through that
+    descriptor) writes the same bytes and the same failures as without, never waits on a
+    FIFO, and leaves no descriptor open."""
+    good = [write_image(tmp_path / "in" / f"{i}.jpg", seed=i) for i in range(12)]
+    os.mkfifo(tmp_path / "in" / "fifo.jpg")
+    (tmp_path / "in" / "dir.jpg").mkdir()
+    os.symlink(tmp_path / "gone.jpg", tmp_path / "in" / "broken.jpg")
+    (tmp_path / "in" / "bad.jpg").write_bytes(b"\xff\xd8\xff\xe0 not a jpeg")
+    names = [p.name for p in good[:5]] + ["fifo.jpg", "dir.jpg", "broken.jpg", "removed.jpg", "bad.jpg"]
+    names += [p.name for p in good[5:]]
+    records = tuple(ImageRecord(str(tmp_path / "in" / n), n, 1, ("c",)) for n in names)
+    task = ShardTask("train", 0, records)
+
+    def write(hint_ahead: int) -> tuple[bytes, list[tuple[str, str, str]]]:
+        job = ShardJob(str(tmp_path / f"tmp{hint_ahead}"))
+        outcome = write_shard(task, ClassIndex(("c",)), job, hint_ahead=hint_ahead)
+        failures = [(Path(f.path).name, f.stage, f.reason) for f in outcome.failures]
+        return Path(outcome.result.temp_path).read_bytes(), failures
+
+    open_before = len(os.listdir("/proc/self/fd"))
+    ahead = write(4)
+    assert len(os.listdir("/proc/self/fd")) == open_before
+    assert ahead == write(0)
+    assert [name for name, _, _ in ahead[1]] == [
+        "fifo.jpg",
+        "dir.jpg",
+        "broken.jpg",
+        "removed.jpg",
+        "bad.jpg",
+    ]
+    assert ahead[1][0][2] == "unreadable: not a regular file (fifo)"

@@ -31,6 +31,7 @@ from transforms.labels import ClassIndex
 from transforms.reading import read_bytes
 from transforms.records import ImageRecord, ShardTask
 from transforms.shard_writer import ShardFile, split_shards
+from transforms.tfrecord import frame_record
 from transforms.write import WriteShards, make_sink
 
 
@@ -45,6 +46,32 @@ def test_shard_file_writes_the_bytes_of_beams_tfrecord_sink(tmp_path, compressio
         for r in records:
             shard.write(r)
     assert Path(shard.path).read_bytes() == Path(beam_path).read_bytes()
+
+
+def test_shard_file_writes_chunked_records_whole_after_short_writes(tmp_path, monkeypatch):
+    """Records given as chunks and written with writev calls that each write only part of
+    what they are given (as a signal or a full pipe may) come out whole and in order."""
+    records = [[b"ab", os.urandom(70_000), b""], [b""], [os.urandom(5000)], [b"x", b"y" * 3000, b"z"]] * 40
+    real_writev = os.writev
+    calls = []
+
+    def short_writev(fd: int, buffers) -> int:
+        calls.append(len(buffers))
+        budget, given = 777 + 13 * len(calls), []
+        for buffer in buffers:
+            if budget <= 0:
+                break
+            given.append(memoryview(buffer)[:budget])
+            budget -= len(buffer)
+        return real_writev(fd, given)
+
+    monkeypatch.setattr(os, "writev", short_writev)
+    with ShardFile(str(tmp_path / "s.tfrecord")) as shard:
+        for chunks in records:
+            shard.write_chunks(chunks, sum(map(len, chunks)))
+    assert len(calls) > len(records)  # the writes were short
+    expected = b"".join(frame_record(b"".join(chunks)) for chunks in records)
+    assert Path(shard.path).read_bytes() == expected
 
 
 def test_largest_shards_go_first_and_the_last_ones_in_parts():

@@ -9,7 +9,7 @@ from __future__ import annotations
 import dataclasses
 import functools
 
-from transforms.example import serialize_example
+from transforms.example import serialize_example_chunks
 from transforms.image import ImageInfo, ImageOptions, PreparedImage, detect_format, prepare_image
 from transforms.integrity import check_structure
 from transforms.jpeg import prepare_kept_jpeg
@@ -61,10 +61,19 @@ def encode_image(
     Raises:
       ImageError: the image does not decode or cannot be written; the message says why.
     """
+    chunks, info = encode_image_chunks(record, data, class_index, settings)
+    return b"".join(chunks), info
+
+
+def encode_image_chunks(
+    record: ImageRecord, data: bytes, class_index: ClassIndex, settings: EncodeSettings = EncodeSettings()
+) -> tuple[list[bytes], ImageInfo]:
+    """`encode_image` with the Example as chunks (see `serialize_example_chunks`): the
+    image bytes are not copied into a joined Example, the shard writer writes the chunks."""
     schema = _schema(settings.schema, settings.rename_keys)
     prepared = check_image(data, settings)
     features = schema.features(record, prepared.data, prepared.info, class_index)
-    return serialize_example(features, schema.kinds), prepared.info
+    return serialize_example_chunks(features, schema.kinds), prepared.info
 
 
 def encode_record(

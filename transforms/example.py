@@ -38,6 +38,8 @@ def _varint(value: int) -> bytes:
         return _ONE_BYTE[value]
     if 0 <= value < 0x4000:
         return bytes(((value & 0x7F) | 0x80, value >> 7))
+    if 0 <= value < 0x200000:  # the length of an image of up to 2 MB
+        return bytes(((value & 0x7F) | 0x80, (value >> 7 & 0x7F) | 0x80, value >> 14))
     return _varint_slow(value)
 
 
@@ -123,7 +125,87 @@ def _small_entry(name: str, value, value_type: type, kind: str | None) -> bytes:
     return b"".join(_entry_parts(name, value, kind)[0])
 
 
-_SMALL = 64  # str/bytes values up to this length are cached as whole entries
+_SMALL = 64  # int and str/bytes values up to this length are cached as whole entries
+_CHUNK = 4096  # values at least this long are chunks of their own (not copied by the serializer)
+
+
+@functools.lru_cache(maxsize=1024)
+def _one_bytes_head(name: str, n: int) -> bytes:
+    """All of the map entry of a one-value BytesList before its `n` value bytes.
+
+    What `_entry_parts(name, [value], "bytes")` gives before `value`, computed from the
+    length alone: the same for every image of a size (file names, hashes, ...).
+    """
+    inner = 1 + len(_varint(n)) + n  # BytesList: field 1, length, value
+    feature = 1 + len(_varint(inner)) + inner  # Feature: bytes_list (field 1)
+    key = _key_field(name)
+    entry = len(key) + 1 + len(_varint(feature)) + feature
+    return b"".join(
+        (
+            _FIELD1,
+            _varint(entry),
+            key,
+            _FIELD2,
+            _varint(feature),
+            _FIELD1,
+            _varint(inner),
+            _FIELD1,
+            _varint(n),
+        )
+    )
+
+
+def serialize_example_chunks(features: Features, kinds: Mapping[str, str] | None = None) -> list[bytes]:
+    """`serialize_example`'s bytes as chunks, to be written one after the other.
+
+    Values of at least _CHUNK bytes (the image) are chunks of their own, not copied; the
+    small fields between them are joined. A writer can then checksum and write the
+    chunks without ever joining the Example into one object.
+    """
+    kinds = kinds or {}
+    chunks: list[bytes] = []
+    run: list[bytes] = []  # small pieces since the last chunk
+    size = 0  # of the Features message
+    for name in sorted(features):
+        value = features[name]
+        value_type = type(value)
+        kind = kinds.get(name)
+        if value_type is list and len(value) == 1 and type(value[0]) in _SCALARS:
+            value = value[0]  # one value: the same entry as the value alone
+            value_type = type(value)
+        if value_type is str and kind in _BYTES_KINDS:
+            value_type, value = bytes, value.encode("utf-8", "surrogateescape")
+        if value_type is bytes and kind in _BYTES_KINDS:
+            n = len(value)
+            head = _one_bytes_head(name, n) if n <= _SMALL else _one_bytes_head.__wrapped__(name, n)
+            size += len(head) + n
+            if n < _CHUNK:
+                run += (head, value)
+            else:
+                run.append(head)
+                chunks += (b"".join(run), value)
+                run = []
+        elif value_type is int and kind in _INT_KINDS:
+            entry = _small_entry(name, value, value_type, kind)
+            run.append(entry)
+            size += len(entry)
+        else:
+            entry_parts, entry_size = _entry_parts(name, value, kind)
+            size += entry_size
+            for part in entry_parts:
+                if len(part) < _CHUNK:
+                    run.append(part)
+                else:
+                    chunks += (b"".join(run), part)
+                    run = []
+    chunks.append(b"".join(run))
+    chunks[0] = b"".join((_FIELD1, _varint(size), chunks[0]))
+    return chunks
+
+
+_SCALARS = (int, str, bytes)
+_BYTES_KINDS = frozenset((None, "bytes"))
+_INT_KINDS = frozenset((None, "int64"))
 
 
 def serialize_example(features: Features, kinds: Mapping[str, str] | None = None) -> bytes:
@@ -136,21 +218,7 @@ def serialize_example(features: Features, kinds: Mapping[str, str] | None = None
     Returns:
       The Example's wire bytes.
     """
-    kinds = kinds or {}
-    parts: list[bytes] = []
-    size = 0  # of the Features message
-    for name in sorted(features):
-        value = features[name]
-        value_type = type(value)
-        if value_type is int or (value_type in (str, bytes) and len(value) <= _SMALL):
-            entry = _small_entry(name, value, value_type, kinds.get(name))
-            parts.append(entry)
-            size += len(entry)
-        else:
-            entry_parts, entry_size = _entry_parts(name, value, kinds.get(name))
-            parts += entry_parts
-            size += entry_size
-    return b"".join((_FIELD1, _varint(size), *parts))
+    return b"".join(serialize_example_chunks(features, kinds))
 
 
 def make_example(features: Features, kinds: Mapping[str, str] | None = None):

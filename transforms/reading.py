@@ -93,8 +93,13 @@ def read_local(path: str) -> bytes:
     The file is opened non-blocking and checked with fstat on the open descriptor, so a
     file swapped for a FIFO between listing and reading cannot hang the worker.
     """
+    return read_open(open_local(path))
+
+
+def open_local(path: str) -> int:
+    """A non-blocking descriptor of `path` for `read_open`. Raises ReadError (or a transient OSError)."""
     try:
-        fd = os.open(path, os.O_RDONLY | os.O_NONBLOCK)
+        return os.open(path, os.O_RDONLY | os.O_NONBLOCK)
     except FileNotFoundError:
         if os.path.islink(path):
             raise ReadError(f"broken symbolic link to {os.readlink(path)!r}") from None
@@ -105,16 +110,28 @@ def read_local(path: str) -> bytes:
         if e.errno in TRANSIENT_ERRNOS:
             raise
         raise ReadError(e.strerror or str(e)) from None
+
+
+def read_open(fd: int) -> bytes:
+    """All bytes of the regular file open (non-blocking) as `fd`, which is closed.
+
+    Raises:
+      ReadError: not a regular file. A transient OSError propagates.
+    """
     try:
         info = os.fstat(fd)
         if not stat.S_ISREG(info.st_mode):
             mode = info.st_mode
             kind = "directory" if stat.S_ISDIR(mode) else "fifo" if stat.S_ISFIFO(mode) else "special file"
             raise ReadError(f"not a regular file ({kind})")
-        # O_NONBLOCK does not apply to regular files. One read of the known size (+1, to see
-        # a file that grew) and one that finds the end: 5 system calls a file instead of ~11
-        # through a buffered file object (fstat, ioctl, lseek, ...).
-        chunks = [os.read(fd, info.st_size + 1)]
+        # O_NONBLOCK does not apply to regular files. One read of the known size + 1: if it
+        # returns exactly the size, that was the end of the file (4 system calls a file
+        # instead of ~11 through a buffered file object: fstat, ioctl, lseek, ...). A file
+        # that grew, or a short read, is read on to its end.
+        first = os.read(fd, info.st_size + 1)
+        if len(first) == info.st_size:
+            return first
+        chunks = [first]
         while chunk := os.read(fd, 1 << 20):
             chunks.append(chunk)
         return chunks[0] if len(chunks) == 1 else b"".join(chunks)

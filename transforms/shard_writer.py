@@ -13,31 +13,33 @@ from __future__ import annotations
 
 import collections
 import dataclasses
+import functools
 import os
 import shutil
 import uuid
-from collections.abc import Callable, Iterable
+from collections.abc import Callable, Iterable, Sequence
 from concurrent.futures import ThreadPoolExecutor
 from typing import BinaryIO
 
 from apache_beam.io.filesystem import CompressionTypes
 from apache_beam.io.filesystems import FileSystems
 
-from transforms.encode import EncodeSettings, encode_image
+from transforms.encode import EncodeSettings, encode_image_chunks
 from transforms.failures import Failure
 from transforms.image import ImageError, ImageInfo
 from transforms.index import write_index
 from transforms.labels import ClassIndex
 from transforms.output import delete_paths
 from transforms.prefetch import map_in_order
-from transforms.reading import DEFAULT_RETRY, RetryPolicy, read_bytes, read_with_retries
+from transforms.reading import DEFAULT_RETRY, ReadError, RetryPolicy, read_bytes, read_open, read_with_retries
 from transforms.records import ImageRecord, ShardResult, ShardTask
-from transforms.testhooks import pause_if_asked
-from transforms.tfrecord import frame_parts
+from transforms.testhooks import PAUSE_ENV, pause_if_asked
+from transforms.tfrecord import RECORD_OVERHEAD, frame_chunks
 
 COMPRESSIONS = {"none": CompressionTypes.UNCOMPRESSED, "gzip": CompressionTypes.GZIP}
-# Write buffer of a local shard: a few records per write call.
+# Records of a local shard are written in batches of about this many bytes, one writev each.
 _BUFFER_BYTES = 1 << 20
+_IOV_MAX = 512  # buffers per writev call (Linux and macOS allow 1024)
 
 
 def shard_suffix(compression: str) -> str:
@@ -47,31 +49,67 @@ def shard_suffix(compression: str) -> str:
 class ShardFile:
     """A TFRecord file being written (a context manager; `close` ends it).
 
-    Byte for byte what `_TFRecordSink.open_writer` writes: a local uncompressed shard
-    goes to a plain buffered file; gzip and remote shards go through `FileSystems.create`,
-    one write per framed record as the sink does.
+    Byte for byte what `_TFRecordSink.open_writer` writes. A local uncompressed shard
+    collects each record's header, chunks (see `serialize_example_chunks`) and footer and
+    writes about a megabyte of records with one `os.writev`, so the image bytes are copied
+    once, by the kernel, from the object they were read into. Gzip and remote shards go
+    through `FileSystems.create`, one write per framed record as the sink does.
     """
 
     def __init__(self, path: str, compression: str = "none"):
         self.path = path
-        self._plain = compression == "none" and "://" not in path
-        if self._plain:
+        self._buffers: list[bytes] = []  # header, chunks and footer of the records not yet written
+        self._pending = 0  # their bytes
+        self._fd = -1
+        self._file = None
+        if compression == "none" and "://" not in path and hasattr(os, "writev"):
             os.makedirs(os.path.dirname(path) or ".", exist_ok=True)
-            self._file = open(path, "wb", buffering=_BUFFER_BYTES)  # noqa: SIM115 - closed by close()
+            self._fd = os.open(
+                path, os.O_WRONLY | os.O_CREAT | os.O_TRUNC | getattr(os, "O_CLOEXEC", 0), 0o666
+            )
         else:
             self._file = FileSystems.create(path, compression_type=COMPRESSIONS[compression])
 
     def write(self, data: bytes) -> None:
-        header, footer = frame_parts(data)
-        if self._plain:  # no copy of the record into a joined buffer
-            self._file.write(header)
-            self._file.write(data)
-            self._file.write(footer)
-        else:
-            self._file.write(header + data + footer)
+        self.write_chunks((data,), len(data))
+
+    def write_chunks(self, chunks: Sequence[bytes], size: int) -> None:
+        """Appends the record `b"".join(chunks)` (`size` bytes), without joining it."""
+        header, footer = frame_chunks(chunks, size)
+        if self._file is not None:
+            self._file.write(b"".join((header, *chunks, footer)))
+            return
+        self._buffers += (header, *chunks, footer)
+        self._pending += size + RECORD_OVERHEAD
+        if self._pending >= _BUFFER_BYTES or len(self._buffers) >= _IOV_MAX:
+            self._flush()
+
+    def _flush(self) -> None:
+        """Writes the pending buffers in order, in as many writev calls as it takes."""
+        buffers, self._buffers, self._pending = self._buffers, [], 0
+        i = 0
+        while i < len(buffers):
+            start = i
+            written = os.writev(self._fd, buffers[i : i + _IOV_MAX])
+            while i < len(buffers) and written >= len(buffers[i]):
+                written -= len(buffers[i])
+                i += 1
+            if written:  # a short write ends inside buffers[i]
+                buffers[i] = memoryview(buffers[i])[written:]
+            elif i == start:
+                raise OSError(f"{self.path}: nothing written")
 
     def close(self) -> None:
-        self._file.close()
+        if self._file is not None:
+            self._file.close()
+            return
+        if self._fd < 0:
+            return
+        try:
+            self._flush()
+        finally:
+            os.close(self._fd)
+            self._fd = -1
 
     def __enter__(self) -> ShardFile:
         return self
@@ -143,7 +181,7 @@ def write_shard(
     images ahead (see transforms/prefetch.py) or, with `reads_only`, only reads them (the
     rest holds the GIL: done in this thread, it costs no hand-over). `on_written(nbytes)` is
     called after each written image. `hint_ahead` > 0 asks the kernel to read that many
-    local files ahead (`will_need`). With `whole` False the task is one part of a shard
+    local files ahead (`OpenAhead`, or `will_need` for a custom reader). With `whole` False the task is one part of a shard
     (see `split_shards`): its index file, if any, is written by `join_parts`.
     """
     settings, reader, retry = job.settings, job.reader, job.retry
@@ -151,42 +189,65 @@ def write_shard(
     def read(record: ImageRecord) -> bytes:
         return read_with_retries(record.path, reader, retry)
 
-    def load(record: ImageRecord) -> tuple[bytes, ImageInfo]:
-        return encode_image(record, read(record), class_index, settings)
+    def load(record: ImageRecord) -> tuple[list[bytes], ImageInfo]:
+        return encode_image_chunks(record, read(record), class_index, settings)
 
-    def encode_after(record: ImageRecord, data: Callable[[], bytes]) -> Callable[[], tuple[bytes, ImageInfo]]:
-        return lambda: encode_image(record, data(), class_index, settings)
+    def encode_after(
+        record: ImageRecord, data: Callable[[], bytes]
+    ) -> Callable[[], tuple[list[bytes], ImageInfo]]:
+        return lambda: encode_image_chunks(record, data(), class_index, settings)
+
+    records = task.records
+    # Read here, by read_bytes: each file is opened once, `hint_ahead` images early (OpenAhead).
+    opened = OpenAhead(records, hint_ahead if pool is None and reader is read_bytes and not reads_only else 0)
+
+    def load_opened(i: int, record: ImageRecord) -> tuple[list[bytes], ImageInfo]:
+        fd = opened.take(i)
+        if fd is None:
+            return load(record)
+        try:
+            data = read_open(fd)
+        except ReadError:
+            raise
+        except OSError:  # transient: read again from the path, with the usual retries
+            data = read(record)
+        return encode_image_chunks(record, data, class_index, settings)
 
     if reads_only:
-        loaded = ((r, encode_after(r, data)) for r, data in map_in_order(read, task.records, pool))
+        loaded = ((r, encode_after(r, data)) for r, data in map_in_order(read, records, pool))
+    elif opened.ahead:
+        loaded = ((r, functools.partial(load_opened, i, r)) for i, r in enumerate(records))
     else:
-        loaded = map_in_order(load, task.records, pool)
+        loaded = map_in_order(load, records, pool)
+    hint_ahead = 0 if opened.ahead else hint_ahead
     failures: list[Failure] = []
     sizes: list[int] = []
     formats: set[str] = set()
     per_class: collections.Counter = collections.Counter()
-    records = task.records
     for record in records[:hint_ahead]:
         will_need(record.path)
-    with ShardFile(job.temp_path(task), job.compression) as shard:
+    paused = PAUSE_ENV in os.environ  # the test hook (looked up once, not per image)
+    with ShardFile(job.temp_path(task), job.compression) as shard, opened:
         for i, (record, result) in enumerate(loaded):
             if hint_ahead and i + hint_ahead < len(records):
                 will_need(records[i + hint_ahead].path)
             try:
-                serialized, info = result()
+                chunks, info = result()
             except ImageError as e:
                 failures.append(_failure(record, str(e), "decode"))
                 continue
             except OSError as e:  # missing, unreadable, permission denied, transient I/O
                 failures.append(_failure(record, f"unreadable: {e}", "read"))
                 continue
-            shard.write(serialized)
-            sizes.append(len(serialized))
+            size = sum(map(len, chunks))
+            shard.write_chunks(chunks, size)
+            sizes.append(size)
             formats.add(info.format)  # as stored, after any conversion
             per_class[(record.split, record.class_key)] += 1
             if on_written is not None:
-                on_written(len(serialized))
-            pause_if_asked("write_shard")
+                on_written(size)
+            if paused:
+                pause_if_asked("write_shard")
     if not sizes:
         delete_paths([shard.path])
         return ShardOutcome(None, tuple(failures))
@@ -205,23 +266,62 @@ def write_shard(
 
 
 def will_need(path: str) -> None:
-    """Asks the kernel to start reading a local file into the page cache; never blocks or fails.
+    """Asks the kernel to start reading a local file into the page cache; never blocks or fails."""
+    fd = open_hinted(path)
+    if fd is not None:
+        os.close(fd)
 
-    Opened non-blocking (a FIFO must not hang here); any error is left for the real read
-    to report.
+
+def open_hinted(path: str) -> int | None:
+    """A local file opened after asking the kernel to read it into the page cache, or None.
+
+    Opened non-blocking (a FIFO must not hang here); None for a remote path or when the
+    file cannot be opened: any error is left for the real read to report.
     """
     if "://" in path or not hasattr(os, "posix_fadvise"):
-        return
+        return None
     try:
         fd = os.open(path, os.O_RDONLY | os.O_NONBLOCK)
     except OSError:
-        return
+        return None
     try:
         os.posix_fadvise(fd, 0, 0, os.POSIX_FADV_WILLNEED)
     except OSError:
         pass
-    finally:
-        os.close(fd)
+    return fd
+
+
+class OpenAhead:
+    """The files of a shard opened `ahead` images before they are read (`open_hinted`).
+
+    The kernel reads them in while earlier images are checked and written (a cold disk
+    then serves several reads at once), and the read uses the open descriptor: one open
+    and one close a file. A context manager: leaving it closes what was not read.
+    """
+
+    def __init__(self, records: Sequence[ImageRecord], ahead: int):
+        self.ahead = ahead
+        self._paths = [r.path for r in records] if ahead else []
+        self._fds: dict[int, int] = {}  # record index -> descriptor
+        self._next = 0  # the next record to open
+
+    def take(self, i: int) -> int | None:
+        """The descriptor of record `i` (the caller closes it), or None; opens the next ones."""
+        last = min(i + self.ahead + 1, len(self._paths))
+        while self._next < last:
+            fd = open_hinted(self._paths[self._next])
+            if fd is not None:
+                self._fds[self._next] = fd
+            self._next += 1
+        return self._fds.pop(i, None)
+
+    def __enter__(self) -> OpenAhead:
+        return self
+
+    def __exit__(self, *exc: object) -> None:
+        fds, self._fds = self._fds, {}
+        for fd in fds.values():
+            os.close(fd)
 
 
 def can_split(job: ShardJob) -> bool:

@@ -9,7 +9,7 @@ what `verify` reports; the offsets are also those of the `.idx` files.
 from __future__ import annotations
 
 import struct
-from collections.abc import Iterator
+from collections.abc import Iterator, Sequence
 from typing import BinaryIO
 
 import google_crc32c
@@ -31,14 +31,28 @@ class RecordError(ValueError):
 
 def masked_crc32c(data: bytes) -> int:
     """TFRecord's masked CRC-32C of `data`."""
-    crc = google_crc32c.value(data)
+    return _mask(google_crc32c.value(data))
+
+
+def _mask(crc: int) -> int:
     return (((crc >> 15) | (crc << 17)) + _MASK_DELTA) & 0xFFFFFFFF
 
 
 def frame_parts(data: bytes) -> tuple[bytes, bytes]:
     """The (header, footer) that frame `data` as one TFRecord: header + data + footer."""
-    length = struct.pack("<Q", len(data))
-    return length + struct.pack("<I", masked_crc32c(length)), struct.pack("<I", masked_crc32c(data))
+    return frame_chunks((data,), len(data))
+
+
+def frame_chunks(chunks: Sequence[bytes], size: int) -> tuple[bytes, bytes]:
+    """The (header, footer) that frame the record `b"".join(chunks)` (`size` bytes long).
+
+    The data CRC is extended chunk by chunk, so the record is never joined.
+    """
+    length = struct.pack("<Q", size)
+    crc = google_crc32c.value(chunks[0])
+    for chunk in chunks[1:]:
+        crc = google_crc32c.extend(crc, chunk)
+    return length + struct.pack("<I", masked_crc32c(length)), struct.pack("<I", _mask(crc))
 
 
 def frame_record(data: bytes) -> bytes:
