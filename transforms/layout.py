@@ -224,6 +224,7 @@ class PlanShards(beam.PTransform):
             >> beam.FlatMap(key_batch, lambda r: r.split).with_output_types(tuple[str, RecordBatch])
             | "GroupBySplit" >> beam.GroupByKey()  # (split, [RecordBatch]) metadata only
             | "CutShards" >> beam.FlatMap(to_tasks).with_output_types(ShardTask)
-            # One shard per bundle, so shards are written in parallel.
+            # Spreads the shards over Dataflow's workers; locally they arrive in one bundle,
+            # which WriteShardFn shares out among its writer processes.
             | "SpreadShards" >> beam.Reshuffle()
         )
