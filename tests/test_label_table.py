@@ -291,7 +291,7 @@ def test_read_labels_from_gcs(gcs_bucket):
     spec = TableSpec(path="gs://labels-bkt/tables/part-*.csv", format="csv")
     assert check_table(spec) == ["gs://labels-bkt/tables/part-1.csv", "gs://labels-bkt/tables/part-2.csv"]
     with TestPipeline() as p:
-        rows = p | ReadLabels(spec)
+        rows = p | ReadLabels(spec) | beam.FlatMap(lambda batch: batch.rows)
         assert_that(
             rows | beam.Map(lambda r: (r.key, r.labels, r.source.rsplit("/", 1)[1], r.line)),
             equal_to([("k1", ("서울",), "part-1.csv", 2), ("k2", ("a", "b"), "part-2.csv", 2)]),

@@ -7,8 +7,9 @@
 
 The table is never loaded on the submitting machine (only its header is checked there) and
 never held in one worker's memory: each file is parsed as a stream and the join is a shuffle
-of small rows keyed by the image key (listed batches are taken apart for it, and the joined
-records batched again).
+keyed by a bucket of the image key (a hash of it modulo a bucket count that grows with the
+data, ~BATCH_SIZE images or rows a bucket). Images and rows cross it in batches (JoinPart),
+and each bucket is joined key by key in memory, in sorted key order.
 
 Duplicate keys: rows that say the same thing are merged. Rows of one key that disagree are a
 conflict, resolved by `--duplicate_keys`: `fail` (default; the images fail, reason names the
@@ -24,20 +25,24 @@ import json
 import posixpath
 import re
 import unicodedata
+import zlib
 from collections.abc import Iterable, Iterator, Mapping
-from typing import Any
+from itertools import starmap
+from typing import TypeVar
 
 import apache_beam as beam
-from apache_beam import pvalue
+from apache_beam import coders, pvalue
 from apache_beam.io import fileio
 from apache_beam.io.filesystems import FileSystems
 from apache_beam.metrics import Metrics
 
-from transforms.batching import RebatchFn
+from transforms.batching import CountImagesFn, RebatchFn, chunked
 from transforms.failures import FAILED, Failure
 from transforms.labels import DEFAULT_SPLIT
-from transforms.record_coders import RecordBatchCoder  # noqa: F401 - registers the record coders
-from transforms.records import FileBatch, ImageFile, ImageRecord, RecordBatch
+from transforms.record_coders import TupleCoder, file_fields, tagged, untagged
+from transforms.records import BATCH_SIZE, FileBatch, ImageFile, ImageRecord, RecordBatch
+
+T = TypeVar("T")
 
 FORMATS = ("csv", "tsv", "jsonl")
 _FORMAT_OF_SUFFIX = {".csv": "csv", ".tsv": "tsv", ".tab": "tsv", ".jsonl": "jsonl", ".ndjson": "jsonl"}
@@ -53,9 +58,6 @@ STAGE = "label"
 # Tagged outputs of JoinLabelsFn (FAILED comes from transforms.failures).
 ORPHANS = "orphans"
 STATS = "stats"
-# CoGroupByKey input names.
-_IMAGES = "images"
-_ROWS = "rows"
 
 # Counts reported under "labels" in summary.json (always present, 0 when nothing happened).
 STAT_NAMES = (
@@ -126,6 +128,24 @@ class LabelRow:
 
     def where(self) -> str:
         return f"{self.source}:{self.line}"
+
+
+@dataclasses.dataclass(frozen=True)
+class LabelRows:
+    """Table rows travelling as one element (up to BATCH_SIZE, in file order)."""
+
+    rows: tuple[LabelRow, ...]
+
+    def __len__(self) -> int:
+        return len(self.rows)
+
+
+@dataclasses.dataclass(frozen=True)
+class JoinPart:
+    """Images and table rows of one join bucket, travelling as one element of the shuffle."""
+
+    files: tuple[ImageFile, ...] = ()
+    rows: tuple[LabelRow, ...] = ()
 
 
 @dataclasses.dataclass(frozen=True)
@@ -643,6 +663,60 @@ def join_key(
     return out
 
 
+def bucket_count(images: int, rows: int, per_bucket: int = BATCH_SIZE) -> int:
+    """Buckets of the join: enough that each holds about `per_bucket` images or rows."""
+    return max(1, -(-max(images, rows) // per_bucket))
+
+
+def bucket_of(key: str, buckets: int) -> int:
+    """The join bucket of a key: a stable hash (crc32, the same on every worker) mod `buckets`."""
+    return zlib.crc32(_key_bytes(key)) % buckets
+
+
+def split_into_buckets(keys: Iterable[str], items: Iterable[T], buckets: int) -> dict[int, list[T]]:
+    """`items` (each with its key) grouped by bucket, in order within a bucket."""
+    out: dict[int, list[T]] = {}
+    for key, item in zip(keys, items, strict=True):
+        out.setdefault(bucket_of(key, buckets), []).append(item)
+    return out
+
+
+def join_bucket(parts: Iterable[JoinPart], image_key_mode: str, settings: JoinSettings) -> JoinResult:
+    """Joins one bucket: its images and rows grouped by key, `join_key` per key in sorted order.
+
+    The result is the same whatever the bucket count (each key is joined whole, alone).
+    """
+    images: dict[str, list[ImageFile]] = {}
+    rows: dict[str, list[LabelRow]] = {}
+    for part in parts:
+        for f in part.files:
+            images.setdefault(image_key(f.relpath, image_key_mode), []).append(f)
+        for r in part.rows:
+            rows.setdefault(r.key, []).append(r)
+    out = JoinResult()
+    for key in sorted(images.keys() | rows.keys()):
+        one = join_key(key, images.get(key, ()), rows.get(key, ()), settings)
+        out.records.extend(one.records)
+        out.failures.extend(one.failures)
+        out.orphans.extend(one.orphans)
+        for name, n in one.stats.items():
+            out.count(name, n)
+    return out
+
+
+def orphan_order(orphans: Iterable[OrphanRow]) -> list[OrphanRow]:
+    """Orphans in a stable order: keys by their first row, a key's rows together in file order.
+
+    The order the per-key join gave on the local runner before the join was bucketed; now
+    the same on every runner.
+    """
+    orphans = sorted(orphans, key=lambda o: (o.source, o.line, o.key, o.reason))
+    first: dict[str, int] = {}
+    for i, o in enumerate(orphans):
+        first.setdefault(o.key, i)
+    return sorted(orphans, key=lambda o: first[o.key])
+
+
 def label_summary(counts: Mapping[str, int], spec: TableSpec, settings: JoinSettings) -> dict:
     """The "labels" section of summary.json."""
     section: dict = {
@@ -662,33 +736,34 @@ def label_summary(counts: Mapping[str, int], spec: TableSpec, settings: JoinSett
 
 
 class ReadLabelsFn(beam.DoFn):
-    """A matched table file -> its LabelRows, parsed as a stream (never loaded whole)."""
+    """A matched table file -> its LabelRows in LabelRows batches, parsed as a stream (never
+    loaded whole)."""
 
     def __init__(self, spec: TableSpec):
         self._spec = spec
         self._rows = Metrics.counter(self.__class__, "label_rows")
         self._invalid = Metrics.counter(self.__class__, "label_rows_invalid")
 
-    def process(self, readable: fileio.ReadableFile) -> Iterator[LabelRow]:
+    def process(self, readable: fileio.ReadableFile) -> Iterator[LabelRows]:
         from transforms.write import USER_ERROR_MARKER
 
         source = readable.metadata.path
         with readable.open(mime_type="application/octet-stream") as f:
             try:
-                for row in iter_table(iter(f.readline, b""), self._spec, source):
-                    self._rows.inc()
-                    if row.error:
-                        self._invalid.inc()
-                    yield row
+                for chunk in chunked(iter_table(iter(f.readline, b""), self._spec, source)):
+                    self._rows.inc(len(chunk))
+                    self._invalid.inc(sum(1 for row in chunk if row.error))
+                    yield LabelRows(chunk)
             except TableError as e:
                 raise ValueError(f"{USER_ERROR_MARKER} {e}") from None
 
 
 class ReadLabels(beam.PTransform):
-    """Reads the labels table (a file or a glob of files, local or gs://) into LabelRows.
+    """Reads the labels table (a file or a glob of files, local or gs://) into LabelRows
+    batches (up to BATCH_SIZE rows of one file, in file order).
 
     Files are matched and read on the workers, each file as one stream (several files are
-    read in parallel). No reshuffle follows: the join's CoGroupByKey redistributes the rows.
+    read in parallel). No reshuffle follows: the join's shuffle redistributes the rows.
     """
 
     def __init__(self, spec: TableSpec):
@@ -697,37 +772,47 @@ class ReadLabels(beam.PTransform):
             raise ValueError(f"format must be one of {FORMATS}")
         self._spec = spec
 
-    def expand(self, pbegin: beam.pvalue.PBegin) -> beam.PCollection[LabelRow]:
+    def expand(self, pbegin: beam.pvalue.PBegin) -> beam.PCollection[LabelRows]:
         return (
             pbegin
             | "MatchTable" >> fileio.MatchFiles(self._spec.path)
             | "OpenTable" >> fileio.ReadMatches()
-            | "ParseRows" >> beam.ParDo(ReadLabelsFn(self._spec))
+            | "ParseRows" >> beam.ParDo(ReadLabelsFn(self._spec)).with_output_types(LabelRows)
         )
 
 
 def _key_bytes(key: str) -> bytes:
-    """The join key as shuffled: UTF-8, undecodable bytes of a file name kept as they were."""
+    """A join key as hashed: UTF-8, undecodable bytes of a file name kept as they were."""
     return key.encode("utf-8", "surrogateescape")
 
 
-def _key_text(key: bytes) -> str:
-    return key.decode("utf-8", "surrogateescape")
+def _bucketed_files(batch: FileBatch, mode: str, images: int, rows: int, per_bucket: int) -> Iterator:
+    """A listed batch cut into one (bucket, JoinPart) per bucket its images fall in."""
+    keys = (image_key(f.relpath, mode) for f in batch.files)
+    parts = split_into_buckets(keys, batch.files, bucket_count(images, rows, per_bucket))
+    return ((bucket, JoinPart(files=tuple(files))) for bucket, files in parts.items())
+
+
+def _bucketed_rows(batch: LabelRows, images: int, rows: int, per_bucket: int) -> Iterator:
+    """A batch of table rows cut into one (bucket, JoinPart) per bucket its rows fall in."""
+    keys = (r.key for r in batch.rows)
+    parts = split_into_buckets(keys, batch.rows, bucket_count(images, rows, per_bucket))
+    return ((bucket, JoinPart(rows=tuple(part))) for bucket, part in parts.items())
 
 
 class JoinLabelsFn(RebatchFn):
-    """(key, {images, rows}) -> ImageRecords, in RecordBatches; FAILED, ORPHANS and STATS
-    as tagged outputs."""
+    """(bucket, [JoinPart]) -> ImageRecords, in RecordBatches; FAILED, ORPHANS and STATS
+    (summed over the bucket) as tagged outputs."""
 
-    def __init__(self, settings: JoinSettings):
-        self._settings = settings
+    def __init__(self, image_key_mode: str, settings: JoinSettings):
+        self._mode, self._settings = image_key_mode, settings
         self._labeled = Metrics.counter(self.__class__, "images_labeled")
         self._failed = Metrics.counter(self.__class__, "images_without_label")
         self._orphans = Metrics.counter(self.__class__, "orphan_label_rows")
 
-    def process(self, element: tuple[bytes, Mapping[str, Iterable]]) -> Iterator:
-        key, grouped = element
-        result = join_key(_key_text(key), grouped[_IMAGES], grouped[_ROWS], self._settings)
+    def process(self, element: tuple[int, Iterable[JoinPart]]) -> Iterator:
+        _, parts = element
+        result = join_bucket(parts, self._mode, self._settings)
         self._labeled.inc(len(result.records))
         self._failed.inc(len(result.failures))
         self._orphans.inc(len(result.orphans))
@@ -762,9 +847,19 @@ class JoinedLabels:
 
 
 class JoinLabels(beam.PTransform):
-    """Joins listed images with table rows by image key (CoGroupByKey: any table size)."""
+    """Joins listed images with table rows by image key (any table size).
 
-    def __init__(self, image_key_mode: str = "stem", settings: JoinSettings = JoinSettings()):
+    Images and rows are shuffled in batches by bucket (a hash of the key modulo a count
+    that grows with the data: `per_bucket` images or rows a bucket, from counts taken first),
+    then each bucket is joined key by key (join_bucket).
+    """
+
+    def __init__(
+        self,
+        image_key_mode: str = "stem",
+        settings: JoinSettings = JoinSettings(),
+        per_bucket: int = BATCH_SIZE,
+    ):
         super().__init__()
         if image_key_mode not in IMAGE_KEYS:
             raise ValueError(f"image_key_mode must be one of {IMAGE_KEYS}")
@@ -772,25 +867,30 @@ class JoinLabels(beam.PTransform):
             raise ValueError(f"unlabeled must be one of {UNLABELED_POLICIES}")
         if settings.duplicates not in DUPLICATE_POLICIES:
             raise ValueError(f"duplicates must be one of {DUPLICATE_POLICIES}")
-        self._mode, self._settings = image_key_mode, settings
+        self._mode, self._settings, self._per_bucket = image_key_mode, settings, per_bucket
 
-    def expand(self, inputs: tuple[beam.PCollection[FileBatch], beam.PCollection[LabelRow]]) -> JoinedLabels:
+    def expand(self, inputs: tuple[beam.PCollection[FileBatch], beam.PCollection[LabelRows]]) -> JoinedLabels:
         files, rows = inputs
-        mode = self._mode
-        # Both sides declare the same (bytes, Any) type: with inferred, different coders the
-        # Flatten inside CoGroupByKey mis-decodes on the FnApiRunner once both sides are shuffled.
-        # Keys travel as bytes: a file name with undecodable bytes cannot be coded as text.
-        keyed_images = files | "KeyImages" >> beam.FlatMap(
-            lambda batch: [(_key_bytes(image_key(f.relpath, mode)), f) for f in batch.files]
-        ).with_output_types(tuple[bytes, Any])
-        keyed_rows = rows | "KeyRows" >> beam.Map(lambda r: (_key_bytes(r.key), r)).with_output_types(
-            tuple[bytes, Any]
+        mode, per_bucket = self._mode, self._per_bucket
+        # Lifted counts (a number per bundle, then one sum): the bucket count as a side input.
+        images = pvalue.AsSingleton(files | "CountImages" >> beam.CombineGlobally(CountImagesFn()))
+        table = pvalue.AsSingleton(
+            rows | "RowsPerBatch" >> beam.Map(len) | "CountRows" >> beam.CombineGlobally(sum)
         )
+        # Both sides have the one element type (int, JoinPart), coded by JoinPartCoder: the
+        # Flatten before the GroupByKey needs the same coder on both inputs.
+        keyed_images = files | "BucketImages" >> beam.FlatMap(
+            _bucketed_files, mode, images, table, per_bucket
+        ).with_output_types(tuple[int, JoinPart])
+        keyed_rows = rows | "BucketRows" >> beam.FlatMap(
+            _bucketed_rows, images, table, per_bucket
+        ).with_output_types(tuple[int, JoinPart])
         joined = (
-            {_IMAGES: keyed_images, _ROWS: keyed_rows}
-            | "GroupByKey" >> beam.CoGroupByKey()  # (key, {images: [ImageFile], rows: [LabelRow]})
+            (keyed_images, keyed_rows)
+            | "Parts" >> beam.Flatten()
+            | "GroupByBucket" >> beam.GroupByKey()  # (bucket, [JoinPart])
             | "Join"
-            >> beam.ParDo(JoinLabelsFn(self._settings))
+            >> beam.ParDo(JoinLabelsFn(mode, self._settings))
             .with_output_types(RecordBatch)
             .with_outputs(FAILED, ORPHANS, STATS, main="records")
         )
@@ -820,6 +920,8 @@ class WriteOrphans(beam.PTransform):
         spec, settings = self._spec, self._settings
         written = (
             joined[ORPHANS]
+            | "Gather" >> beam.combiners.ToList()  # one list: a stable order on every runner
+            | "Sort" >> beam.FlatMap(orphan_order)
             | "ToJson" >> beam.Map(OrphanRow.to_json)
             | "WriteFile"
             >> beam.io.WriteToText(self._path, shard_name_template="", num_shards=1)  # metadata only
@@ -835,3 +937,39 @@ class WriteOrphans(beam.PTransform):
                 pvalue.AsList(written),
             )
         )
+
+
+# ---------------------------------------------------------------------------------------------
+# Coders of the batches that are shuffled or stored between stages (see transforms/record_coders.py).
+
+
+def _row_fields(r: LabelRow) -> tuple:
+    return r.key, r.labels, r.split, r.extras, r.source, r.line, r.error
+
+
+def encode_label_rows(batch: LabelRows) -> bytes:
+    return tagged(tuple(map(_row_fields, batch.rows)), batch)
+
+
+def decode_label_rows(data: bytes) -> LabelRows:
+    return untagged(data, lambda t: LabelRows(tuple(starmap(LabelRow, t))))
+
+
+def encode_join_part(part: JoinPart) -> bytes:
+    return tagged((tuple(map(file_fields, part.files)), tuple(map(_row_fields, part.rows))), part)
+
+
+def decode_join_part(data: bytes) -> JoinPart:
+    return untagged(data, lambda t: JoinPart(tuple(starmap(ImageFile, t[0])), tuple(starmap(LabelRow, t[1]))))
+
+
+class LabelRowsCoder(TupleCoder):
+    _type, _encode, _decode = LabelRows, encode_label_rows, decode_label_rows
+
+
+class JoinPartCoder(TupleCoder):
+    _type, _encode, _decode = JoinPart, encode_join_part, decode_join_part
+
+
+coders.registry.register_coder(LabelRows, LabelRowsCoder)
+coders.registry.register_coder(JoinPart, JoinPartCoder)
