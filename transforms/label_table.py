@@ -26,9 +26,9 @@ import posixpath
 import re
 import unicodedata
 import zlib
-from collections.abc import Iterable, Iterator, Mapping
+from collections.abc import Callable, Iterable, Iterator, Mapping
 from itertools import starmap
-from typing import TypeVar
+from typing import Any, TypeVar
 
 import apache_beam as beam
 from apache_beam import coders, pvalue
@@ -555,6 +555,8 @@ def resolve_rows(rows: list[LabelRow], policy: str) -> tuple[LabelRow | None, st
       (row, problem, conflict): the merged row (None if the key fails), the failure reason,
       and whether the rows disagreed.
     """
+    if len(rows) == 1:  # the usual case, answered without sorting
+        return rows[0], None, False
     rows = sorted(rows, key=lambda r: (r.source, r.line))
     first = rows[0]
     if len({r.content() for r in rows}) == 1:
@@ -583,16 +585,21 @@ def _split_of(relpath: str, row: LabelRow | None, settings: JoinSettings) -> str
 
 
 def join_key(
-    key: str, images: Iterable[ImageFile], rows: Iterable[LabelRow], settings: JoinSettings
+    key: str,
+    images: Iterable[ImageFile],
+    rows: Iterable[LabelRow],
+    settings: JoinSettings,
+    into: JoinResult | None = None,
 ) -> JoinResult:
     """Joins the images and table rows that share one key.
 
     Every image ends up as a record, a failure, or (with --unlabeled skip) a counted skip;
-    every row either labels an image or is an orphan.
+    every row either labels an image or is an orphan. The outcome is added to `into` (the
+    result of several keys) if given, else to a new JoinResult; either is returned.
     """
     images = sorted(images, key=lambda f: f.path)
     rows = list(rows)
-    out = JoinResult()
+    out = JoinResult() if into is None else into
     out.count("rows", len(rows))
     invalid = sorted((r for r in rows if r.error), key=lambda r: (r.source, r.line))
     out.count("invalid_rows", len(invalid))
@@ -695,12 +702,7 @@ def join_bucket(parts: Iterable[JoinPart], image_key_mode: str, settings: JoinSe
             rows.setdefault(r.key, []).append(r)
     out = JoinResult()
     for key in sorted(images.keys() | rows.keys()):
-        one = join_key(key, images.get(key, ()), rows.get(key, ()), settings)
-        out.records.extend(one.records)
-        out.failures.extend(one.failures)
-        out.orphans.extend(one.orphans)
-        for name, n in one.stats.items():
-            out.count(name, n)
+        join_key(key, images.get(key, ()), rows.get(key, ()), settings, into=out)
     return out
 
 
@@ -963,12 +965,25 @@ def decode_join_part(data: bytes) -> JoinPart:
     return untagged(data, lambda t: JoinPart(tuple(starmap(ImageFile, t[0])), tuple(starmap(LabelRow, t[1]))))
 
 
+def _estimated_size(items: tuple, fields: Callable[[Any], tuple]) -> int:
+    """Coded size of a tuple of rows or files, from its first one (for Beam's size counters)."""
+    return len(items) * len(tagged(fields(items[0]), items[0])) if items else 0
+
+
+def estimate_label_rows(batch: LabelRows) -> int:
+    return 8 + _estimated_size(batch.rows, _row_fields)
+
+
+def estimate_join_part(part: JoinPart) -> int:
+    return 8 + _estimated_size(part.files, file_fields) + _estimated_size(part.rows, _row_fields)
+
+
 class LabelRowsCoder(TupleCoder):
-    _type, _encode, _decode = LabelRows, encode_label_rows, decode_label_rows
+    _type, _encode, _decode, _estimate = LabelRows, encode_label_rows, decode_label_rows, estimate_label_rows
 
 
 class JoinPartCoder(TupleCoder):
-    _type, _encode, _decode = JoinPart, encode_join_part, decode_join_part
+    _type, _encode, _decode, _estimate = JoinPart, encode_join_part, decode_join_part, estimate_join_part
 
 
 coders.registry.register_coder(LabelRows, LabelRowsCoder)
