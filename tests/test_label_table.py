@@ -437,3 +437,17 @@ def test_read_labels_from_gcs(gcs_bucket):
         )
     with pytest.raises(TableError, match="no such file"):
         check_table(TableSpec(path="gs://labels-bkt/nope.csv", format="csv"))
+
+
+def test_join_labels_with_an_empty_table(tmp_path):
+    """No rows at all: the counts read as 0 (one bucket) and every image is unlabeled."""
+    (tmp_path / "t.csv").write_text("id,label\n")
+    images = [ImageFile(f"/d/img{i}.jpg", f"img{i}.jpg", 1) for i in range(5)]
+    with TestPipeline() as p:
+        table = p | ReadLabels(TableSpec(path=str(tmp_path / "t.csv"), format="csv"))
+        files = p | "Images" >> beam.Create([FileBatch(tuple(images))])
+        joined = (files, table) | JoinLabels("stem", JoinSettings())
+        assert_that(joined.failed | beam.Map(lambda f: f.path), equal_to([f.path for f in images]))
+        assert_that(
+            joined.stats | beam.CombinePerKey(sum), equal_to([("unlabeled_images", 5)]), label="CheckStats"
+        )

@@ -875,9 +875,15 @@ class JoinLabels(beam.PTransform):
         files, rows = inputs
         mode, per_bucket = self._mode, self._per_bucket
         # Lifted counts (a number per bundle, then one sum): the bucket count as a side input.
-        images = pvalue.AsSingleton(files | "CountImages" >> beam.CombineGlobally(CountImagesFn()))
+        # Without defaults (no extra stage for an empty input): nothing counted reads as 0.
+        images = pvalue.AsSingleton(
+            files | "CountImages" >> beam.CombineGlobally(CountImagesFn()).without_defaults(), default_value=0
+        )
         table = pvalue.AsSingleton(
-            rows | "RowsPerBatch" >> beam.Map(len) | "CountRows" >> beam.CombineGlobally(sum)
+            rows
+            | "RowsPerBatch" >> beam.Map(len)
+            | "CountRows" >> beam.CombineGlobally(sum).without_defaults(),
+            default_value=0,
         )
         # Both sides have the one element type (int, JoinPart), coded by JoinPartCoder: the
         # Flatten before the GroupByKey needs the same coder on both inputs.
