@@ -9,7 +9,8 @@ round-trips exactly. A batch (FileBatch, RecordBatch) or a ShardTask is one code
 a tuple of such tuples; its size estimate (Beam samples element sizes for its counters,
 about every element of a short PCollection) is one record's size times the count instead
 of a full encode. Registered for every record type on import; a PCollection gets them when
-its element type is declared (`with_output_types`).
+its element type is declared (`with_output_types`). The labels table's batches (LabelRows,
+JoinPart) are coded the same way by coders in transforms/label_table.py (TupleCoder, tagged).
 """
 
 from __future__ import annotations
