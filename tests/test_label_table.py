@@ -451,3 +451,25 @@ def test_join_labels_with_an_empty_table(tmp_path):
         assert_that(
             joined.stats | beam.CombinePerKey(sum), equal_to([("unlabeled_images", 5)]), label="CheckStats"
         )
+
+
+def test_bucket_parts_are_gathered_over_the_bundle():
+    """Parts fill up to BATCH_SIZE across batches (not one tiny part per batch and bucket)."""
+    from transforms.label_table import BucketPartsFn, bucket_of
+
+    images = [ImageFile(f"/d/img{i:05d}.jpg", f"img{i:05d}.jpg", 1) for i in range(5 * BATCH_SIZE)]
+    fn = BucketPartsFn("stem", per_bucket=2 * BATCH_SIZE)  # 3 buckets
+    fn.start_bundle()
+    sent = [out for chunk in chunked(images) for out in fn.process(FileBatch(chunk), len(images), 10)]
+    assert len(sent) >= 3 and all(len(part.files) == BATCH_SIZE for _, part in sent)
+    sent += [w.value for w in fn.finish_bundle()]
+    assert len(sent) <= 3 + 3  # the full parts, then one remainder per bucket
+    assert sorted(f.path for _, part in sent for f in part.files) == [f.path for f in images]
+    assert all(bucket_of(image_key(f.relpath), 3) == b for b, part in sent for f in part.files)
+    rows = BucketPartsFn(None, per_bucket=1)  # 10 buckets for 10 rows
+    rows.start_bundle()
+    batch = LabelRows(tuple(LabelRow(f"k{i}", ("a",)) for i in range(10)))
+    assert list(rows.process(batch, 0, 10)) == []
+    parts = [w.value for w in rows.finish_bundle()]
+    assert sorted(r.key for _, p in parts for r in p.rows) == sorted(r.key for r in batch.rows)
+    assert all(bucket_of(r.key, 10) == b for b, p in parts for r in p.rows)

@@ -28,21 +28,20 @@ import unicodedata
 import zlib
 from collections.abc import Callable, Iterable, Iterator, Mapping
 from itertools import starmap
-from typing import Any, TypeVar
+from typing import Any
 
 import apache_beam as beam
 from apache_beam import coders, pvalue
 from apache_beam.io import fileio
 from apache_beam.io.filesystems import FileSystems
 from apache_beam.metrics import Metrics
+from apache_beam.transforms.window import GlobalWindows
 
 from transforms.batching import CountImagesFn, RebatchFn, chunked
 from transforms.failures import FAILED, Failure
 from transforms.labels import DEFAULT_SPLIT
 from transforms.record_coders import TupleCoder, file_fields, tagged, untagged
 from transforms.records import BATCH_SIZE, FileBatch, ImageFile, ImageRecord, RecordBatch
-
-T = TypeVar("T")
 
 FORMATS = ("csv", "tsv", "jsonl")
 _FORMAT_OF_SUFFIX = {".csv": "csv", ".tsv": "tsv", ".tab": "tsv", ".jsonl": "jsonl", ".ndjson": "jsonl"}
@@ -72,6 +71,9 @@ STAT_NAMES = (
     "unlabeled_skipped",
     "unlabeled_kept",
 )
+
+# Items a BucketPartsFn holds at most before it sends every part it has (bounds its memory).
+_MAX_HELD = 100 * BATCH_SIZE
 
 _SPLIT_NAME = re.compile(r"\w[\w.-]*")
 _CANONICAL_INT = re.compile(r"0|[1-9][0-9]*")
@@ -680,14 +682,6 @@ def bucket_of(key: str, buckets: int) -> int:
     return zlib.crc32(_key_bytes(key)) % buckets
 
 
-def split_into_buckets(keys: Iterable[str], items: Iterable[T], buckets: int) -> dict[int, list[T]]:
-    """`items` (each with its key) grouped by bucket, in order within a bucket."""
-    out: dict[int, list[T]] = {}
-    for key, item in zip(keys, items, strict=True):
-        out.setdefault(bucket_of(key, buckets), []).append(item)
-    return out
-
-
 def join_bucket(parts: Iterable[JoinPart], image_key_mode: str, settings: JoinSettings) -> JoinResult:
     """Joins one bucket: its images and rows grouped by key, `join_key` per key in sorted order.
 
@@ -788,18 +782,47 @@ def _key_bytes(key: str) -> bytes:
     return key.encode("utf-8", "surrogateescape")
 
 
-def _bucketed_files(batch: FileBatch, mode: str, images: int, rows: int, per_bucket: int) -> Iterator:
-    """A listed batch cut into one (bucket, JoinPart) per bucket its images fall in."""
-    keys = (image_key(f.relpath, mode) for f in batch.files)
-    parts = split_into_buckets(keys, batch.files, bucket_count(images, rows, per_bucket))
-    return ((bucket, JoinPart(files=tuple(files))) for bucket, files in parts.items())
+class BucketPartsFn(beam.DoFn):
+    """FileBatches or LabelRows -> (bucket, JoinPart), gathered per bucket over the bundle.
 
+    A part is sent when its bucket has BATCH_SIZE items, or at the end of the bundle (or all
+    parts at once when _MAX_HELD items are held), so the shuffle moves about one element per
+    BATCH_SIZE items whatever the bucket count. (Cut batch by batch, parts would shrink to
+    BATCH_SIZE / buckets items as the data, and so the bucket count, grows.)
+    """
 
-def _bucketed_rows(batch: LabelRows, images: int, rows: int, per_bucket: int) -> Iterator:
-    """A batch of table rows cut into one (bucket, JoinPart) per bucket its rows fall in."""
-    keys = (r.key for r in batch.rows)
-    parts = split_into_buckets(keys, batch.rows, bucket_count(images, rows, per_bucket))
-    return ((bucket, JoinPart(rows=tuple(part))) for bucket, part in parts.items())
+    def __init__(self, image_key_mode: str | None, per_bucket: int):
+        """image_key_mode: how images are keyed (elements are FileBatches), None for LabelRows."""
+        self._mode, self._per_bucket = image_key_mode, per_bucket
+
+    def start_bundle(self) -> None:
+        self._parts: dict[int, list] = {}
+        self._held = 0
+
+    def process(self, batch: FileBatch | LabelRows, images: int, rows: int) -> Iterator[tuple[int, JoinPart]]:
+        buckets = bucket_count(images, rows, self._per_bucket)
+        if self._mode is None:
+            keyed = ((r.key, r) for r in batch.rows)
+        else:
+            keyed = ((image_key(f.relpath, self._mode), f) for f in batch.files)
+        for key, item in keyed:
+            bucket = bucket_of(key, buckets)
+            part = self._parts.setdefault(bucket, [])
+            part.append(item)
+            self._held += 1
+            if len(part) >= BATCH_SIZE:
+                yield self._take(bucket)
+        if self._held >= _MAX_HELD:
+            yield from map(self._take, sorted(self._parts))
+
+    def finish_bundle(self) -> Iterator:
+        for bucket in sorted(self._parts):
+            yield GlobalWindows.windowed_value(self._take(bucket))
+
+    def _take(self, bucket: int) -> tuple[int, JoinPart]:
+        items = tuple(self._parts.pop(bucket))
+        self._held -= len(items)
+        return bucket, JoinPart(rows=items) if self._mode is None else JoinPart(files=items)
 
 
 class JoinLabelsFn(RebatchFn):
@@ -887,11 +910,11 @@ class JoinLabels(beam.PTransform):
         )
         # Both sides have the one element type (int, JoinPart), coded by JoinPartCoder: the
         # Flatten before the GroupByKey needs the same coder on both inputs.
-        keyed_images = files | "BucketImages" >> beam.FlatMap(
-            _bucketed_files, mode, images, table, per_bucket
+        keyed_images = files | "BucketImages" >> beam.ParDo(
+            BucketPartsFn(mode, per_bucket), images, table
         ).with_output_types(tuple[int, JoinPart])
-        keyed_rows = rows | "BucketRows" >> beam.FlatMap(
-            _bucketed_rows, images, table, per_bucket
+        keyed_rows = rows | "BucketRows" >> beam.ParDo(
+            BucketPartsFn(None, per_bucket), images, table
         ).with_output_types(tuple[int, JoinPart])
         joined = (
             (keyed_images, keyed_rows)
