@@ -2,8 +2,8 @@
 
     ListImages -> LabelFromFolders -> AssignSplits -> PlanShards -> WriteShards -> WriteMetadata
 
-With --labels (a table) the labelling step is ReadLabels + JoinLabels (a CoGroupByKey on the
-image key) instead of LabelFromFolders, and WriteOrphans reports rows without an image.
+With --labels (a table) the labelling step is ReadLabels + JoinLabels (a shuffle by a hash
+bucket of the image key) instead of LabelFromFolders, and WriteOrphans reports rows without an image.
 
 Only metadata (ImageRecord: path, label, size) is shuffled, coded as tuples of its fields
 (transforms/record_coders.py); image bytes are read inside WriteShards, right where they are
@@ -58,7 +58,7 @@ def build_pipeline(p: beam.Pipeline, opts: ConvertOptions, run_id: str) -> Pipel
     listed, label_report = files, None
     if opts.labels_path:  # labels from a table, joined by image key
         spec, join = table_spec(opts), join_settings(opts, label_map)
-        table = p | "ReadLabels" >> ReadLabels(spec)  # LabelRow(key, labels, split, extras)
+        table = p | "ReadLabels" >> ReadLabels(spec)  # LabelRows of LabelRow(key, labels, split, extras)
         labeled = (files, table) | "JoinLabels" >> JoinLabels(opts.image_key, join)  # .records, .failed
         report = {ORPHANS: labeled.orphans, STATS: labeled.stats}  # OrphanRow, (count name, n)
         label_report = report | "WriteOrphans" >> WriteOrphans(

@@ -12,17 +12,25 @@ from beam_pipeline.options import ConvertOptions, is_job_label, route_labels_fla
 from transforms.batching import CountImagesFn, chunked
 from transforms.label_table import (
     JoinLabels,
+    JoinPart,
+    JoinPartCoder,
     JoinSettings,
     LabelRow,
+    LabelRows,
+    LabelRowsCoder,
+    OrphanRow,
     ReadLabels,
     TableError,
     TableSpec,
+    bucket_count,
     check_table,
     convert_extra,
     detect_format,
     image_key,
     iter_table,
+    join_bucket,
     join_key,
+    orphan_order,
     parse_extra_columns,
     resolve_rows,
     split_labels,
@@ -210,6 +218,12 @@ def test_read_and_join_thousands_of_rows(tmp_path):
         rows = p | ReadLabels(spec)
         files = p | "Images" >> beam.Create([FileBatch(chunk) for chunk in chunked(images)])
         joined = (files, rows) | JoinLabels("stem", JoinSettings())
+        # Rows are read in batches of up to BATCH_SIZE, per file (2,500 and 3,500 rows).
+        assert_that(
+            rows | "RowBatchSizes" >> beam.Map(len),
+            equal_to([BATCH_SIZE] * 5 + [500] * 2),
+            label="CheckRowBatches",
+        )
         # Joined one image at a time, batched again: full batches and each bundle's remainder.
         assert_that(
             joined.records | "BadSizes" >> beam.Filter(lambda b: not 0 < len(b) <= BATCH_SIZE),
@@ -258,6 +272,131 @@ def test_read_and_join_thousands_of_rows(tmp_path):
         )
 
 
+def _mixed_join_input() -> tuple[list[ImageFile], list[LabelRow]]:
+    """Images and rows with every outcome: labelled, multi-label, extras, agreeing and
+    conflicting duplicates, a bad row, an empty label, unlabeled images, orphans (one key twice),
+    several images of one key, an undecodable file name."""
+    images = [
+        ImageFile(f"/d/c{i % 3}/img{i:04d}.jpg", f"c{i % 3}/img{i:04d}.jpg", 100 + i) for i in range(300)
+    ]
+    images += [ImageFile("/d/other/img0001.jpg", "other/img0001.jpg", 7)]  # a key with two images
+    images += [ImageFile("/d/c0/\udcff.jpg", "c0/\udcff.jpg", 9)]  # no row: unlabeled
+    rows = []
+    for i in range(250):
+        labels = (f"c{i % 3}", "x") if i % 10 == 1 else (f"c{i % 3}",)
+        rows.append(LabelRow(f"img{i:04d}", labels, extras=(("w", i / 4),), source="t.csv", line=i + 2))
+    rows.append(LabelRow("img0003", ("c0",), extras=(("w", 0.75),), source="t.csv", line=300))  # agrees
+    rows.append(LabelRow("img0004", ("other",), extras=(("w", 1.0),), source="t.csv", line=301))  # conflict
+    rows.append(LabelRow("img0005", error="column 'w' is empty", source="t.csv", line=302))  # bad row
+    rows.append(LabelRow("img0260", (), source="t.csv", line=303))  # empty label
+    rows += [LabelRow(f"orphan{i % 7}", ("c1",), source="t.csv", line=310 + i) for i in range(10)]
+    return images, rows
+
+
+@pytest.mark.parametrize("unlabeled", ["fail", "keep", "skip"])
+def test_join_bucket_is_the_same_whatever_the_bucket_count(unlabeled):
+    """join_bucket over 1 bucket and over 1..many: the same records, failures, orphans, stats."""
+    from transforms.label_table import bucket_of
+
+    images, rows = _mixed_join_input()
+    settings = JoinSettings(unlabeled=unlabeled)
+    whole = join_bucket([JoinPart(tuple(images), tuple(rows))], "stem", settings)
+    assert whole.stats["orphan_rows"] == 10 and whole.stats["conflicting_keys"] == 1
+    assert whole.stats["keys_with_several_images"] == 1 and whole.stats["invalid_rows"] == 1
+    assert len(whole.records) + len(whole.failures) + whole.stats.get("unlabeled_skipped", 0) == len(images)
+
+    def canonical(result):
+        return (
+            sorted(result.records, key=lambda r: r.path),
+            sorted(result.failures, key=lambda f: f.path),
+            orphan_order(result.orphans),
+            result.stats,
+        )
+
+    for buckets in (2, 7, 1000):
+        parts: dict[int, list[JoinPart]] = {}
+        for f in images:  # one part per image or row: any batching
+            parts.setdefault(bucket_of(image_key(f.relpath, "stem"), buckets), []).append(
+                JoinPart(files=(f,))
+            )
+        for r in rows:
+            parts.setdefault(bucket_of(r.key, buckets), []).append(JoinPart(rows=(r,)))
+        results = [join_bucket(p, "stem", settings) for p in parts.values()]
+        merged = results[0]
+        for more in results[1:]:
+            merged.records += more.records
+            merged.failures += more.failures
+            merged.orphans += more.orphans
+            for name, n in more.stats.items():
+                merged.count(name, n)
+        assert len(parts) > 1
+        assert canonical(merged) == canonical(whole), buckets
+
+
+def test_bucket_count_and_orphan_order():
+    assert bucket_count(0, 0) == 1 and bucket_count(1000, 10) == 1 and bucket_count(1001, 10) == 2
+    assert bucket_count(5, 2_500_000) == 2500 and bucket_count(7, 3, per_bucket=2) == 4
+    rows = [
+        OrphanRow(k, "t.csv", line, "no image with this key") for k, line in [("b", 9), ("a", 4), ("b", 2)]
+    ]
+    rows.append(OrphanRow("a", "s.csv", 7, "no image with this key"))
+    # Keys by their first row (file, line), a key's rows together: the per-key join's order.
+    assert [(o.key, o.source, o.line) for o in orphan_order(reversed(rows))] == [
+        ("a", "s.csv", 7),
+        ("a", "t.csv", 4),
+        ("b", "t.csv", 2),
+        ("b", "t.csv", 9),
+    ]
+
+
+def test_label_rows_and_join_part_coders_round_trip():
+    images, rows = _mixed_join_input()
+    batch = LabelRows(tuple(rows))
+    assert LabelRowsCoder().decode(LabelRowsCoder().encode(batch)) == batch
+    for files in (tuple(images[:3]), tuple(images)):  # the last image has an undecodable name
+        part = JoinPart(files, tuple(rows[:5]))
+        decoded = JoinPartCoder().decode(JoinPartCoder().encode(part))
+        assert decoded == part and type(decoded.rows[0].extras[0][1]) is float
+    assert JoinPartCoder().decode(JoinPartCoder().encode(JoinPart())) == JoinPart()
+
+
+@pytest.mark.parametrize("per_bucket", [1_000_000, 15])  # one bucket; 21 buckets
+def test_join_labels_same_output_with_one_bucket_or_many(tmp_path, per_bucket):
+    """JoinLabels in a real pipeline: the outputs do not depend on the bucket count."""
+    images, rows = _mixed_join_input()
+    rows = [r for r in rows if r.error is None]  # written as a CSV below; the bad row comes from a bad cell
+    lines = ["id,label,w"] + [f"{r.key},{'|'.join(r.labels)},{dict(r.extras).get('w', 1.0)}" for r in rows]
+    lines.append("img0005,c2,")  # an empty extra: a bad row
+    (tmp_path / "t.csv").write_text("\n".join(lines) + "\n")
+    spec = TableSpec(path=str(tmp_path / "t.csv"), format="csv", extra_columns=(("w", "float"),))
+    expected = join_bucket(
+        [JoinPart(tuple(images), tuple(r for b in _read_all(tmp_path / "t.csv", spec) for r in b.rows))],
+        "stem",
+        JoinSettings(unlabeled="keep"),
+    )
+    assert expected.stats["invalid_rows"] == 1 and expected.stats["orphan_rows"] == 10
+    with TestPipeline() as p:
+        table = p | ReadLabels(spec)
+        files = p | "Images" >> beam.Create([FileBatch(chunk) for chunk in chunked(images, 64)])
+        joined = (files, table) | JoinLabels("stem", JoinSettings(unlabeled="keep"), per_bucket=per_bucket)
+        assert_that(
+            joined.records | "Records" >> beam.FlatMap(lambda b: b.records),
+            equal_to(expected.records),
+            label="CheckRecords",
+        )
+        assert_that(joined.failed, equal_to(expected.failures), label="CheckFailed")
+        assert_that(joined.orphans, equal_to(expected.orphans), label="CheckOrphans")
+        assert_that(
+            joined.stats | beam.CombinePerKey(sum), equal_to(list(expected.stats.items())), label="CheckStats"
+        )
+        assert_that(table | "Sizes" >> beam.Map(len), equal_to([len(rows) + 1]), label="CheckOneBatch")
+
+
+def _read_all(path, spec: TableSpec) -> list[LabelRows]:
+    with open(path, "rb") as f:
+        return [LabelRows(tuple(iter_table(f, spec, str(path))))]
+
+
 @pytest.fixture
 def gcs_bucket(monkeypatch):
     """A bucket on a local gcp-storage-emulator server (no network, no mocks)."""
@@ -291,10 +430,46 @@ def test_read_labels_from_gcs(gcs_bucket):
     spec = TableSpec(path="gs://labels-bkt/tables/part-*.csv", format="csv")
     assert check_table(spec) == ["gs://labels-bkt/tables/part-1.csv", "gs://labels-bkt/tables/part-2.csv"]
     with TestPipeline() as p:
-        rows = p | ReadLabels(spec)
+        rows = p | ReadLabels(spec) | beam.FlatMap(lambda batch: batch.rows)
         assert_that(
             rows | beam.Map(lambda r: (r.key, r.labels, r.source.rsplit("/", 1)[1], r.line)),
             equal_to([("k1", ("서울",), "part-1.csv", 2), ("k2", ("a", "b"), "part-2.csv", 2)]),
         )
     with pytest.raises(TableError, match="no such file"):
         check_table(TableSpec(path="gs://labels-bkt/nope.csv", format="csv"))
+
+
+def test_join_labels_with_an_empty_table(tmp_path):
+    """No rows at all: the counts read as 0 (one bucket) and every image is unlabeled."""
+    (tmp_path / "t.csv").write_text("id,label\n")
+    images = [ImageFile(f"/d/img{i}.jpg", f"img{i}.jpg", 1) for i in range(5)]
+    with TestPipeline() as p:
+        table = p | ReadLabels(TableSpec(path=str(tmp_path / "t.csv"), format="csv"))
+        files = p | "Images" >> beam.Create([FileBatch(tuple(images))])
+        joined = (files, table) | JoinLabels("stem", JoinSettings())
+        assert_that(joined.failed | beam.Map(lambda f: f.path), equal_to([f.path for f in images]))
+        assert_that(
+            joined.stats | beam.CombinePerKey(sum), equal_to([("unlabeled_images", 5)]), label="CheckStats"
+        )
+
+
+def test_bucket_parts_are_gathered_over_the_bundle():
+    """Parts fill up to BATCH_SIZE across batches (not one tiny part per batch and bucket)."""
+    from transforms.label_table import BucketPartsFn, bucket_of
+
+    images = [ImageFile(f"/d/img{i:05d}.jpg", f"img{i:05d}.jpg", 1) for i in range(5 * BATCH_SIZE)]
+    fn = BucketPartsFn("stem", per_bucket=2 * BATCH_SIZE)  # 3 buckets
+    fn.start_bundle()
+    sent = [out for chunk in chunked(images) for out in fn.process(FileBatch(chunk), len(images), 10)]
+    assert len(sent) >= 3 and all(len(part.files) == BATCH_SIZE for _, part in sent)
+    sent += [w.value for w in fn.finish_bundle()]
+    assert len(sent) <= 3 + 3  # the full parts, then one remainder per bucket
+    assert sorted(f.path for _, part in sent for f in part.files) == [f.path for f in images]
+    assert all(bucket_of(image_key(f.relpath), 3) == b for b, part in sent for f in part.files)
+    rows = BucketPartsFn(None, per_bucket=1)  # 10 buckets for 10 rows
+    rows.start_bundle()
+    batch = LabelRows(tuple(LabelRow(f"k{i}", ("a",)) for i in range(10)))
+    assert list(rows.process(batch, 0, 10)) == []
+    parts = [w.value for w in rows.finish_bundle()]
+    assert sorted(r.key for _, p in parts for r in p.rows) == sorted(r.key for r in batch.rows)
+    assert all(bucket_of(r.key, 10) == b for b, p in parts for r in p.rows)

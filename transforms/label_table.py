@@ -7,8 +7,9 @@
 
 The table is never loaded on the submitting machine (only its header is checked there) and
 never held in one worker's memory: each file is parsed as a stream and the join is a shuffle
-of small rows keyed by the image key (listed batches are taken apart for it, and the joined
-records batched again).
+keyed by a bucket of the image key (a hash of it modulo a bucket count that grows with the
+data, ~BATCH_SIZE images or rows a bucket). Images and rows cross it in batches (JoinPart),
+and each bucket is joined key by key in memory, in sorted key order.
 
 Duplicate keys: rows that say the same thing are merged. Rows of one key that disagree are a
 conflict, resolved by `--duplicate_keys`: `fail` (default; the images fail, reason names the
@@ -24,20 +25,23 @@ import json
 import posixpath
 import re
 import unicodedata
-from collections.abc import Iterable, Iterator, Mapping
+import zlib
+from collections.abc import Callable, Iterable, Iterator, Mapping
+from itertools import starmap
 from typing import Any
 
 import apache_beam as beam
-from apache_beam import pvalue
+from apache_beam import coders, pvalue
 from apache_beam.io import fileio
 from apache_beam.io.filesystems import FileSystems
 from apache_beam.metrics import Metrics
+from apache_beam.transforms.window import GlobalWindows
 
-from transforms.batching import RebatchFn
+from transforms.batching import CountImagesFn, RebatchFn, chunked
 from transforms.failures import FAILED, Failure
 from transforms.labels import DEFAULT_SPLIT
-from transforms.record_coders import RecordBatchCoder  # noqa: F401 - registers the record coders
-from transforms.records import FileBatch, ImageFile, ImageRecord, RecordBatch
+from transforms.record_coders import TupleCoder, file_fields, tagged, untagged
+from transforms.records import BATCH_SIZE, FileBatch, ImageFile, ImageRecord, RecordBatch
 
 FORMATS = ("csv", "tsv", "jsonl")
 _FORMAT_OF_SUFFIX = {".csv": "csv", ".tsv": "tsv", ".tab": "tsv", ".jsonl": "jsonl", ".ndjson": "jsonl"}
@@ -53,9 +57,6 @@ STAGE = "label"
 # Tagged outputs of JoinLabelsFn (FAILED comes from transforms.failures).
 ORPHANS = "orphans"
 STATS = "stats"
-# CoGroupByKey input names.
-_IMAGES = "images"
-_ROWS = "rows"
 
 # Counts reported under "labels" in summary.json (always present, 0 when nothing happened).
 STAT_NAMES = (
@@ -70,6 +71,9 @@ STAT_NAMES = (
     "unlabeled_skipped",
     "unlabeled_kept",
 )
+
+# Items a BucketPartsFn holds at most before it sends every part it has (bounds its memory).
+_MAX_HELD = 100 * BATCH_SIZE
 
 _SPLIT_NAME = re.compile(r"\w[\w.-]*")
 _CANONICAL_INT = re.compile(r"0|[1-9][0-9]*")
@@ -126,6 +130,24 @@ class LabelRow:
 
     def where(self) -> str:
         return f"{self.source}:{self.line}"
+
+
+@dataclasses.dataclass(frozen=True)
+class LabelRows:
+    """Table rows travelling as one element (up to BATCH_SIZE, in file order)."""
+
+    rows: tuple[LabelRow, ...]
+
+    def __len__(self) -> int:
+        return len(self.rows)
+
+
+@dataclasses.dataclass(frozen=True)
+class JoinPart:
+    """Images and table rows of one join bucket, travelling as one element of the shuffle."""
+
+    files: tuple[ImageFile, ...] = ()
+    rows: tuple[LabelRow, ...] = ()
 
 
 @dataclasses.dataclass(frozen=True)
@@ -535,6 +557,8 @@ def resolve_rows(rows: list[LabelRow], policy: str) -> tuple[LabelRow | None, st
       (row, problem, conflict): the merged row (None if the key fails), the failure reason,
       and whether the rows disagreed.
     """
+    if len(rows) == 1:  # the usual case, answered without sorting
+        return rows[0], None, False
     rows = sorted(rows, key=lambda r: (r.source, r.line))
     first = rows[0]
     if len({r.content() for r in rows}) == 1:
@@ -563,16 +587,21 @@ def _split_of(relpath: str, row: LabelRow | None, settings: JoinSettings) -> str
 
 
 def join_key(
-    key: str, images: Iterable[ImageFile], rows: Iterable[LabelRow], settings: JoinSettings
+    key: str,
+    images: Iterable[ImageFile],
+    rows: Iterable[LabelRow],
+    settings: JoinSettings,
+    into: JoinResult | None = None,
 ) -> JoinResult:
     """Joins the images and table rows that share one key.
 
     Every image ends up as a record, a failure, or (with --unlabeled skip) a counted skip;
-    every row either labels an image or is an orphan.
+    every row either labels an image or is an orphan. The outcome is added to `into` (the
+    result of several keys) if given, else to a new JoinResult; either is returned.
     """
     images = sorted(images, key=lambda f: f.path)
     rows = list(rows)
-    out = JoinResult()
+    out = JoinResult() if into is None else into
     out.count("rows", len(rows))
     invalid = sorted((r for r in rows if r.error), key=lambda r: (r.source, r.line))
     out.count("invalid_rows", len(invalid))
@@ -643,6 +672,47 @@ def join_key(
     return out
 
 
+def bucket_count(images: int, rows: int, per_bucket: int = BATCH_SIZE) -> int:
+    """Buckets of the join: enough that each holds about `per_bucket` images or rows."""
+    return max(1, -(-max(images, rows) // per_bucket))
+
+
+def bucket_of(key: str, buckets: int) -> int:
+    """The join bucket of a key: a stable hash (crc32, the same on every worker) mod `buckets`."""
+    return zlib.crc32(_key_bytes(key)) % buckets
+
+
+def join_bucket(parts: Iterable[JoinPart], image_key_mode: str, settings: JoinSettings) -> JoinResult:
+    """Joins one bucket: its images and rows grouped by key, `join_key` per key in sorted order.
+
+    The result is the same whatever the bucket count (each key is joined whole, alone).
+    """
+    images: dict[str, list[ImageFile]] = {}
+    rows: dict[str, list[LabelRow]] = {}
+    for part in parts:
+        for f in part.files:
+            images.setdefault(image_key(f.relpath, image_key_mode), []).append(f)
+        for r in part.rows:
+            rows.setdefault(r.key, []).append(r)
+    out = JoinResult()
+    for key in sorted(images.keys() | rows.keys()):
+        join_key(key, images.get(key, ()), rows.get(key, ()), settings, into=out)
+    return out
+
+
+def orphan_order(orphans: Iterable[OrphanRow]) -> list[OrphanRow]:
+    """Orphans in a stable order: keys by their first row, a key's rows together in file order.
+
+    The order the per-key join gave on the local runner before the join was bucketed; now
+    the same on every runner.
+    """
+    orphans = sorted(orphans, key=lambda o: (o.source, o.line, o.key, o.reason))
+    first: dict[str, int] = {}
+    for i, o in enumerate(orphans):
+        first.setdefault(o.key, i)
+    return sorted(orphans, key=lambda o: first[o.key])
+
+
 def label_summary(counts: Mapping[str, int], spec: TableSpec, settings: JoinSettings) -> dict:
     """The "labels" section of summary.json."""
     section: dict = {
@@ -662,33 +732,34 @@ def label_summary(counts: Mapping[str, int], spec: TableSpec, settings: JoinSett
 
 
 class ReadLabelsFn(beam.DoFn):
-    """A matched table file -> its LabelRows, parsed as a stream (never loaded whole)."""
+    """A matched table file -> its LabelRows in LabelRows batches, parsed as a stream (never
+    loaded whole)."""
 
     def __init__(self, spec: TableSpec):
         self._spec = spec
         self._rows = Metrics.counter(self.__class__, "label_rows")
         self._invalid = Metrics.counter(self.__class__, "label_rows_invalid")
 
-    def process(self, readable: fileio.ReadableFile) -> Iterator[LabelRow]:
+    def process(self, readable: fileio.ReadableFile) -> Iterator[LabelRows]:
         from transforms.write import USER_ERROR_MARKER
 
         source = readable.metadata.path
         with readable.open(mime_type="application/octet-stream") as f:
             try:
-                for row in iter_table(iter(f.readline, b""), self._spec, source):
-                    self._rows.inc()
-                    if row.error:
-                        self._invalid.inc()
-                    yield row
+                for chunk in chunked(iter_table(iter(f.readline, b""), self._spec, source)):
+                    self._rows.inc(len(chunk))
+                    self._invalid.inc(sum(1 for row in chunk if row.error))
+                    yield LabelRows(chunk)
             except TableError as e:
                 raise ValueError(f"{USER_ERROR_MARKER} {e}") from None
 
 
 class ReadLabels(beam.PTransform):
-    """Reads the labels table (a file or a glob of files, local or gs://) into LabelRows.
+    """Reads the labels table (a file or a glob of files, local or gs://) into LabelRows
+    batches (up to BATCH_SIZE rows of one file, in file order).
 
     Files are matched and read on the workers, each file as one stream (several files are
-    read in parallel). No reshuffle follows: the join's CoGroupByKey redistributes the rows.
+    read in parallel). No reshuffle follows: the join's shuffle redistributes the rows.
     """
 
     def __init__(self, spec: TableSpec):
@@ -697,37 +768,76 @@ class ReadLabels(beam.PTransform):
             raise ValueError(f"format must be one of {FORMATS}")
         self._spec = spec
 
-    def expand(self, pbegin: beam.pvalue.PBegin) -> beam.PCollection[LabelRow]:
+    def expand(self, pbegin: beam.pvalue.PBegin) -> beam.PCollection[LabelRows]:
         return (
             pbegin
             | "MatchTable" >> fileio.MatchFiles(self._spec.path)
             | "OpenTable" >> fileio.ReadMatches()
-            | "ParseRows" >> beam.ParDo(ReadLabelsFn(self._spec))
+            | "ParseRows" >> beam.ParDo(ReadLabelsFn(self._spec)).with_output_types(LabelRows)
         )
 
 
 def _key_bytes(key: str) -> bytes:
-    """The join key as shuffled: UTF-8, undecodable bytes of a file name kept as they were."""
+    """A join key as hashed: UTF-8, undecodable bytes of a file name kept as they were."""
     return key.encode("utf-8", "surrogateescape")
 
 
-def _key_text(key: bytes) -> str:
-    return key.decode("utf-8", "surrogateescape")
+class BucketPartsFn(beam.DoFn):
+    """FileBatches or LabelRows -> (bucket, JoinPart), gathered per bucket over the bundle.
+
+    A part is sent when its bucket has BATCH_SIZE items, or at the end of the bundle (or all
+    parts at once when _MAX_HELD items are held), so the shuffle moves about one element per
+    BATCH_SIZE items whatever the bucket count. (Cut batch by batch, parts would shrink to
+    BATCH_SIZE / buckets items as the data, and so the bucket count, grows.)
+    """
+
+    def __init__(self, image_key_mode: str | None, per_bucket: int):
+        """image_key_mode: how images are keyed (elements are FileBatches), None for LabelRows."""
+        self._mode, self._per_bucket = image_key_mode, per_bucket
+
+    def start_bundle(self) -> None:
+        self._parts: dict[int, list] = {}
+        self._held = 0
+
+    def process(self, batch: FileBatch | LabelRows, images: int, rows: int) -> Iterator[tuple[int, JoinPart]]:
+        buckets = bucket_count(images, rows, self._per_bucket)
+        if self._mode is None:
+            keyed = ((r.key, r) for r in batch.rows)
+        else:
+            keyed = ((image_key(f.relpath, self._mode), f) for f in batch.files)
+        for key, item in keyed:
+            bucket = bucket_of(key, buckets)
+            part = self._parts.setdefault(bucket, [])
+            part.append(item)
+            self._held += 1
+            if len(part) >= BATCH_SIZE:
+                yield self._take(bucket)
+        if self._held >= _MAX_HELD:
+            yield from map(self._take, sorted(self._parts))
+
+    def finish_bundle(self) -> Iterator:
+        for bucket in sorted(self._parts):
+            yield GlobalWindows.windowed_value(self._take(bucket))
+
+    def _take(self, bucket: int) -> tuple[int, JoinPart]:
+        items = tuple(self._parts.pop(bucket))
+        self._held -= len(items)
+        return bucket, JoinPart(rows=items) if self._mode is None else JoinPart(files=items)
 
 
 class JoinLabelsFn(RebatchFn):
-    """(key, {images, rows}) -> ImageRecords, in RecordBatches; FAILED, ORPHANS and STATS
-    as tagged outputs."""
+    """(bucket, [JoinPart]) -> ImageRecords, in RecordBatches; FAILED, ORPHANS and STATS
+    (summed over the bucket) as tagged outputs."""
 
-    def __init__(self, settings: JoinSettings):
-        self._settings = settings
+    def __init__(self, image_key_mode: str, settings: JoinSettings):
+        self._mode, self._settings = image_key_mode, settings
         self._labeled = Metrics.counter(self.__class__, "images_labeled")
         self._failed = Metrics.counter(self.__class__, "images_without_label")
         self._orphans = Metrics.counter(self.__class__, "orphan_label_rows")
 
-    def process(self, element: tuple[bytes, Mapping[str, Iterable]]) -> Iterator:
-        key, grouped = element
-        result = join_key(_key_text(key), grouped[_IMAGES], grouped[_ROWS], self._settings)
+    def process(self, element: tuple[int, Iterable[JoinPart]]) -> Iterator:
+        _, parts = element
+        result = join_bucket(parts, self._mode, self._settings)
         self._labeled.inc(len(result.records))
         self._failed.inc(len(result.failures))
         self._orphans.inc(len(result.orphans))
@@ -762,9 +872,19 @@ class JoinedLabels:
 
 
 class JoinLabels(beam.PTransform):
-    """Joins listed images with table rows by image key (CoGroupByKey: any table size)."""
+    """Joins listed images with table rows by image key (any table size).
 
-    def __init__(self, image_key_mode: str = "stem", settings: JoinSettings = JoinSettings()):
+    Images and rows are shuffled in batches by bucket (a hash of the key modulo a count
+    that grows with the data: `per_bucket` images or rows a bucket, from counts taken first),
+    then each bucket is joined key by key (join_bucket).
+    """
+
+    def __init__(
+        self,
+        image_key_mode: str = "stem",
+        settings: JoinSettings = JoinSettings(),
+        per_bucket: int = BATCH_SIZE,
+    ):
         super().__init__()
         if image_key_mode not in IMAGE_KEYS:
             raise ValueError(f"image_key_mode must be one of {IMAGE_KEYS}")
@@ -772,25 +892,36 @@ class JoinLabels(beam.PTransform):
             raise ValueError(f"unlabeled must be one of {UNLABELED_POLICIES}")
         if settings.duplicates not in DUPLICATE_POLICIES:
             raise ValueError(f"duplicates must be one of {DUPLICATE_POLICIES}")
-        self._mode, self._settings = image_key_mode, settings
+        self._mode, self._settings, self._per_bucket = image_key_mode, settings, per_bucket
 
-    def expand(self, inputs: tuple[beam.PCollection[FileBatch], beam.PCollection[LabelRow]]) -> JoinedLabels:
+    def expand(self, inputs: tuple[beam.PCollection[FileBatch], beam.PCollection[LabelRows]]) -> JoinedLabels:
         files, rows = inputs
-        mode = self._mode
-        # Both sides declare the same (bytes, Any) type: with inferred, different coders the
-        # Flatten inside CoGroupByKey mis-decodes on the FnApiRunner once both sides are shuffled.
-        # Keys travel as bytes: a file name with undecodable bytes cannot be coded as text.
-        keyed_images = files | "KeyImages" >> beam.FlatMap(
-            lambda batch: [(_key_bytes(image_key(f.relpath, mode)), f) for f in batch.files]
-        ).with_output_types(tuple[bytes, Any])
-        keyed_rows = rows | "KeyRows" >> beam.Map(lambda r: (_key_bytes(r.key), r)).with_output_types(
-            tuple[bytes, Any]
+        mode, per_bucket = self._mode, self._per_bucket
+        # Lifted counts (a number per bundle, then one sum): the bucket count as a side input.
+        # Without defaults (no extra stage for an empty input): nothing counted reads as 0.
+        images = pvalue.AsSingleton(
+            files | "CountImages" >> beam.CombineGlobally(CountImagesFn()).without_defaults(), default_value=0
         )
+        table = pvalue.AsSingleton(
+            rows
+            | "RowsPerBatch" >> beam.Map(len)
+            | "CountRows" >> beam.CombineGlobally(sum).without_defaults(),
+            default_value=0,
+        )
+        # Both sides have the one element type (int, JoinPart), coded by JoinPartCoder: the
+        # Flatten before the GroupByKey needs the same coder on both inputs.
+        keyed_images = files | "BucketImages" >> beam.ParDo(
+            BucketPartsFn(mode, per_bucket), images, table
+        ).with_output_types(tuple[int, JoinPart])
+        keyed_rows = rows | "BucketRows" >> beam.ParDo(
+            BucketPartsFn(None, per_bucket), images, table
+        ).with_output_types(tuple[int, JoinPart])
         joined = (
-            {_IMAGES: keyed_images, _ROWS: keyed_rows}
-            | "GroupByKey" >> beam.CoGroupByKey()  # (key, {images: [ImageFile], rows: [LabelRow]})
+            (keyed_images, keyed_rows)
+            | "Parts" >> beam.Flatten()
+            | "GroupByBucket" >> beam.GroupByKey()  # (bucket, [JoinPart])
             | "Join"
-            >> beam.ParDo(JoinLabelsFn(self._settings))
+            >> beam.ParDo(JoinLabelsFn(mode, self._settings))
             .with_output_types(RecordBatch)
             .with_outputs(FAILED, ORPHANS, STATS, main="records")
         )
@@ -820,6 +951,8 @@ class WriteOrphans(beam.PTransform):
         spec, settings = self._spec, self._settings
         written = (
             joined[ORPHANS]
+            | "Gather" >> beam.combiners.ToList()  # one list: a stable order on every runner
+            | "Sort" >> beam.FlatMap(orphan_order)
             | "ToJson" >> beam.Map(OrphanRow.to_json)
             | "WriteFile"
             >> beam.io.WriteToText(self._path, shard_name_template="", num_shards=1)  # metadata only
@@ -835,3 +968,52 @@ class WriteOrphans(beam.PTransform):
                 pvalue.AsList(written),
             )
         )
+
+
+# ---------------------------------------------------------------------------------------------
+# Coders of the batches that are shuffled or stored between stages (see transforms/record_coders.py).
+
+
+def _row_fields(r: LabelRow) -> tuple:
+    return r.key, r.labels, r.split, r.extras, r.source, r.line, r.error
+
+
+def encode_label_rows(batch: LabelRows) -> bytes:
+    return tagged(tuple(map(_row_fields, batch.rows)), batch)
+
+
+def decode_label_rows(data: bytes) -> LabelRows:
+    return untagged(data, lambda t: LabelRows(tuple(starmap(LabelRow, t))))
+
+
+def encode_join_part(part: JoinPart) -> bytes:
+    return tagged((tuple(map(file_fields, part.files)), tuple(map(_row_fields, part.rows))), part)
+
+
+def decode_join_part(data: bytes) -> JoinPart:
+    return untagged(data, lambda t: JoinPart(tuple(starmap(ImageFile, t[0])), tuple(starmap(LabelRow, t[1]))))
+
+
+def _estimated_size(items: tuple, fields: Callable[[Any], tuple]) -> int:
+    """Coded size of a tuple of rows or files, from its first one (for Beam's size counters)."""
+    return len(items) * len(tagged(fields(items[0]), items[0])) if items else 0
+
+
+def estimate_label_rows(batch: LabelRows) -> int:
+    return 8 + _estimated_size(batch.rows, _row_fields)
+
+
+def estimate_join_part(part: JoinPart) -> int:
+    return 8 + _estimated_size(part.files, file_fields) + _estimated_size(part.rows, _row_fields)
+
+
+class LabelRowsCoder(TupleCoder):
+    _type, _encode, _decode, _estimate = LabelRows, encode_label_rows, decode_label_rows, estimate_label_rows
+
+
+class JoinPartCoder(TupleCoder):
+    _type, _encode, _decode, _estimate = JoinPart, encode_join_part, decode_join_part, estimate_join_part
+
+
+coders.registry.register_coder(LabelRows, LabelRowsCoder)
+coders.registry.register_coder(JoinPart, JoinPartCoder)

@@ -9,7 +9,8 @@ round-trips exactly. A batch (FileBatch, RecordBatch) or a ShardTask is one code
 a tuple of such tuples; its size estimate (Beam samples element sizes for its counters,
 about every element of a short PCollection) is one record's size times the count instead
 of a full encode. Registered for every record type on import; a PCollection gets them when
-its element type is declared (`with_output_types`).
+its element type is declared (`with_output_types`). The labels table's batches (LabelRows,
+JoinPart) are coded the same way by coders in transforms/label_table.py (TupleCoder, tagged).
 """
 
 from __future__ import annotations
@@ -32,11 +33,11 @@ def _record_fields(r: ImageRecord) -> tuple:
     return r.path, r.relpath, r.size, r.labels, r.split, r.extras
 
 
-def _file_fields(f: ImageFile) -> tuple:
+def file_fields(f: ImageFile) -> tuple:
     return f.path, f.relpath, f.size
 
 
-def _tagged(fields: Any, value: Any) -> bytes:
+def tagged(fields: Any, value: Any) -> bytes:
     """`fields` coded by the primitive coder, or `value` pickled if it cannot be."""
     try:
         return _AS_TUPLE + _FIELDS.encode(fields)
@@ -44,50 +45,50 @@ def _tagged(fields: Any, value: Any) -> bytes:
         return _AS_PICKLE + pickle.dumps(value, protocol=4)
 
 
-def _untagged(data: bytes, build: Any) -> Any:
+def untagged(data: bytes, build: Any) -> Any:
     if data[:1] == _AS_PICKLE:
         return pickle.loads(data[1:])
     return build(_FIELDS.decode(data[1:]))
 
 
 def encode_image_file(f: ImageFile) -> bytes:
-    return _tagged(_file_fields(f), f)
+    return tagged(file_fields(f), f)
 
 
 def decode_image_file(data: bytes) -> ImageFile:
-    return _untagged(data, lambda t: ImageFile(*t))
+    return untagged(data, lambda t: ImageFile(*t))
 
 
 def encode_image_record(r: ImageRecord) -> bytes:
-    return _tagged(_record_fields(r), r)
+    return tagged(_record_fields(r), r)
 
 
 def decode_image_record(data: bytes) -> ImageRecord:
-    return _untagged(data, lambda t: ImageRecord(*t))
+    return untagged(data, lambda t: ImageRecord(*t))
 
 
 def encode_shard_task(task: ShardTask) -> bytes:
-    return _tagged((task.split, task.index, tuple(map(_record_fields, task.records))), task)
+    return tagged((task.split, task.index, tuple(map(_record_fields, task.records))), task)
 
 
 def decode_shard_task(data: bytes) -> ShardTask:
-    return _untagged(data, lambda t: ShardTask(t[0], t[1], tuple(starmap(ImageRecord, t[2]))))
+    return untagged(data, lambda t: ShardTask(t[0], t[1], tuple(starmap(ImageRecord, t[2]))))
 
 
 def encode_file_batch(batch: FileBatch) -> bytes:
-    return _tagged(tuple(map(_file_fields, batch.files)), batch)
+    return tagged(tuple(map(file_fields, batch.files)), batch)
 
 
 def decode_file_batch(data: bytes) -> FileBatch:
-    return _untagged(data, lambda t: FileBatch(tuple(starmap(ImageFile, t))))
+    return untagged(data, lambda t: FileBatch(tuple(starmap(ImageFile, t))))
 
 
 def encode_record_batch(batch: RecordBatch) -> bytes:
-    return _tagged(tuple(map(_record_fields, batch.records)), batch)
+    return tagged(tuple(map(_record_fields, batch.records)), batch)
 
 
 def decode_record_batch(data: bytes) -> RecordBatch:
-    return _untagged(data, lambda t: RecordBatch(tuple(starmap(ImageRecord, t))))
+    return untagged(data, lambda t: RecordBatch(tuple(starmap(ImageRecord, t))))
 
 
 def _estimated_size(items: tuple, encode_one: Any) -> int:
@@ -107,7 +108,7 @@ def estimate_record_batch(batch: RecordBatch) -> int:
     return _estimated_size(batch.records, encode_image_record)
 
 
-class _TupleCoder(coders.Coder):
+class TupleCoder(coders.Coder):
     """Base: a record coded by the functions `_encode` and `_decode` (set per subclass)."""
 
     _type: type
@@ -138,23 +139,23 @@ class _TupleCoder(coders.Coder):
         return hash(type(self))
 
 
-class ImageFileCoder(_TupleCoder):
+class ImageFileCoder(TupleCoder):
     _type, _encode, _decode = ImageFile, encode_image_file, decode_image_file
 
 
-class ImageRecordCoder(_TupleCoder):
+class ImageRecordCoder(TupleCoder):
     _type, _encode, _decode = ImageRecord, encode_image_record, decode_image_record
 
 
-class ShardTaskCoder(_TupleCoder):
+class ShardTaskCoder(TupleCoder):
     _type, _encode, _decode, _estimate = ShardTask, encode_shard_task, decode_shard_task, estimate_shard_task
 
 
-class FileBatchCoder(_TupleCoder):
+class FileBatchCoder(TupleCoder):
     _type, _encode, _decode, _estimate = FileBatch, encode_file_batch, decode_file_batch, estimate_file_batch
 
 
-class RecordBatchCoder(_TupleCoder):
+class RecordBatchCoder(TupleCoder):
     _type, _encode, _decode = RecordBatch, encode_record_batch, decode_record_batch
     _estimate = estimate_record_batch
 

@@ -6,8 +6,9 @@ Image bytes never travel in a PCollection: only these records do, so every shuff
 Between listing and shard planning the records travel in batches (FileBatch, RecordBatch:
 up to BATCH_SIZE images an element), because Beam's cost per element (DoFn calls, coders,
 counters) is many times the plain work per image there. Steps that are per image by nature
-(the labels join, dedupe) take single records inside and batch them again on the way out
-(transforms/batching.py).
+(dedupe) take single records inside and batch them again on the way out
+(transforms/batching.py); the labels join shuffles batches by key bucket
+(transforms/label_table.py).
 """
 
 from __future__ import annotations
