@@ -156,8 +156,10 @@ def run_one(total: int, out: str, labels: str | None, clock: str) -> dict:
     from transforms.batching import GROUP_SIZE_NAMESPACE
 
     root = os.path.join(WORK_DIR, "scale-input")
-    os.makedirs(root, exist_ok=True)
-    with open(os.path.join(root, "unused.jpg"), "wb") as f:  # --input must hold an image; it is not listed
+    shutil.rmtree(root, ignore_errors=True)
+    os.makedirs(os.path.join(root, "unused"))
+    # --input must hold an image in a class folder (the pre-flight checks); it is not listed.
+    with open(os.path.join(root, "unused", "unused.jpg"), "wb") as f:
         f.write(tiny_jpeg())
     args = ["--input", root, "--output_dir", out, "--quiet", "--overwrite"]
     args += ["--splits", "train=0.9,validation=0.1", "--stratify"]
