@@ -64,6 +64,13 @@ class FileBatch:
     def __len__(self) -> int:
         return len(self.files)
 
+    def columns(self) -> tuple[tuple[str, ...], tuple[str, ...], tuple[int, ...]]:
+        """The files as three equal-length columns: (paths, relpaths, sizes)."""
+        if not self.files:
+            return (), (), ()
+        paths, relpaths, sizes = zip(*((f.path, f.relpath, f.size) for f in self.files))
+        return paths, relpaths, sizes
+
 
 @dataclasses.dataclass(frozen=True)
 class RecordBatch:
@@ -73,6 +80,19 @@ class RecordBatch:
 
     def __len__(self) -> int:
         return len(self.records)
+
+    @classmethod
+    def from_columns(
+        cls,
+        paths: tuple[str, ...],
+        relpaths: tuple[str, ...],
+        sizes: tuple[int, ...],
+        labels: tuple[tuple[str, ...], ...],
+        splits: tuple[str, ...],
+        extras: tuple[tuple[tuple[str, object], ...], ...],
+    ) -> RecordBatch:
+        """A batch from equal-length columns, one value per record in each."""
+        return cls(tuple(map(ImageRecord, paths, relpaths, sizes, labels, splits, extras)))
 
 
 @dataclasses.dataclass(frozen=True)

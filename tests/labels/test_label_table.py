@@ -15,10 +15,12 @@ from transforms.batching import CountImagesFn, chunked
 from transforms.labels.beam_coders import JoinPartCoder, LabelRowsCoder
 from transforms.labels.beam_table import JoinLabels, ReadLabels
 from transforms.labels.classes import class_index_for
+from transforms.labels.columns import iter_row_batches, rows_of
 from transforms.labels.join import bucket_count, join_bucket, join_key, orphan_order, resolve_rows
 from transforms.labels.rows import (
     JoinPart,
     JoinSettings,
+    KeyedFiles,
     LabelRow,
     LabelRows,
     OrphanRow,
@@ -41,6 +43,17 @@ CSV = TableSpec(path="t.csv", format="csv")
 
 def _rows(text: bytes, spec: TableSpec = CSV) -> list[LabelRow]:
     return list(iter_table(text.splitlines(keepends=True), spec, "t.csv"))
+
+
+def _part(images=(), rows=(), mode: str = "stem") -> JoinPart:
+    """A JoinPart of these ImageFiles and LabelRows (keys by image_key, as KeyImages)."""
+    files = KeyedFiles(
+        tuple(image_key(f.relpath, mode) for f in images),
+        tuple(f.path for f in images),
+        tuple(f.relpath for f in images),
+        tuple(f.size for f in images),
+    )
+    return JoinPart(files, LabelRows.of(rows))
 
 
 def test_detect_format_and_extra_columns():
@@ -329,7 +342,7 @@ def test_join_bucket_is_the_same_whatever_the_bucket_count(unlabeled):
 
     images, rows = _mixed_join_input()
     settings = JoinSettings(unlabeled=unlabeled)
-    whole = join_bucket([JoinPart(tuple(images), tuple(rows))], "stem", settings)
+    whole = join_bucket([_part(images, rows)], settings)
     assert whole.stats["orphan_rows"] == 10 and whole.stats["conflicting_keys"] == 1
     assert whole.stats["keys_with_several_images"] == 1 and whole.stats["invalid_rows"] == 1
     assert len(whole.records) + len(whole.failures) + whole.stats.get("unlabeled_skipped", 0) == len(images)
@@ -345,19 +358,13 @@ def test_join_bucket_is_the_same_whatever_the_bucket_count(unlabeled):
     for buckets in (2, 7, 1000):
         parts: dict[int, list[JoinPart]] = {}
         for f in images:  # one part per image or row: any batching
-            parts.setdefault(bucket_of(image_key(f.relpath, "stem"), buckets), []).append(
-                JoinPart(files=(f,))
-            )
+            parts.setdefault(bucket_of(image_key(f.relpath, "stem"), buckets), []).append(_part(images=(f,)))
         for r in rows:
-            parts.setdefault(bucket_of(r.key, buckets), []).append(JoinPart(rows=(r,)))
-        results = [join_bucket(p, "stem", settings) for p in parts.values()]
+            parts.setdefault(bucket_of(r.key, buckets), []).append(_part(rows=(r,)))
+        results = [join_bucket(p, settings) for p in parts.values()]
         merged = results[0]
         for more in results[1:]:
-            merged.records += more.records
-            merged.failures += more.failures
-            merged.orphans += more.orphans
-            for name, n in more.stats.items():
-                merged.count(name, n)
+            merged.merge(more)
         assert len(parts) > 1
         assert canonical(merged) == canonical(whole), buckets
 
@@ -380,12 +387,12 @@ def test_bucket_count_and_orphan_order():
 
 def test_label_rows_and_join_part_coders_round_trip():
     images, rows = _mixed_join_input()
-    batch = LabelRows(tuple(rows))
+    batch = LabelRows.of(rows)
     assert LabelRowsCoder().decode(LabelRowsCoder().encode(batch)) == batch
     for files in (tuple(images[:3]), tuple(images)):  # the last image has an undecodable name
-        part = JoinPart(files, tuple(rows[:5]))
+        part = _part(files, rows[:5])
         decoded = JoinPartCoder().decode(JoinPartCoder().encode(part))
-        assert decoded == part and type(decoded.rows[0].extras[0][1]) is float
+        assert decoded == part and type(decoded.rows.extras[0][0][1]) is float
     assert JoinPartCoder().decode(JoinPartCoder().encode(JoinPart())) == JoinPart()
 
 
@@ -399,8 +406,7 @@ def test_join_labels_same_output_with_one_bucket_or_many(tmp_path, per_bucket):
     (tmp_path / "t.csv").write_text("\n".join(lines) + "\n")
     spec = TableSpec(path=str(tmp_path / "t.csv"), format="csv", extra_columns=(("w", "float"),))
     expected = join_bucket(
-        [JoinPart(tuple(images), tuple(r for b in _read_all(tmp_path / "t.csv", spec) for r in b.rows))],
-        "stem",
+        [_part(images, [r for b in _read_all(tmp_path / "t.csv", spec) for r in b.rows])],
         JoinSettings(unlabeled="keep"),
     )
     assert expected.stats["invalid_rows"] == 1 and expected.stats["orphan_rows"] == 10
@@ -423,7 +429,7 @@ def test_join_labels_same_output_with_one_bucket_or_many(tmp_path, per_bucket):
 
 def _read_all(path, spec: TableSpec) -> list[LabelRows]:
     with open(path, "rb") as f:
-        return [LabelRows(tuple(iter_table(f, spec, str(path))))]
+        return [LabelRows.of(iter_table(f, spec, str(path)))]
 
 
 @pytest.fixture
@@ -484,25 +490,45 @@ def test_join_labels_with_an_empty_table(tmp_path):
 
 def test_bucket_parts_are_gathered_over_the_bundle():
     """Parts fill up to BATCH_SIZE across batches (not one tiny part per batch and bucket)."""
-    from transforms.labels.beam_table import BucketPartsFn
+    from transforms.labels.beam_table import BucketPartsFn, key_files
     from transforms.labels.join import bucket_of
 
     images = [ImageFile(f"/d/img{i:05d}.jpg", f"img{i:05d}.jpg", 1) for i in range(5 * BATCH_SIZE)]
-    fn = BucketPartsFn("stem", per_bucket=2 * BATCH_SIZE)  # 3 buckets
+    fn = BucketPartsFn(per_bucket=2 * BATCH_SIZE)  # 3 buckets
     fn.start_bundle()
-    sent = [out for chunk in chunked(images) for out in fn.process(FileBatch(chunk), len(images), 10)]
-    assert len(sent) >= 3 and all(len(part.files) == BATCH_SIZE for _, part in sent)
+    sent = [
+        out
+        for chunk in chunked(images)
+        for out in fn.process(key_files(FileBatch(chunk), "stem"), len(images), 10)
+    ]
     sent += [w.value for w in fn.finish_bundle()]
-    assert len(sent) <= 3 + 3  # the full parts, then one remainder per bucket
-    assert sorted(f.path for _, part in sent for f in part.files) == [f.path for f in images]
-    assert all(bucket_of(image_key(f.relpath), 3) == b for b, part in sent for f in part.files)
-    rows = BucketPartsFn(None, per_bucket=1)  # 10 buckets for 10 rows
+    # Parts fill up to BATCH_SIZE: the full parts, then one remainder per bucket.
+    assert len(sent) <= 5 + 3 and all(0 < len(part.files) <= BATCH_SIZE for _, part in sent)
+    assert len({b for b, _ in sent}) == 3
+    assert sorted(p for _, part in sent for p in part.files.paths) == [f.path for f in images]
+    assert all(bucket_of(image_key(relpath), 3) == b for b, part in sent for relpath in part.files.relpaths)
+    assert all(part.files.keys == tuple(map(image_key, part.files.relpaths)) for _, part in sent)
+    rows = BucketPartsFn(per_bucket=1)  # 10 buckets for 10 rows
     rows.start_bundle()
-    batch = LabelRows(tuple(LabelRow(f"k{i}", ("a",)) for i in range(10)))
+    batch = LabelRows.of(LabelRow(f"k{i}", ("a",), line=i) for i in range(10))
     assert list(rows.process(batch, 0, 10)) == []
     parts = [w.value for w in rows.finish_bundle()]
-    assert sorted(r.key for _, p in parts for r in p.rows) == sorted(r.key for r in batch.rows)
-    assert all(bucket_of(r.key, 10) == b for b, p in parts for r in p.rows)
+    assert sorted(r for _, p in parts for r in p.rows.rows) == sorted(batch.rows)
+    assert all(bucket_of(r.key, 10) == b for b, p in parts for r in p.rows.rows)
+
+
+def test_bucket_parts_send_what_they_hold_at_the_limit(monkeypatch):
+    """Past _MAX_HELD items held, every part is sent (bounds the DoFn's memory)."""
+    import transforms.labels.beam_table as label_table
+    from transforms.labels.beam_table import BucketPartsFn
+
+    monkeypatch.setattr(label_table, "_MAX_HELD", 25)
+    fn = BucketPartsFn(per_bucket=10)  # 3 buckets for 30 rows
+    fn.start_bundle()
+    batch = LabelRows.of(LabelRow(f"k{i}", ("a",), line=i) for i in range(10))
+    assert list(fn.process(batch, 0, 30)) == [] and list(fn.process(batch, 0, 30)) == []
+    sent = list(fn.process(batch, 0, 30))
+    assert sum(len(p) for _, p in sent) == 30 and [w.value for w in fn.finish_bundle()] == []
 
 
 def test_write_orphans_in_parts_keeps_the_order_of_one_sorted_list(tmp_path, monkeypatch):
@@ -517,7 +543,7 @@ def test_write_orphans_in_parts_keeps_the_order_of_one_sorted_list(tmp_path, mon
     monkeypatch.setattr(label_table, "_ORPHAN_CHUNK_LINES", 3)  # many parts from a few rows
     rows = [LabelRow(f"k{i % 9}", ("a",), source=f"t{i % 2}.csv", line=i + 2) for i in range(40)]
     rows.append(LabelRow("", source="t0.csv", line=99, error="line 99 is not valid UTF-8"))
-    result = join_bucket([JoinPart(rows=tuple(rows))], "stem", JoinSettings())
+    result = join_bucket([_part(rows=rows)], JoinSettings())
     assert len(result.orphans) == 41
     spec = TableSpec(path="t*.csv", format="csv")
     with TestPipeline() as p:
@@ -630,7 +656,76 @@ def test_block_parser_gives_the_rows_of_the_csv_module(monkeypatch, block_bytes)
         except Exception as e:  # noqa: BLE001 - the csv module's error: the parser must raise it too
             with pytest.raises(TableError, match=re.escape(str(e))):
                 list(iter_table(io.BytesIO(data), spec, "t.csv"))
+            with pytest.raises(TableError, match=re.escape(str(e))):
+                list(iter_row_batches(io.BytesIO(data), spec, "t.csv"))
             continue
         assert list(iter_table(io.BytesIO(data), spec, "t.csv")) == expected, data
+        assert rows_of(iter_row_batches(io.BytesIO(data), spec, "t.csv", size=7)) == expected, data
         compared += 1
     assert compared > 200
+
+
+@pytest.mark.parametrize("block_bytes", [64, 1 << 20])
+def test_column_parser_gives_the_rows_of_the_row_parser(monkeypatch, block_bytes):
+    """Random tables of whole rows (keys to normalize or not, multi-labels, bad labels, splits,
+    int and float extras, good and bad) parsed into column batches: the rows of the row parser
+    (checked against the csv module above), most blocks without a row parsed one by one."""
+    import random
+
+    import transforms.labels.columns as columns
+    import transforms.labels.table as label_table
+
+    monkeypatch.setattr(label_table, "_BLOCK_BYTES", block_bytes)
+    whole, plain = [0], columns.plain_rows
+
+    def counted(builder, text, line):
+        rows, count = plain(builder, text, line)
+        whole[0] += bool(rows) and type(rows[0]) is LabelRows
+        return rows, count
+
+    monkeypatch.setattr(columns, "plain_rows", counted)
+    rnd = random.Random(block_bytes)
+    keys = ["k1", "ké", "ke\u0301", " k2", "./k3", "/k4", "a\\b", "k5 ", "서울"]
+    labels = ["a", "b|c", "7", " d ", "a||b", "x\ty", "é"]
+    splits = ["train", "test", "../x", "val"]
+    numbers = ["1", " 2 ", "0.5", "x", "", "-3", "1_0"]
+    spec = TableSpec(
+        "t.csv", "csv", split_column="s", extra_columns=(("n", "int"), ("f", "float"), ("t", "str"))
+    )
+    for i in range(60):
+        clean = i % 3 == 0  # rows whose every cell converts: the column path takes the block whole
+        lines = ["id,label,s,n,f,t"]
+        for j in range(rnd.randint(1, 40)):
+            key = f"r{j}" if clean else rnd.choice(keys) + str(j)
+            label = rnd.choice(labels[:4] if clean else labels)
+            split = "train" if clean else rnd.choice(splits)
+            n, f = ("5", "0.25") if clean else (rnd.choice(numbers), rnd.choice(numbers))
+            lines.append(f"{key},{label},{split},{n},{f},{rnd.choice(labels)}")
+        data = ("\n".join(lines) + "\n").encode()
+        expected = list(iter_table(io.BytesIO(data), spec, "t.csv"))
+        assert expected == _reference_rows(data, spec)
+        got = list(iter_row_batches(io.BytesIO(data), spec, "t.csv", size=9))
+        assert all(0 < len(b) <= 9 for b in got) and rows_of(got) == expected, data
+    assert whole[0] >= 20
+
+
+def test_image_keys_are_image_key_of_each():
+    """The column form of image_key (any mode) on names that need normalizing and names that do not."""
+    import random
+
+    from transforms.labels.columns import image_keys, normalize_keys
+
+    rnd = random.Random(5)
+    parts = ["a", "b.", ".", "/", "./", " ", "é", "e\u0301", "\\", "서울", "x.jpg", ".hidden", "..png"]
+    for _ in range(300):
+        relpaths = [
+            "".join(rnd.choice(parts) for _ in range(rnd.randint(1, 6))) for _ in range(rnd.randint(1, 5))
+        ]
+        if rnd.random() < 0.5:  # also columns where nothing needs normalizing
+            relpaths = [image_key(r, "relpath") or "a" for r in relpaths]
+        for mode in ("stem", "name", "relpath"):
+            assert image_keys(relpaths, mode) == [image_key(r, mode) for r in relpaths], (relpaths, mode)
+    clean = [f"img{i}" for i in range(100)]
+    assert normalize_keys(clean) == clean and normalize_keys(["./x"]) == ["x"]
+    with pytest.raises(ValueError, match="--image_key"):
+        image_keys(["a"], "path")

@@ -1,11 +1,9 @@
-"""Coders of the labels-table batches that cross a shuffle (tuples of their fields, no pickling)."""
+"""Coders of the labels-table batches that cross a shuffle: their columns, coded by Beam's
+compiled FastPrimitivesCoder (no pickling, no object per row)."""
 
 from __future__ import annotations
 
 import pickle
-from collections.abc import Callable
-from itertools import starmap
-from typing import Any
 
 from apache_beam import coders
 
@@ -14,54 +12,103 @@ from transforms.coders import (
     decode_record_batch,
     encode_record_batch,
     estimate_record_batch,
-    file_fields,
     tagged,
     untagged,
 )
 from transforms.failures import Failure
-from transforms.labels.rows import JoinPart, LabelRow, LabelRows, OrphanRow, _new_row
-from transforms.records import ImageFile, RecordBatch
+from transforms.labels.rows import JoinPart, KeyedFiles, LabelRows, OrphanRow
+from transforms.records import RecordBatch
 
 
-def _row_fields(r: LabelRow) -> tuple:
-    return tuple(r)  # the plain tuple: the primitive coder codes a named tuple with its class
+def _pack(column: tuple, default: object) -> tuple:
+    """A column whose values are all `default` as (default,); any other column as it is.
+
+    Only for columns of str or None values (and empty tuples), where equal means the same
+    value: a column of numbers is never packed (1, 1.0 and True are equal)."""
+    if len(column) > 1 and column.count(default) == len(column):
+        return (default,)
+    return column
 
 
-def encode_label_rows(batch: LabelRows) -> bytes:
-    return tagged(tuple(map(_row_fields, batch.rows)), batch)
+def _unpack(column: tuple, n: int) -> tuple:
+    return column * n if len(column) == 1 and n > 1 else column
 
 
-def decode_label_rows(data: bytes) -> LabelRows:
-    return untagged(data, lambda t: LabelRows(tuple(map(_new_row, t))))
-
-
-def encode_join_part(part: JoinPart) -> bytes:
-    fields = (tuple(map(file_fields, part.files)), tuple(map(_row_fields, part.rows)), part.file_keys)
-    return tagged(fields, part)
-
-
-def decode_join_part(data: bytes) -> JoinPart:
-    return untagged(
-        data, lambda t: JoinPart(tuple(starmap(ImageFile, t[0])), tuple(map(_new_row, t[1])), t[2])
+def _row_columns(batch: LabelRows) -> tuple:
+    """The columns as coded: splits, extras, sources and errors packed when all alike."""
+    keys, labels, splits, extras, sources, lines, errors = batch.columns()
+    source = sources[0] if sources else ""
+    return (
+        keys,
+        labels,
+        _pack(splits, None),
+        _pack(extras, ()),
+        _pack(sources, source),
+        lines,
+        _pack(errors, None),
     )
 
 
-def _estimated_size(items: tuple, fields: Callable[[Any], tuple]) -> int:
-    """Coded size of a tuple of rows or files, from its first one (for Beam's size counters)."""
-    return len(items) * len(tagged(fields(items[0]), items[0])) if items else 0
+def _rows_of(t: tuple) -> LabelRows:
+    n = len(t[0])
+    return LabelRows(t[0], t[1], _unpack(t[2], n), _unpack(t[3], n), _unpack(t[4], n), t[5], _unpack(t[6], n))
+
+
+def encode_label_rows(batch: LabelRows) -> bytes:
+    return tagged(_row_columns(batch), batch)
+
+
+def decode_label_rows(data: bytes) -> LabelRows:
+    return untagged(data, _rows_of)
+
+
+def encode_keyed_files(files: KeyedFiles) -> bytes:
+    return tagged(files.columns(), files)
+
+
+def decode_keyed_files(data: bytes) -> KeyedFiles:
+    return untagged(data, lambda t: KeyedFiles(*t))
+
+
+def encode_join_part(part: JoinPart) -> bytes:
+    return tagged((part.files.columns(), _row_columns(part.rows)), part)
+
+
+def decode_join_part(data: bytes) -> JoinPart:
+    return untagged(data, lambda t: JoinPart(KeyedFiles(*t[0]), _rows_of(t[1])))
+
+
+def _estimated_size(columns: tuple) -> int:
+    """Coded size of equal-length columns, from their first values (for Beam's size counters)."""
+    if not columns or not columns[0]:
+        return 8
+    first = tuple(column[0] for column in columns)
+    return 8 + len(columns[0]) * len(tagged(first, first))
 
 
 def estimate_label_rows(batch: LabelRows) -> int:
-    return 8 + _estimated_size(batch.rows, _row_fields)
+    return _estimated_size(batch.columns())
+
+
+def estimate_keyed_files(files: KeyedFiles) -> int:
+    return _estimated_size(files.columns())
 
 
 def estimate_join_part(part: JoinPart) -> int:
-    keys = len(part.file_keys) * (len(part.file_keys[0]) + 2) if part.file_keys else 0
-    return 8 + keys + _estimated_size(part.files, file_fields) + _estimated_size(part.rows, _row_fields)
+    return _estimated_size(part.files.columns()) + _estimated_size(part.rows.columns())
 
 
 class LabelRowsCoder(TupleCoder):
     _type, _encode, _decode, _estimate = LabelRows, encode_label_rows, decode_label_rows, estimate_label_rows
+
+
+class KeyedFilesCoder(TupleCoder):
+    _type, _encode, _decode, _estimate = (
+        KeyedFiles,
+        encode_keyed_files,
+        decode_keyed_files,
+        estimate_keyed_files,
+    )
 
 
 class JoinPartCoder(TupleCoder):
@@ -112,3 +159,6 @@ coders.registry.register_coder(LabelRows, LabelRowsCoder)
 
 
 coders.registry.register_coder(JoinPart, JoinPartCoder)
+
+
+coders.registry.register_coder(KeyedFiles, KeyedFilesCoder)

@@ -8,6 +8,7 @@ comes from lifted counts); each orphans group one chunk of 100,000 table lines.
 
 from __future__ import annotations
 
+import bisect
 import dataclasses
 import zlib
 from collections.abc import Iterable, Iterator, Mapping
@@ -20,10 +21,11 @@ from apache_beam.io.filesystems import FileSystems
 from apache_beam.metrics import Metrics
 from apache_beam.transforms.window import GlobalWindows
 
-from transforms.batching import CountImagesFn, RebatchFn, chunked, group_size
+from transforms.batching import CountImagesFn, group_size
 from transforms.failures import FAILED
 from transforms.labels.beam_coders import Listed
-from transforms.labels.join import bucket_count, bucket_of, join_bucket, label_summary
+from transforms.labels.columns import image_keys, iter_row_batches
+from transforms.labels.join import _KEY_BYTES, bucket_count, join_bucket, label_summary, take
 from transforms.labels.rows import (
     _MAX_HELD,
     DUPLICATE_POLICIES,
@@ -35,12 +37,13 @@ from transforms.labels.rows import (
     UNLABELED_POLICIES,
     JoinPart,
     JoinSettings,
+    KeyedFiles,
     LabelRows,
     OrphanRow,
     TableError,
     TableSpec,
 )
-from transforms.labels.table import _BLOCK_BYTES, check_regular_file, image_key, iter_table
+from transforms.labels.table import _BLOCK_BYTES, check_regular_file
 from transforms.records import BATCH_SIZE, FileBatch, RecordBatch
 
 
@@ -64,10 +67,10 @@ class ReadLabelsFn(beam.DoFn):
         with readable.open(mime_type="application/octet-stream") as f:
             try:
                 blocks = iter(lambda: f.read(_BLOCK_BYTES), b"")
-                for chunk in chunked(iter_table(blocks, self._spec, source)):
-                    self._rows.inc(len(chunk))
-                    self._invalid.inc(sum(1 for row in chunk if row.error))
-                    yield LabelRows(chunk)
+                for batch in iter_row_batches(blocks, self._spec, source):
+                    self._rows.inc(len(batch))
+                    self._invalid.inc(len(batch) - batch.errors.count(None))
+                    yield batch
             except TableError as e:
                 raise ValueError(f"{USER_ERROR_MARKER} {e}") from None
 
@@ -95,85 +98,111 @@ class ReadLabels(beam.PTransform):
         )
 
 
-class BucketPartsFn(beam.DoFn):
-    """FileBatches or LabelRows -> (bucket, JoinPart), gathered per bucket over the bundle.
+def key_files(batch: FileBatch, image_key_mode: str) -> KeyedFiles:
+    """A FileBatch's files with their join keys, as columns."""
+    paths, relpaths, sizes = batch.columns()
+    return KeyedFiles(tuple(image_keys(relpaths, image_key_mode)), paths, relpaths, sizes)
 
-    A part is sent when its bucket has BATCH_SIZE items, or at the end of the bundle (or all
-    parts at once when _MAX_HELD items are held), so the shuffle moves about one element per
-    BATCH_SIZE items whatever the bucket count. (Cut batch by batch, parts would shrink to
-    BATCH_SIZE / buckets items as the data, and so the bucket count, grows.)
+
+class BucketPartsFn(beam.DoFn):
+    """KeyedFiles or LabelRows -> (bucket, JoinPart), gathered per bucket over the bundle.
+
+    The batches are held as they come (up to _MAX_HELD images or rows) with the bucket of
+    each key; when that many are held, and at the end of the bundle, the held columns are
+    sorted by bucket once and cut into parts of up to BATCH_SIZE a bucket. So the shuffle
+    moves about one element per BATCH_SIZE items whatever the bucket count (cut batch by
+    batch, parts would shrink to BATCH_SIZE / buckets items as the data, and so the bucket
+    count, grows), and no object is made per image or row.
+
+    Bounds: its memory is _MAX_HELD items; a part holds at most BATCH_SIZE.
     """
 
-    def __init__(self, image_key_mode: str | None, per_bucket: int):
-        """image_key_mode: how images are keyed (elements are FileBatches), None for LabelRows."""
-        self._mode, self._per_bucket = image_key_mode, per_bucket
+    def __init__(self, per_bucket: int):
+        self._per_bucket = per_bucket
 
     def start_bundle(self) -> None:
-        self._parts: dict[int, tuple[list, list[str]]] = {}  # bucket -> (items, their keys)
-        self._held = 0
+        self._columns: list[list] | None = None  # the held batches' columns, concatenated
+        self._buckets: list[int] = []  # the bucket of each held item
+        self._rows = False  # the held batches are LabelRows (else KeyedFiles)
 
-    def process(self, batch: FileBatch | LabelRows, images: int, rows: int) -> Iterator[tuple[int, JoinPart]]:
+    def process(
+        self, batch: KeyedFiles | LabelRows, images: int, rows: int
+    ) -> Iterator[tuple[int, JoinPart]]:
         buckets = bucket_count(images, rows, self._per_bucket)
-        if self._mode is None:
-            keyed = ((r.key, r) for r in batch.rows)
-        else:
-            keyed = ((image_key(f.relpath, self._mode), f) for f in batch.files)
-        parts = self._parts
-        self._held += len(batch)  # less what _take sends
-        for key, item in keyed:
-            bucket = bucket_of(key, buckets)
-            part = parts.get(bucket)
-            if part is None:
-                part = parts[bucket] = ([], [])
-            part[0].append(item)
-            part[1].append(key)
-            if len(part[0]) >= BATCH_SIZE:
-                yield self._take(bucket)
-        if self._held >= _MAX_HELD:
-            yield from map(self._take, sorted(parts))
+        columns = batch.columns()
+        if self._columns is None:
+            self._columns, self._rows = [[] for _ in columns], type(batch) is LabelRows
+        for held, values in zip(self._columns, columns):
+            held.extend(values)
+        self._buckets.extend(map(buckets.__rmod__, map(zlib.crc32, map(_KEY_BYTES, columns[0]))))
+        if len(self._buckets) >= _MAX_HELD:
+            yield from self._take()
 
     def finish_bundle(self) -> Iterator:
-        for bucket in sorted(self._parts):
-            yield GlobalWindows.windowed_value(self._take(bucket))
+        for part in self._take():
+            yield GlobalWindows.windowed_value(part)
 
-    def _take(self, bucket: int) -> tuple[int, JoinPart]:
-        items, keys = self._parts.pop(bucket)
-        self._held -= len(items)
-        if self._mode is None:
-            return bucket, JoinPart(rows=tuple(items))
-        return bucket, JoinPart(files=tuple(items), file_keys=tuple(keys))
+    def _take(self) -> Iterator[tuple[int, JoinPart]]:
+        """Every held item, in parts: by bucket, up to BATCH_SIZE a part."""
+        held, buckets = self._columns, self._buckets
+        if not buckets:
+            return
+        self._columns, self._buckets = [[] for _ in held], []
+        order = sorted(range(len(buckets)), key=buckets.__getitem__)
+        ordered = [buckets[i] for i in order]
+        columns = take(held, order)
+        make = LabelRows if self._rows else KeyedFiles
+        start = 0
+        while start < len(ordered):
+            end = min(bisect.bisect_right(ordered, ordered[start], start), start + BATCH_SIZE)
+            cut = make(*(column[start:end] for column in columns))
+            yield ordered[start], JoinPart(rows=cut) if self._rows else JoinPart(files=cut)
+            start = end
 
 
-class JoinLabelsFn(RebatchFn):
-    """(bucket, [JoinPart]) -> ImageRecords, in RecordBatches; FAILED, ORPHANS and STATS
-    (summed over the bucket) as tagged outputs."""
+class JoinLabelsFn(beam.DoFn):
+    """(bucket, [JoinPart]) -> RecordBatches of the labelled images (BATCH_SIZE each, and
+    the bundle's remainder at its end); FAILED, ORPHANS and STATS (summed over the bucket)
+    as tagged outputs."""
 
-    def __init__(self, image_key_mode: str, settings: JoinSettings, step: str = "GroupByBucket"):
-        self._mode, self._settings = image_key_mode, settings
+    def __init__(self, settings: JoinSettings, step: str = "GroupByBucket"):
+        self._settings = settings
         self._sizes = group_size(step)  # images + rows of each bucket
         self._labeled = Metrics.counter(self.__class__, "images_labeled")
         self._failed = Metrics.counter(self.__class__, "images_without_label")
         self._orphans = Metrics.counter(self.__class__, "orphan_label_rows")
 
+    def start_bundle(self) -> None:
+        self._pending: list[list] = [[] for _ in range(6)]  # record columns not yet sent
+
     def process(self, element: tuple[int, Iterable[JoinPart]]) -> Iterator:
         _, parts = element
         parts = list(parts)
-        self._sizes.update(sum(len(p.files) + len(p.rows) for p in parts))
-        result = join_bucket(parts, self._mode, self._settings)
-        self._labeled.inc(len(result.records))
+        self._sizes.update(sum(map(len, parts)))
+        result = join_bucket(parts, self._settings)
+        labeled = len(result.columns[0])
+        self._labeled.inc(labeled)
         self._failed.inc(len(result.failures))
         self._orphans.inc(len(result.orphans))
         pending = self._pending
-        pending.extend(result.records)
-        while len(pending) >= BATCH_SIZE:  # as self.batched(record) for each, in one go
-            yield RecordBatch(tuple(pending[:BATCH_SIZE]))
-            del pending[:BATCH_SIZE]
+        for column, values in zip(pending, result.columns):
+            column.extend(values)
+        if len(pending[0]) >= BATCH_SIZE:
+            done = len(pending[0]) // BATCH_SIZE * BATCH_SIZE
+            for start in range(0, done, BATCH_SIZE):
+                yield RecordBatch.from_columns(*(tuple(c[start : start + BATCH_SIZE]) for c in pending))
+            for column in pending:
+                del column[:done]
         for failure in result.failures:
             yield pvalue.TaggedOutput(FAILED, failure)
         for orphan in result.orphans:
             yield pvalue.TaggedOutput(ORPHANS, orphan)
         for item in result.stats.items():
             yield pvalue.TaggedOutput(STATS, item)
+
+    def finish_bundle(self) -> Iterator:
+        if self._pending[0]:
+            yield GlobalWindows.windowed_value(RecordBatch.from_columns(*map(tuple, self._pending)))
 
 
 @dataclasses.dataclass
@@ -237,20 +266,23 @@ class JoinLabels(beam.PTransform):
             | "CountRows" >> beam.CombineGlobally(sum).without_defaults(),
             default_value=0,
         )
+        # The images' keys are computed where they are listed (fused with the listing), so
+        # the images wait for the counts as columns (KeyedFiles), not as FileBatches.
+        keyed = files | "KeyImages" >> beam.Map(key_files, mode).with_output_types(KeyedFiles)
         # Both sides have the one element type (int, JoinPart), coded by JoinPartCoder: the
         # Flatten before the GroupByKey needs the same coder on both inputs.
-        keyed_images = files | "BucketImages" >> beam.ParDo(
-            BucketPartsFn(mode, per_bucket), images, table
+        keyed_images = keyed | "BucketImages" >> beam.ParDo(
+            BucketPartsFn(per_bucket), images, table
         ).with_output_types(tuple[int, JoinPart])
         keyed_rows = rows | "BucketRows" >> beam.ParDo(
-            BucketPartsFn(None, per_bucket), images, table
+            BucketPartsFn(per_bucket), images, table
         ).with_output_types(tuple[int, JoinPart])
         joined = (
             (keyed_images, keyed_rows)
             | "Parts" >> beam.Flatten()
             | "GroupByBucket" >> beam.GroupByKey()  # (bucket, [JoinPart])
             | "Join"
-            >> beam.ParDo(JoinLabelsFn(mode, self._settings, f"{self.label}/GroupByBucket"))
+            >> beam.ParDo(JoinLabelsFn(self._settings, f"{self.label}/GroupByBucket"))
             .with_output_types(RecordBatch)
             .with_outputs(FAILED, ORPHANS, STATS, main="records")
         )

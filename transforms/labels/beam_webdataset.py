@@ -37,7 +37,7 @@ def sample_rows(labels: tuple[SampleLabel, ...], image_key_mode: str, separator:
             rows.append(LabelRow(key, split_labels(label.value, separator), source=label.source))
         except ValueError as e:
             rows.append(LabelRow(key, source=label.source, error=str(e)))
-    return LabelRows(tuple(rows))
+    return LabelRows.of(rows)
 
 
 class WebDatasetLabels(beam.PTransform):

@@ -6,10 +6,11 @@ orphan rows and counts, under the --unlabeled and --duplicate_keys policies.
 
 from __future__ import annotations
 
+import collections
 import dataclasses
 import zlib
-from collections.abc import Iterable, Mapping
-from typing import Any
+from collections.abc import Iterable, Mapping, Sequence
+from operator import methodcaller
 
 from transforms.failures import Failure
 from transforms.labels.folders import DEFAULT_SPLIT
@@ -22,16 +23,21 @@ from transforms.labels.rows import (
     LabelRow,
     OrphanRow,
     TableSpec,
+    _new_row,
 )
-from transforms.labels.table import _CACHE_SIZE, image_key
+from transforms.labels.table import _CACHE_SIZE
 from transforms.records import BATCH_SIZE, ImageFile, ImageRecord
 
 
 @dataclasses.dataclass
 class JoinResult:
-    """Everything one key of the join produces."""
+    """Everything the keys of a join produce.
 
-    records: list[ImageRecord] = dataclasses.field(default_factory=list)
+    The labelled records are kept as six columns (path, relpath, size, labels, split, extras:
+    RecordBatch.from_columns takes them), not as one object each.
+    """
+
+    columns: tuple[list, ...] = dataclasses.field(default_factory=lambda: tuple([] for _ in range(6)))
     failures: list[Failure] = dataclasses.field(default_factory=list)
     orphans: list[OrphanRow] = dataclasses.field(default_factory=list)
     stats: dict[str, int] = dataclasses.field(default_factory=dict)
@@ -39,6 +45,25 @@ class JoinResult:
     def count(self, name: str, n: int = 1) -> None:
         if n:
             self.stats[name] = self.stats.get(name, 0) + n
+
+    def add_record(self, *fields: object) -> None:
+        """Adds one record: path, relpath, size, labels, split, extras."""
+        for column, value in zip(self.columns, fields):
+            column.append(value)
+
+    @property
+    def records(self) -> list[ImageRecord]:
+        """The labelled records as ImageRecords (for tests; the join emits the columns)."""
+        return list(map(ImageRecord, *self.columns))
+
+    def merge(self, other: JoinResult) -> None:
+        """Adds what `other` produced to this result."""
+        for mine, theirs in zip(self.columns, other.columns):
+            mine.extend(theirs)
+        self.failures += other.failures
+        self.orphans += other.orphans
+        for name, n in other.stats.items():
+            self.count(name, n)
 
 
 def _check_labels(labels: tuple[str, ...], settings: JoinSettings) -> tuple[tuple[str, ...], str | None]:
@@ -156,7 +181,7 @@ def join_key(
                     fail(f, str(e))
                     continue
                 out.count("unlabeled_kept")
-                out.records.append(ImageRecord(path=f.path, relpath=f.relpath, size=f.size, split=split))
+                out.add_record(f.path, f.relpath, f.size, (), split, ())
             else:
                 fail(f, reason)
         return out
@@ -179,11 +204,7 @@ def join_key(
         except ValueError as e:
             fail(f, str(e), None, "|".join(labels))
             continue
-        out.records.append(
-            ImageRecord(
-                path=f.path, relpath=f.relpath, size=f.size, labels=labels, split=split, extras=row.extras
-            )
-        )
+        out.add_record(f.path, f.relpath, f.size, labels, split, row.extras)
     return out
 
 
@@ -197,57 +218,145 @@ def bucket_of(key: str, buckets: int) -> int:
     return zlib.crc32(_key_bytes(key)) % buckets
 
 
-def join_bucket(parts: Iterable[JoinPart], image_key_mode: str, settings: JoinSettings) -> JoinResult:
-    """Joins one bucket: its images and rows grouped by key, joined key by key in sorted order.
-
-    The usual key (one image, one usable row) is joined here directly; every other key by
-    `join_key`, which gives the same outcome for the usual key too. The result is the same
-    whatever the bucket count (each key is joined whole, alone).
-    """
-    images: dict[str, Any] = {}  # key -> ImageFile, or a list of them
-    rows: dict[str, Any] = {}  # key -> LabelRow, or a list of them
-    for part in parts:
-        keys = part.file_keys or [image_key(f.relpath, image_key_mode) for f in part.files]
-        for key, f in zip(keys, part.files):
-            _add(images, key, f)
-        for r in part.rows:
-            _add(rows, r.key, r)
-    out = JoinResult()
-    records, checked = out.records, _LabelCheck(settings)
-    usual = 0
-    for key in sorted(images.keys() | rows.keys()):
-        f, r = images.get(key), rows.get(key)
-        if type(f) is ImageFile and type(r) is LabelRow and r.error is None and r.labels:
-            labels, problem = checked(r.labels)
-            split = r.split
-            if split is None and problem is None:
-                try:
-                    split = _split_of(f.relpath, None, settings)
-                except ValueError:
-                    problem = "not in a split folder"
-            if problem is None:
-                records.append(ImageRecord(f.path, f.relpath, f.size, labels, split, r.extras))
-                usual += 1
-                continue
-        join_key(key, _as_list(f), _as_list(r), settings, into=out)
-    for name in ("rows", "matched_rows"):
-        out.count(name, usual)
+def bucket_indices(keys: Iterable[str], buckets: int) -> dict[int, list[int]]:
+    """The positions of the keys in each bucket (bucket_of of each key, for a column at once)."""
+    out: dict[int, list[int]] = {}
+    hashes = map(zlib.crc32, map(_KEY_BYTES, keys))
+    for i, bucket in enumerate(map(buckets.__rmod__, hashes)):
+        found = out.get(bucket)
+        if found is None:
+            out[bucket] = [i]
+        else:
+            found.append(i)
     return out
 
 
-def _add(groups: dict[str, Any], key: str, item: Any) -> None:
-    """Adds `item` under `key`: the item alone, or a list once a key has several."""
-    held = groups.get(key)
-    if held is None:
-        groups[key] = item
-    elif type(held) is list:
-        held.append(item)
+def take(columns: Iterable[Sequence], indices: Sequence[int]) -> tuple[tuple, ...]:
+    """The values at `indices` of each column."""
+    return tuple(tuple(map(column.__getitem__, indices)) for column in columns)
+
+
+def join_bucket(parts: Iterable[JoinPart], settings: JoinSettings) -> JoinResult:
+    """Joins one bucket: its images and rows matched by key, column by column.
+
+    The usual key (one image, one usable row) is joined for all such keys at once: a dict
+    from key to position on each side, the columns taken at those positions, the labels
+    checked once per distinct label tuple. Every other key (several rows or images, no
+    image, no row, a bad row, a label or split that fails) is joined by `join_key`, which
+    gives the same outcome for the usual key too. Labelled records come in key order, the
+    usual keys' first. The result is the same whatever the bucket count (each key is
+    joined whole, alone).
+    """
+    files, rows = _gather(parts)
+    file_keys, row_keys = files[0], rows[0]
+    images = dict(zip(file_keys, range(len(file_keys))))
+    table = dict(zip(row_keys, range(len(row_keys))))
+    several = _repeated(file_keys, images) | _repeated(row_keys, table)
+    usual = images.keys() & table.keys()
+    usual.difference_update(several)
+    keys = sorted(usual)
+    at_image, at_row = [images[k] for k in keys], [table[k] for k in keys]
+    out = JoinResult()
+    fine = _usual_outcome(files, rows, at_image, at_row, settings)
+    if fine is not None:
+        ok, labels, splits = fine
+        if ok is not None:  # keys whose row or split fails go the general way
+            usual.difference_update(k for k, good in zip(keys, ok) if not good)
+            keep = [i for i, good in enumerate(ok) if good]
+            at_image, at_row = [at_image[i] for i in keep], [at_row[i] for i in keep]
+            labels, splits = [labels[i] for i in keep], [splits[i] for i in keep]
+        _, paths, relpaths, sizes = files
+        for column, values in zip(
+            out.columns,
+            (*take((paths, relpaths, sizes), at_image), labels, splits, take((rows[3],), at_row)[0]),
+        ):
+            column.extend(values)
+        out.count("rows", len(at_image))
+        out.count("matched_rows", len(at_image))
     else:
-        groups[key] = [held, item]
+        usual.clear()
+    rest = (images.keys() | table.keys()) - usual
+    file_groups, row_groups = _groups(file_keys, several), _groups(row_keys, several)
+    for key in sorted(rest):
+        file_at = file_groups.get(key) or ([images[key]] if key in images else [])
+        row_at = row_groups.get(key) or ([table[key]] if key in table else [])
+        if not file_at and len(row_at) == 1:  # a lone orphan row, as join_key reports it
+            source, line, error = rows[4][row_at[0]], rows[5][row_at[0]], rows[6][row_at[0]]
+            out.orphans.append(OrphanRow(key, source, line, error or _NO_IMAGE, (source, line)))
+            out.count("rows")
+            out.count("orphan_rows")
+            out.count("invalid_rows", error is not None)
+            continue
+        found = [ImageFile(files[1][i], files[2][i], files[3][i]) for i in file_at]
+        join_key(key, found, [_new_row(tuple(c[i] for c in rows)) for i in row_at], settings, into=out)
+    return out
 
 
-def _as_list(held: Any) -> list:
-    return [] if held is None else held if type(held) is list else [held]
+_NO_IMAGE = "no image with this key"
+
+
+def _gather(parts: Iterable[JoinPart]) -> tuple[list[list], list[list]]:
+    """The parts' file columns (keys, paths, relpaths, sizes) and row columns (LabelRow's
+    fields), each concatenated."""
+    files: list[list] = [[] for _ in range(4)]
+    rows: list[list] = [[] for _ in range(7)]
+    for part in parts:
+        for column, values in zip(files, part.files.columns()):
+            column.extend(values)
+        for column, values in zip(rows, part.rows.columns()):
+            column.extend(values)
+    return files, rows
+
+
+def _repeated(keys: list[str], first: dict[str, int]) -> set[str]:
+    """The keys that occur more than once (`first` maps each key to a position)."""
+    if len(first) == len(keys):
+        return set()
+    counts = collections.Counter(keys)
+    return {k for k, n in counts.items() if n > 1}
+
+
+def _groups(keys: list[str], several: set[str]) -> dict[str, list[int]]:
+    """The positions of each key of `several` among `keys`."""
+    groups: dict[str, list[int]] = {}
+    if several:
+        for i, key in enumerate(keys):
+            if key in several:
+                groups.setdefault(key, []).append(i)
+    return groups
+
+
+def _usual_outcome(
+    files: list[list], rows: list[list], at_image: list[int], at_row: list[int], settings: JoinSettings
+) -> tuple[list[bool] | None, list, list] | None:
+    """For the usual keys (image at_image[i], row at_row[i]): (ok, labels, splits), the
+    checked labels and the split of each, `ok` None when every key is fine, else whether
+    each is; None when there is no usual key."""
+    if not at_image:
+        return None
+    errors = [rows[6][i] for i in at_row]
+    labels = [rows[1][i] for i in at_row]
+    splits = [rows[2][i] for i in at_row]
+    checked = _LabelCheck(settings)
+    answers = {t: checked(t) for t in set(labels)}
+    ok: list[bool] | None = None
+    if errors.count(None) != len(errors) or () in answers or any(a[1] for a in answers.values()):
+        ok = [e is None and bool(t) and answers[t][1] is None for e, t in zip(errors, labels)]
+    if any(answers[t][0] is not t for t in answers):
+        labels = [answers[t][0] for t in labels]
+    if None in splits:
+        relpaths = files[2]
+        resolved = []
+        for n, (split, i) in enumerate(zip(splits, at_image)):
+            if split is None:
+                try:
+                    split = _split_of(relpaths[i], None, settings)
+                except ValueError:
+                    ok = ok or [True] * len(splits)
+                    ok[n] = False
+            resolved.append(split)
+        splits = resolved
+    return ok, labels, splits
 
 
 class _LabelCheck:
@@ -296,3 +405,6 @@ def label_summary(counts: Mapping[str, int], spec: TableSpec, settings: JoinSett
 def _key_bytes(key: str) -> bytes:
     """A join key as hashed: UTF-8, undecodable bytes of a file name kept as they were."""
     return key.encode("utf-8", "surrogateescape")
+
+
+_KEY_BYTES = methodcaller("encode", "utf-8", "surrogateescape")  # _key_bytes, for map()

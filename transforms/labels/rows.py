@@ -10,6 +10,7 @@ import dataclasses
 import functools
 import json
 import re
+from collections.abc import Iterable
 from typing import NamedTuple
 
 from transforms.records import BATCH_SIZE, ImageFile
@@ -134,21 +135,75 @@ class LabelRow(NamedTuple):
 
 @dataclasses.dataclass(frozen=True)
 class LabelRows:
-    """Table rows travelling as one element (up to BATCH_SIZE, in file order)."""
+    """Table rows travelling as one element, column by column (up to BATCH_SIZE, in file order).
 
-    rows: tuple[LabelRow, ...]
+    Column i holds field i of LabelRow for every row: no per-row object is made while a
+    table is parsed, bucketed, shuffled (beam_coders.py codes the columns) and joined. A
+    LabelRow of one row is made only where a key needs the general join (join.join_key).
+    """
+
+    keys: tuple[str, ...] = ()
+    labels: tuple[tuple[str, ...], ...] = ()
+    splits: tuple[str | None, ...] = ()
+    extras: tuple[tuple[tuple[str, object], ...], ...] = ()
+    sources: tuple[str, ...] = ()
+    lines: tuple[int, ...] = ()
+    errors: tuple[str | None, ...] = ()
 
     def __len__(self) -> int:
-        return len(self.rows)
+        return len(self.keys)
+
+    @classmethod
+    def of(cls, rows: Iterable[LabelRow]) -> LabelRows:
+        """The batch of these rows (LabelRow tuples)."""
+        rows = tuple(rows)
+        return cls(*zip(*rows)) if rows else cls()
+
+    @property
+    def rows(self) -> tuple[LabelRow, ...]:
+        """The rows as LabelRows (one object a row: for tests and the general join)."""
+        return tuple(map(_new_row, zip(*self.columns()))) if self.keys else ()
+
+    def row(self, i: int) -> LabelRow:
+        return _new_row(tuple(column[i] for column in self.columns()))
+
+    def columns(self) -> tuple[tuple, ...]:
+        """The seven columns, in LabelRow's field order."""
+        return self.keys, self.labels, self.splits, self.extras, self.sources, self.lines, self.errors
+
+
+@dataclasses.dataclass(frozen=True)
+class KeyedFiles:
+    """Listed files with their join keys, column by column: the images side of the join.
+
+    Made from a FileBatch (FileBatch.columns) before the shuffle, so the key of each image
+    is computed once, where the image is listed.
+    """
+
+    keys: tuple[str, ...] = ()
+    paths: tuple[str, ...] = ()
+    relpaths: tuple[str, ...] = ()
+    sizes: tuple[int, ...] = ()
+
+    def __len__(self) -> int:
+        return len(self.keys)
+
+    def columns(self) -> tuple[tuple, ...]:
+        return self.keys, self.paths, self.relpaths, self.sizes
+
+    def file(self, i: int) -> ImageFile:
+        return ImageFile(self.paths[i], self.relpaths[i], self.sizes[i])
 
 
 @dataclasses.dataclass(frozen=True)
 class JoinPart:
     """Images and table rows of one join bucket, travelling as one element of the shuffle."""
 
-    files: tuple[ImageFile, ...] = ()
-    rows: tuple[LabelRow, ...] = ()
-    file_keys: tuple[str, ...] = ()  # the join key of each file, if computed already (BucketPartsFn)
+    files: KeyedFiles = KeyedFiles()
+    rows: LabelRows = LabelRows()
+
+    def __len__(self) -> int:
+        return len(self.files) + len(self.rows)
 
 
 @dataclasses.dataclass(frozen=True)

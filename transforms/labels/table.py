@@ -17,7 +17,7 @@ import os
 import posixpath
 import stat
 import unicodedata
-from collections.abc import Iterable, Iterator, Mapping
+from collections.abc import Callable, Iterable, Iterator, Mapping
 
 from apache_beam.io.filesystems import FileSystems
 
@@ -424,9 +424,17 @@ def check_header(header: list[str], spec: TableSpec, source: str) -> None:
             raise TableError(f"labels table {source} has no column {column!r} (columns: {shown})")
 
 
-def iter_table(chunks: Iterable[bytes], spec: TableSpec, source: str = "") -> Iterator[LabelRow]:
+def iter_table(
+    chunks: Iterable[bytes],
+    spec: TableSpec,
+    source: str = "",
+    plain: Callable[[_RowBuilder, str, int], tuple[list, int]] | None = None,
+) -> Iterator[LabelRow]:
     """Parses a table streamed as bytes (any pieces: lines, or blocks read from a file) into
-    LabelRows, in file order.
+    LabelRow tuples, in file order.
+
+    `plain(builder, text, first line)` parses the plain blocks instead of
+    `_RowBuilder.rows_of_text` (columns.plain_rows yields a whole block as one LabelRows).
 
     CSV and TSV: a header row, RFC 4180 quoting (quoted fields may hold the delimiter,
     quotes and newlines), UTF-8 with or without BOM. JSON Lines: one object per line.
@@ -453,7 +461,7 @@ def iter_table(chunks: Iterable[bytes], spec: TableSpec, source: str = "") -> It
     for block in blocks:
         text = _plain_text(block) if builder is not None else None
         if text is not None:
-            rows, count = builder.rows_of_text(text, line + 1)
+            rows, count = (plain or _RowBuilder.rows_of_text)(builder, text, line + 1)
             yield from rows
             line += count
             continue
