@@ -25,7 +25,7 @@ from transforms.batching import CountImagesFn, group_size
 from transforms.failures import FAILED
 from transforms.labels.beam_coders import Listed
 from transforms.labels.columns import image_keys, iter_row_batches
-from transforms.labels.join import _KEY_BYTES, bucket_count, join_bucket, label_summary, take
+from transforms.labels.join import _KEY_BYTES, bucket_count, join_bucket, label_summary
 from transforms.labels.rows import (
     _MAX_HELD,
     DUPLICATE_POLICIES,
@@ -150,7 +150,7 @@ class BucketPartsFn(beam.DoFn):
         self._columns, self._buckets = [[] for _ in held], []
         order = sorted(range(len(buckets)), key=buckets.__getitem__)
         ordered = [buckets[i] for i in order]
-        columns = take(held, order)
+        columns = [tuple(column) if _alike(column) else tuple(map(column.__getitem__, order)) for column in held]
         make = LabelRows if self._rows else KeyedFiles
         start = 0
         while start < len(ordered):
@@ -158,6 +158,14 @@ class BucketPartsFn(beam.DoFn):
             cut = make(*(column[start:end] for column in columns))
             yield ordered[start], JoinPart(rows=cut) if self._rows else JoinPart(files=cut)
             start = end
+
+
+def _alike(column: list) -> bool:
+    """Whether a column holds one value throughout (no split, no extras, no error, one source:
+    the usual table), so it need not be reordered. Only str, None and () are compared: among
+    numbers, equal values may differ in type (1, 1.0, True)."""
+    first = column[0]
+    return (first is None or first == () or type(first) is str) and column.count(first) == len(column)
 
 
 class JoinLabelsFn(beam.DoFn):
