@@ -150,7 +150,9 @@ class BucketPartsFn(beam.DoFn):
         self._columns, self._buckets = [[] for _ in held], []
         order = sorted(range(len(buckets)), key=buckets.__getitem__)
         ordered = [buckets[i] for i in order]
-        columns = [tuple(column) if _alike(column) else tuple(map(column.__getitem__, order)) for column in held]
+        columns = [
+            tuple(column) if _alike(column) else tuple(map(column.__getitem__, order)) for column in held
+        ]
         make = LabelRows if self._rows else KeyedFiles
         start = 0
         while start < len(ordered):
