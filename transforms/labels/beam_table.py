@@ -2,8 +2,11 @@
 
 In: the table's files, FileBatches of images. Out: labelled RecordBatches, Failures,
 orphan_labels.jsonl (written in sorted parts, then concatenated) and the join's counts.
+Rows and images travel as column batches (LabelRows, KeyedFiles, JoinPart: a few tuples a
+batch, coded by beam_coders.py), never one object per row or image.
 Bounds: each JoinLabels group is one key bucket (~1,000 images and rows, the bucket count
-comes from lifted counts); each orphans group one chunk of 100,000 table lines.
+comes from lifted counts); a BucketPartsFn holds at most _MAX_HELD items; each orphans
+group is one chunk of 100,000 table lines.
 """
 
 from __future__ import annotations
@@ -31,6 +34,7 @@ from transforms.labels.rows import (
     DUPLICATE_POLICIES,
     FORMATS,
     IMAGE_KEYS,
+    LISTED,
     ORPHANS,
     ORPHANS_FILE,
     STATS,
@@ -173,7 +177,7 @@ def _alike(column: list) -> bool:
 class JoinLabelsFn(beam.DoFn):
     """(bucket, [JoinPart]) -> RecordBatches of the labelled images (BATCH_SIZE each, and
     the bundle's remainder at its end); FAILED, ORPHANS and STATS (summed over the bucket)
-    as tagged outputs."""
+    as tagged outputs, and LISTED: each RecordBatch and Failure again."""
 
     def __init__(self, settings: JoinSettings, step: str = "GroupByBucket"):
         self._settings = settings
@@ -200,11 +204,14 @@ class JoinLabelsFn(beam.DoFn):
         if len(pending[0]) >= BATCH_SIZE:
             done = len(pending[0]) // BATCH_SIZE * BATCH_SIZE
             for start in range(0, done, BATCH_SIZE):
-                yield RecordBatch.from_columns(*(tuple(c[start : start + BATCH_SIZE]) for c in pending))
+                batch = RecordBatch.from_columns(*(tuple(c[start : start + BATCH_SIZE]) for c in pending))
+                yield batch
+                yield pvalue.TaggedOutput(LISTED, batch)
             for column in pending:
                 del column[:done]
         for failure in result.failures:
             yield pvalue.TaggedOutput(FAILED, failure)
+            yield pvalue.TaggedOutput(LISTED, failure)
         for orphan in result.orphans:
             yield pvalue.TaggedOutput(ORPHANS, orphan)
         for item in result.stats.items():
@@ -212,7 +219,9 @@ class JoinLabelsFn(beam.DoFn):
 
     def finish_bundle(self) -> Iterator:
         if self._pending[0]:
-            yield GlobalWindows.windowed_value(RecordBatch.from_columns(*map(tuple, self._pending)))
+            batch = RecordBatch.from_columns(*map(tuple, self._pending))
+            yield GlobalWindows.windowed_value(batch)
+            yield pvalue.TaggedOutput(LISTED, GlobalWindows.windowed_value(batch))
 
 
 @dataclasses.dataclass
@@ -238,9 +247,9 @@ class JoinedLabels:
 class JoinLabels(beam.PTransform):
     """Joins listed images with table rows by image key (any table size).
 
-    Images and rows are shuffled in batches by bucket (a hash of the key modulo a count
-    that grows with the data: `per_bucket` images or rows a bucket, from counts taken first),
-    then each bucket is joined key by key (join_bucket).
+    Images and rows are shuffled in column batches by bucket (a hash of the key modulo a
+    count that grows with the data: `per_bucket` images or rows a bucket, from counts taken
+    first), then each bucket is joined on its columns (join_bucket).
 
     Bounds: a GroupByBucket group holds one bucket's images and rows (~`per_bucket` of each
     when keys are spread; all of a key's rows and images are in its bucket, so one key with
@@ -294,12 +303,14 @@ class JoinLabels(beam.PTransform):
             | "Join"
             >> beam.ParDo(JoinLabelsFn(self._settings, f"{self.label}/GroupByBucket"))
             .with_output_types(RecordBatch)
-            .with_outputs(FAILED, ORPHANS, STATS, main="records")
+            .with_outputs(FAILED, ORPHANS, STATS, LISTED, main="records")
         )
         joined[ORPHANS].element_type = OrphanRow  # coded by OrphanRowCoder, not pickled
-        # Coded by ListedCoder: the runner re-codes each input of a Flatten with the Flatten's
-        # coder, which would otherwise pickle every RecordBatch (~2 us an image).
-        listed = (joined.records, joined[FAILED]) | "Listed" >> beam.Flatten().with_output_types(Listed)
+        # The records and failures again, as one output of the join (not a Flatten of the two,
+        # which the local runner materializes: every record coded and decoded once more).
+        # Coded by ListedCoder where it is materialized (a RecordBatch as tuples, not pickled).
+        listed = joined[LISTED]
+        listed.element_type = Listed
         return JoinedLabels(
             records=joined.records,
             failed=joined[FAILED],

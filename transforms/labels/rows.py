@@ -52,6 +52,9 @@ ORPHANS = "orphans"
 STATS = "stats"
 
 
+LISTED = "listed"
+
+
 # Counts reported under "labels" in summary.json (always present, 0 when nothing happened).
 STAT_NAMES = (
     "rows",
