@@ -28,7 +28,7 @@ from transforms.batching import CountImagesFn, group_size
 from transforms.failures import FAILED
 from transforms.labels.beam_coders import Listed
 from transforms.labels.columns import image_keys, iter_row_batches
-from transforms.labels.join import _KEY_BYTES, bucket_count, join_bucket, label_summary
+from transforms.labels.join import bucket_count, buckets_of, join_bucket, label_summary
 from transforms.labels.rows import (
     _MAX_HELD,
     DUPLICATE_POLICIES,
@@ -138,7 +138,7 @@ class BucketPartsFn(beam.DoFn):
             self._columns, self._rows = [[] for _ in columns], type(batch) is LabelRows
         for held, values in zip(self._columns, columns):
             held.extend(values)
-        self._buckets.extend(map(buckets.__rmod__, map(zlib.crc32, map(_KEY_BYTES, columns[0]))))
+        self._buckets.extend(buckets_of(columns[0], buckets))
         if len(self._buckets) >= _MAX_HELD:
             yield from self._take()
 

@@ -218,17 +218,9 @@ def bucket_of(key: str, buckets: int) -> int:
     return zlib.crc32(_key_bytes(key)) % buckets
 
 
-def bucket_indices(keys: Iterable[str], buckets: int) -> dict[int, list[int]]:
-    """The positions of the keys in each bucket (bucket_of of each key, for a column at once)."""
-    out: dict[int, list[int]] = {}
-    hashes = map(zlib.crc32, map(_KEY_BYTES, keys))
-    for i, bucket in enumerate(map(buckets.__rmod__, hashes)):
-        found = out.get(bucket)
-        if found is None:
-            out[bucket] = [i]
-        else:
-            found.append(i)
-    return out
+def buckets_of(keys: Iterable[str], buckets: int) -> map:
+    """bucket_of of each key, for a column at once (an iterator)."""
+    return map(buckets.__rmod__, map(zlib.crc32, map(_KEY_BYTES, keys)))
 
 
 def take(columns: Iterable[Sequence], indices: Sequence[int]) -> tuple[tuple, ...]:
