@@ -56,6 +56,7 @@ from transforms.writing import processes  # noqa: E402
 
 MB = 2**20
 STEP_BYTES = 10 * MB  # a snapshot at every new RSS high this much above the last one
+LARGE = 64 * 1024  # RUNNER_MMAP_THRESHOLD: blocks from this size up are mapped apart
 ARENA_BYTES = 2**20 if sys.version_info >= (3, 10) else 2**18  # pymalloc arena (64-bit)
 
 
@@ -117,6 +118,23 @@ def _buffer_size(buffer) -> tuple[int, int]:
     return size, count
 
 
+def _large_blocks(objects: list) -> list[tuple[int, str]]:
+    """Objects of at least LARGE bytes (what glibc maps on its own): containers, and the bytes
+    objects they hold (bytes are not tracked by the collector), each once, by owner type."""
+    seen: set[int] = set()
+    found: collections.Counter = collections.Counter()
+    for o in objects:
+        size = sys.getsizeof(o)
+        if size >= LARGE and id(o) not in seen:
+            seen.add(id(o))
+            found[type(o).__name__] += size
+        for r in gc.get_referents(o):
+            if isinstance(r, (bytes, bytearray)) and len(r) >= LARGE and id(r) not in seen:
+                seen.add(id(r))
+                found[f"{type(r).__name__} in {type(o).__name__}"] += len(r)
+    return [(size, name) for name, size in found.most_common(8)]
+
+
 def _buffer_names(contexts: list) -> dict[int, str]:
     names: dict[int, str] = {}
     for ctx in contexts:
@@ -162,6 +180,7 @@ def _walk_objects() -> dict:
         state += sum(len(b) for values in ctx.state_servicer._state.values() for b in values)
     types = collections.Counter(type(o) for o in objects)
     in_tasks = sum(len(o.records) for o in objects if isinstance(o, ShardTask))
+    large = _large_blocks(objects)
     count = len(objects)
     del objects, contexts
     return {
@@ -173,6 +192,7 @@ def _walk_objects() -> dict:
             "in ShardTasks": in_tasks,
         },
         "objects": count,
+        "large": large,
     }
 
 
@@ -288,7 +308,10 @@ def _report(base: dict, snaps: list[tuple[float, dict]], images: int) -> None:
     print(f"\nrunner buffers at the highest RSS ({peak['rss']:.0f} MB, t={t:.1f} s):")
     for size, count, kind, name in peak["buffers"][:15]:
         per = f"{size / images:7.0f} B/image" if images else ""
-        print(f"  {size / MB:7.1f} MB {count:7d} el. {per} {kind:14} {name}")
+        print(f"  {size / MB:7.1f} MB {count:7d} el. {per} {kind:14} {name[:100]}")
+    print("large objects (>= 64 KB) at the highest RSS, by type (bytes: by the type holding them):")
+    for size, name in peak["large"]:
+        print(f"  {size / MB:7.1f} MB {name}")
     grown = peak["rss"] - base["rss"]
     if images:
         print(f"RSS grown since the start: {grown:.0f} MB = {grown * MB / images:.0f} B/image")
