@@ -1,6 +1,6 @@
 """Where the runner's bytes are: one `convert` in this process, its heap sampled at each new RSS high.
 
-    python benchmarks/runner_heap.py INPUT_DIR [--images N] [-- extra convert flags]
+    python benchmarks/runner_heap.py INPUT_DIR [--images N] [--trace FRAMES] [-- extra convert flags]
 
 Runs `beam_pipeline.main.run` in-process (the local FnApiRunner, default flags) while a
 thread samples this process's RSS every 20 ms; after each new high (10 MB above the last
@@ -208,8 +208,8 @@ def main(argv: list[str] | None = None) -> int:
         help="Also trace Python's allocations (tracemalloc, this many frames; slow): the largest "
         "allocation sites at the highest snapshot are printed.",
     )
-    parser.add_argument("flags", nargs="*", help="Extra convert flags (after --).")
-    args = parser.parse_args(argv)
+    args, flags = parser.parse_known_args(argv)  # the rest (after --): extra convert flags
+    flags = [f for f in flags if f != "--"]
     traced: list = [0, None]  # RSS and tracemalloc snapshot of the highest snapshot
     out = args.output_dir or tempfile.mkdtemp(prefix="runner-heap-")
     shutil.rmtree(out, ignore_errors=True)
@@ -239,7 +239,7 @@ def main(argv: list[str] | None = None) -> int:
     thread.start()
     with _safe_points(at_safe_point):
         convert_main.run(
-            ["--input", args.input, "--output_dir", out, "--quiet", *args.flags], save_main_session=False
+            ["--input", args.input, "--output_dir", out, "--quiet", *flags], save_main_session=False
         )
     done.set()
     thread.join()
@@ -305,13 +305,18 @@ def _report(base: dict, snaps: list[tuple[float, dict]], images: int) -> None:
     if not snaps:
         return
     t, peak = max(snaps, key=lambda ts: ts[1]["rss"])
-    print(f"\nrunner buffers at the highest RSS ({peak['rss']:.0f} MB, t={t:.1f} s):")
-    for size, count, kind, name in peak["buffers"][:15]:
-        per = f"{size / images:7.0f} B/image" if images else ""
-        print(f"  {size / MB:7.1f} MB {count:7d} el. {per} {kind:14} {name[:100]}")
-    print("large objects (>= 64 KB) at the highest RSS, by type (bytes: by the type holding them):")
-    for size, name in peak["large"]:
-        print(f"  {size / MB:7.1f} MB {name}")
+    t_buffers, most = max(snaps, key=lambda ts: sum(b[0] for b in ts[1]["buffers"]))
+    shown = [("the highest RSS", t, peak)]
+    if most is not peak:
+        shown.append(("the most bytes in buffers", t_buffers, most))
+    for what, when, snap in shown:
+        print(f"\nrunner buffers at {what} ({snap['rss']:.0f} MB, t={when:.1f} s):")
+        for size, count, kind, name in [b for b in snap["buffers"] if b[0] >= 1024][:15]:
+            per = f"{size / images:7.0f} B/image" if images else ""
+            print(f"  {size / MB:7.1f} MB {count:7d} el. {per} {kind:14} {name[:100]}")
+        print("  large objects (>= 64 KB), by type (bytes: by the type holding them):")
+        for size, name in snap["large"]:
+            print(f"  {size / MB:7.1f} MB {name}")
     grown = peak["rss"] - base["rss"]
     if images:
         print(f"RSS grown since the start: {grown:.0f} MB = {grown * MB / images:.0f} B/image")

@@ -22,6 +22,7 @@ which the main process reads while it waits and forwards to the run's Progress.
 
 from __future__ import annotations
 
+import collections
 import contextlib
 import copyreg
 import ctypes
@@ -168,12 +169,14 @@ class ShardProcesses:
     def write(self, tasks: list[ShardTask], class_index: ClassIndex, job: ShardJob) -> Iterator[ShardOutcome]:
         """Writes every task and yields each shard's outcome as soon as it is complete.
 
-        Takes the tasks out of `tasks` (the list is left empty): each part goes to the
-        workers pickled (~110 bytes a record instead of ~500 as objects), so the records
-        themselves can be freed while the workers write, and each pickle is freed once its
-        part is written. Local uncompressed shards at the end of the queue are written in
-        parts and joined (see `split_shards`). Raises whatever a worker raised (a bug:
-        expected errors are Failures) and BrokenProcessPool if a worker died.
+        Takes the tasks out of `tasks` (the list is left empty) and hands them to the
+        workers a part at a time, at most 2 parts per worker in flight, each pickled when it
+        is handed over (`dump_task`): the runner holds no pickle of the whole round, and the
+        records of a round can be freed as its parts go out. Local uncompressed shards at
+        the end of the queue are written in parts and joined (see `split_shards`), and any
+        part above PART_RECORDS records is cut further (`cut_parts`). Raises whatever a
+        worker raised (a bug: expected errors are Failures) and BrokenProcessPool if a
+        worker died.
         """
         splittable = can_split(job)
         plan = split_shards(tasks, self._processes if splittable else 1)
@@ -181,23 +184,30 @@ class ShardProcesses:
         if splittable:
             plan = [cut_parts(parts, self._part_records) for parts in plan]
         sizes = [len(parts) for parts in plan]
+        queue = collections.deque(
+            (i, k, part) for i, parts in enumerate(plan) for k, part in enumerate(parts)
+        )
+        del plan
         which: dict[futures.Future, tuple[int, int]] = {}
-        for i in range(len(plan)):
-            parts, plan[i] = plan[i], []
-            whole = len(parts) == 1
-            for k in range(len(parts)):
-                part, parts[k] = dump_task(parts[k]), None
-                sent = self._index_to_send(class_index)
-                which[self._executor.submit(_write_in_worker, part, sent, job, whole)] = (i, k)
-        del parts
+
+        def hand_over() -> futures.Future:
+            i, k, part = queue.popleft()
+            sent = self._index_to_send(class_index)
+            future = self._executor.submit(_write_in_worker, dump_task(part), sent, job, sizes[i] == 1)
+            which[future] = (i, k)
+            return future
+
+        in_flight = 2 * self._processes
+        pending = {hand_over() for _ in range(min(in_flight, len(queue)))}
         outcomes: list[list[ShardOutcome | None]] = [[None] * n for n in sizes]
         left = list(sizes)
-        pending = set(which)
         while pending:
             done, pending = futures.wait(pending, timeout=POLL_SECONDS, return_when=futures.FIRST_COMPLETED)
             self._forward()
+            while queue and len(pending) < in_flight:
+                pending.add(hand_over())
             for future in done:  # in any order: FinalizeFn sorts shards and failures
-                i, k = which[future]
+                i, k = which.pop(future)
                 outcomes[i][k] = future.result()
                 left[i] -= 1
                 if not left[i]:
