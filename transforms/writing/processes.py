@@ -18,6 +18,13 @@ no worker writing into its temp folder.
 
 Progress: every worker adds each written image to one shared counter (images, bytes),
 which the main process reads while it waits and forwards to the run's Progress.
+
+Memory (what a worker holds does not follow the dataset): on local runs the workers are
+forked before the run (`prestart`), so they share none of the runner's growing buffers; a
+worker gets at most PART_RECORDS records at a time where a shard can be split (a shard is
+cut by bytes, so one of tiny images holds ~200,000 records); parts are pickled as they are
+handed over, by their fields (`dump_task`). Per image, a worker holds the records of its
+current part only; the runner, the shards' records that Beam hands WriteShardFn.
 """
 
 from __future__ import annotations
@@ -101,7 +108,7 @@ def cut_parts(parts: list[ShardTask], most: int) -> list[ShardTask]:
 def _fields_of(record: object) -> tuple:
     """A dataclass instance as (class, its fields in order): read as attributes, so pickling does
     not make its `__dict__` (on CPython 3.11+ an instance has none until asked for it: pickle's
-    default reduction asks, and the dict, ~180 bytes, then stays with the runner's record)."""
+    default reduction asks, and the dict, ~100-175 bytes, then stays with the runner's record)."""
     return type(record), tuple(getattr(record, f.name) for f in dataclasses.fields(record))
 
 
@@ -139,11 +146,15 @@ class ShardProcesses:
         class_index: ClassIndex | None = None,
         part_records: int | None = None,
     ):
-        """part_records: at most this many records go to a worker at once (PART_RECORDS), where
-        shards can be written in parts (`can_split`). class_index: handed to the workers once each (one name per class: pickled with
-        every shard, it would cost each shard time in proportion to the class count): by
-        the fork, or, with workers started before the run (`prestart`), by a file that
-        each worker reads once."""
+        """Takes the workers `prestart` forked for (processes, threads) if any, else forks them.
+
+        Args:
+          part_records: at most this many records go to a worker at once (PART_RECORDS),
+            where shards can be written in parts (`can_split`).
+          class_index: handed to the workers once each (one name per class: pickled with
+            every shard, it would cost each shard time in proportion to the class count): by
+            the fork, or, to workers forked before it existed, by a file each reads once.
+        """
         if processes < 1:
             raise ValueError("processes must be positive")
         self._progress = progress
@@ -286,7 +297,7 @@ def prestart(processes: int, threads: int = 0) -> None:
     A worker forked by the runner once it holds the run's metadata (its buffers grow with
     the image count) shares those pages copy-on-write, and every page that either process
     later writes or frees becomes the worker's own copy: at 100,000 tiny images each writer
-    ended up with ~40 MB of the runner's pages. Forked before the run, a worker starts from
+    ended up with ~45 MB of the runner's pages. Forked before the run, a worker starts from
     the imported modules and the pipeline graph only. Call it in the thread that stays
     alive for the whole run (the workers die with it), and `stop_prestarted` after the run.
     The class index, made later, reaches these workers by a file (`_IndexFile`), read once
