@@ -226,7 +226,7 @@ def main(argv: list[str] | None = None) -> int:
                 wanted.set()
 
     def at_safe_point() -> None:
-        if wanted.is_set():
+        if wanted.is_set() or not snaps:  # and one after the first bundle, whatever the RSS
             wanted.clear()
             snaps.append((time.perf_counter() - start, snapshot()))
             if args.trace and snaps[-1][1]["rss"] > traced[0]:
