@@ -114,3 +114,17 @@ def test_tree_cpu_counts_forked_children_apart_from_the_runner():
     assert child["user"] + child["system"] >= 0.2  # the child's busy loop, not the parent's
     sampled = sum(r["user"] + r["system"] for r in result["roles"].values())
     assert sampled <= result["wait4_cpu_s"] + 0.05
+
+
+def test_memory_benchmark_reports_each_process_and_where_the_runners_bytes_are(tmp_path):
+    out = _bench(
+        "memory.py", "--tiny", "--count", "30", "--rounds", "1", "--work_dir", str(tmp_path), "--where"
+    )
+    table = out[out.index("medians of 1 rounds") :].splitlines()
+    assert table[1].split()[:4] == ["dataset", "images", "MB", "peak"]
+    rows = {line.split()[0]: line.split() for line in table[2:4]}
+    assert rows["1x"][1] == "30" and rows["4x"][1] == "120"
+    runner, writer = float(rows["4x"][5]), float(rows["4x"][6])
+    assert runner > 100 and 0 < writer < runner  # the runner imports Beam; a writer's own pages are fewer
+    assert "peak RSS ratio 4x / 1x" in out
+    assert out.count("runner buffers at the highest RSS") == 2  # runner_heap.py on both datasets

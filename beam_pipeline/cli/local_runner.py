@@ -17,7 +17,7 @@ from apache_beam.runners.worker import statesampler
 from beam_pipeline.cli.options import (
     ConvertOptions,
 )
-from transforms.writing.processes import default_processes
+from transforms.writing.processes import default_processes, prestart, set_malloc_thresholds, stop_prestarted
 
 # The local runner. Beam's "DirectRunner" first tries to download the Prism binary and
 # falls back to this one; naming it directly skips that.
@@ -25,6 +25,15 @@ LOCAL_RUNNER = "FnApiRunner"
 
 
 _LOCAL_NAMES = {None, "DirectRunner", "directrunner", "direct", "FnApiRunner"}
+
+# glibc malloc in the runner's process: blocks from this size up get their own mapping.
+# The local runner holds PCollections between stages as encoded bytes, ~100-200 KB an
+# element (a batch of 1,000 records), and frees them once consumed. Under glibc's adaptive
+# threshold such blocks soon come from the heap, where the freed ones stay as holes that
+# later, smaller allocations only partly reuse: the heap's free part grew with the image
+# count (87 MB free of 200 MB at 100,000 tiny images; benchmarks/README.md). Mapped, each
+# is given back whole when freed.
+RUNNER_MMAP_THRESHOLD = 64 * 1024
 
 
 def _given(argv: list[str], flag: str) -> bool:
@@ -40,21 +49,30 @@ def local_defaults(options: PipelineOptions, argv: list[str]) -> None:
     `multi_threading` (a per-element cost, and a rare decode error in Beam 2.77 when two
     bundles run at once; see benchmarks/README.md). Asking for more workers without a mode
     gets `multi_threading`. In `multi_processing` mode the DoFns already run in worker
-    processes, so shards are written there (`--write_processes` 1 unless given).
+    processes, so shards are written there (`--write_processes` 1 unless given). Large
+    blocks of this process are mapped apart from the heap (RUNNER_MMAP_THRESHOLD).
     """
     standard = options.view_as(StandardOptions)
     if standard.runner not in _LOCAL_NAMES:
         return
     standard.runner = LOCAL_RUNNER
+    set_malloc_thresholds(RUNNER_MMAP_THRESHOLD)
     direct = options.view_as(DirectOptions)
     if not _given(argv, "--direct_num_workers"):
         direct.direct_num_workers = 1
     if not _given(argv, "--direct_running_mode"):
         direct.direct_running_mode = "in_memory" if direct.direct_num_workers == 1 else "multi_threading"
     convert = options.view_as(ConvertOptions)
+    in_runner_process = direct.direct_running_mode != "multi_processing"
     if not convert.write_processes:
-        in_runner_process = direct.direct_running_mode != "multi_processing"
         convert.write_processes = default_processes() if in_runner_process else 1
+    global _writers
+    _writers = (convert.write_processes, convert.read_threads) if in_runner_process else None
+
+
+# Writer processes of the local run that local_defaults configured last: (processes,
+# --read_threads), forked by `short_state_sampling` before the run; None: nothing to fork.
+_writers: tuple[int, int] | None = None
 
 
 # Period (ms) of the state sampler thread of each in-process bundle (Beam: 200).
@@ -63,21 +81,32 @@ LOCAL_SAMPLING_PERIOD_MS = 10
 
 @contextlib.contextmanager
 def short_state_sampling(period_ms: int = LOCAL_SAMPLING_PERIOD_MS):
-    """Beam's per-bundle state sampler wakes up with a shorter period while in the block.
+    """Around a local run: a shorter state-sampling period, and the writers forked first.
 
-    The end of every bundle joins the sampler thread, which first finishes its sleep:
-    up to 200 ms with Beam's default period, in the runner's one thread (measured: 0.08
-    to 0.19 s of a 4 s local run on 16,000 images). Beam has no option for it, so the
-    default of `StateSampler.__init__` is swapped for the run and put back after.
-    Waking every 10 ms costs nothing measurable.
+    Sampling: the end of every bundle joins Beam's per-bundle state sampler thread, which
+    first finishes its sleep: up to 200 ms with Beam's default period, in the runner's one
+    thread (measured: 0.08 to 0.19 s of a 4 s local run on 16,000 images). Beam has no
+    option for it, so the default of `StateSampler.__init__` is swapped for the run and
+    put back after. Waking every 10 ms costs nothing measurable.
+
+    Writers: the worker processes that local_defaults configured (`--write_processes` > 1)
+    are forked on entry, before the runner holds any image's metadata, so they do not
+    inherit (and later copy) its buffers (transforms/writing/processes.py `prestart`);
+    WriteShardFn takes them when it writes. Any not taken are stopped on exit. Enter it in
+    the thread that waits for the run (the workers die with that thread).
     """
+    global _writers
     init = statesampler.StateSampler.__init__
     saved = init.__defaults__
     init.__defaults__ = (period_ms,)
+    writers, _writers = _writers, None
     try:
+        if writers is not None and writers[0] > 1:
+            prestart(*writers)
         yield
     finally:
         init.__defaults__ = saved
+        stop_prestarted()
 
 
 def in_process(options: PipelineOptions) -> bool:
