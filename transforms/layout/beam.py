@@ -15,47 +15,64 @@ distribution metric (batching.group_size).
 
 from __future__ import annotations
 
+import collections
 import dataclasses
 from collections.abc import Callable, Iterable, Iterator, Sequence
 
 import apache_beam as beam
+import numpy as np
 from apache_beam import pvalue
 from apache_beam.transforms.window import GlobalWindows
 
-from transforms.batching import KeyedGather, RebatchFn, group_size, records_of
+from transforms.batching import BatchGather, group_size
 from transforms.coders import RecordBatchCoder  # noqa: F401 - registers the record coders
 from transforms.layout import cuts
 from transforms.layout.plan import (
     _STRADDLING,
     DEFAULT_SEED,
-    _class_of,
     _cumulative,
-    _one,
     _shard_layout,
-    _shuffle_hash,
-    _split_hash,
     _split_layout,
-    _split_of,
-    record_size,
-    shuffle_key,
-    split_for_key,
+    record_sizes,
+    split_indexes,
+    with_hashes,
 )
-from transforms.records import ImageRecord, RecordBatch, ShardTask
+from transforms.records import BATCH_SIZE, RecordBatch, ShardTask
+
+# The hash columns of RecordBatch.hashes (cuts.hash_columns).
+_SPLIT_HASH, _SHUFFLE_HASH = 0, 1
+
+
+def _class_keys(batch: RecordBatch) -> Sequence[str]:
+    return batch.class_keys()
+
+
+def _splits(batch: RecordBatch) -> Sequence[str]:
+    return batch.splits
 
 
 @dataclasses.dataclass(frozen=True)
 class _Order:
-    """What CutOrder cuts: a record's segment, its place in the seeded order, its weight,
-    and each segment's bucket bits and part function from its totals."""
+    """What CutOrder cuts, read from a RecordBatch's columns: each record's segment, its
+    place in the seeded order (one of the batch's stored hashes), its weight, and each
+    segment's bucket bits and part function from its totals."""
 
-    segment: Callable[[ImageRecord], str]
-    hash: Callable[[ImageRecord], int]
-    weight: Callable[[ImageRecord], int]
+    seed: int
+    segments: Callable[[RecordBatch], Sequence[str]]
+    hash_column: int  # _SPLIT_HASH or _SHUFFLE_HASH
+    weights: Callable[[RecordBatch], Sequence[int]] | None  # None: every record weighs 1
     # (segment, count, weight) -> (bucket bits, part function)
     layout: Callable[[str, int, int], tuple[int, Callable[[int], int]]]
 
-    def key(self, record: ImageRecord) -> tuple[int, str, str]:
-        return self.hash(record), record.relpath, record.path
+    def hashes(self, batch: RecordBatch) -> np.ndarray:
+        return cuts.hash_columns(with_hashes(batch, self.seed).hashes)[self.hash_column]
+
+    def weights_of(self, batch: RecordBatch) -> Sequence[int]:
+        return self.weights(batch) if self.weights is not None else [1] * len(batch)
+
+    def sort_keys(self, batch: RecordBatch) -> list[tuple[int, str, str]]:
+        """Each record's place in the seeded order: its hash, ties broken by relpath, then path."""
+        return list(zip(self.hashes(batch).tolist(), batch.relpaths, batch.paths))
 
 
 class SegmentTotalsFn(beam.CombineFn):
@@ -68,9 +85,13 @@ class SegmentTotalsFn(beam.CombineFn):
         return {}
 
     def add_input(self, acc: dict, batch: RecordBatch) -> dict:
-        segment, weight = self._order.segment, self._order.weight
-        for r in batch.records:
-            cuts.add_totals(acc, segment(r), weight(r))
+        segments = self._order.segments(batch)
+        if self._order.weights is None:
+            for segment, n in collections.Counter(segments).items():
+                cuts.add_totals(acc, segment, n, count=n)
+        else:
+            for segment, weight in zip(segments, self._order.weights(batch)):
+                cuts.add_totals(acc, segment, weight)
         return acc
 
     def merge_accumulators(self, accs: Iterable[dict]) -> dict:
@@ -86,9 +107,6 @@ class _Plans:
     def __init__(self, order: _Order, totals: dict, table: dict):
         self._order, self._totals, self._table = order, totals, table
         self._plans: dict[str, cuts.SegmentPlan] = {}
-
-    def bits(self, segment: str) -> int:
-        return self.get(segment).bits
 
     def get(self, segment: str) -> cuts.SegmentPlan:
         plan = self._plans.get(segment)
@@ -121,12 +139,15 @@ class CountBucketsFn(beam.DoFn):
     def process(self, batch: RecordBatch, totals: dict) -> None:
         if self._bits is None or self._totals is not totals:
             self._bits, self._totals = _layout_bits(self._order, totals), totals
-        order, bits, table = self._order, self._bits, self._table
-        for r in batch.records:
-            seg = order.segment(r)
-            b = bits.get(seg, 0)
+        order, table, get = self._order, self._table, self._bits.get
+        segments = order.segments(batch)
+        bits = np.fromiter((get(s, 0) for s in segments), np.int64, len(segments))
+        if not bits.any():
+            return
+        buckets = cuts.buckets_of(order.hashes(batch), bits)
+        for seg, b, bucket, weight in zip(segments, bits.tolist(), buckets, order.weights_of(batch)):
             if b:
-                cuts.add_totals(table.setdefault(seg, {}), cuts.bucket_of(order.hash(r), b), order.weight(r))
+                cuts.add_totals(table.setdefault(seg, {}), bucket, weight)
 
     def finish_bundle(self) -> Iterator:
         if self._table:
@@ -158,47 +179,58 @@ class MergeBucketTablesFn(beam.CombineFn):
         return acc
 
 
-class KeyPartsFn(beam.DoFn):
-    """RecordBatch -> ((segment, part), RecordBatch) for records whose bucket lies in one part;
-    ((segment, bucket), RecordBatch) on the STRADDLING output for the others.
+# (each record's part, the records): CutOrder's output, one element per batch (or bucket).
+_Located = tuple[tuple[int, ...], RecordBatch]
+_KeyedBatch = tuple[tuple[str, int], RecordBatch]
 
-    Parts are gathered per key over the bundle (batching.KeyedGather): at most 50,000
-    records held.
+
+class KeyPartsFn(beam.DoFn):
+    """RecordBatch -> (parts, RecordBatch) of its records whose bucket lies in one part (one
+    element per input batch, no record moved); ((segment, bucket), RecordBatch) on the
+    STRADDLING output for the others, gathered per key over the bundle (batching.BatchGather:
+    at most 50,000 records held).
     """
 
     def __init__(self, order: _Order):
         self._order = order
 
     def start_bundle(self) -> None:
-        self._direct, self._straddling = KeyedGather(), KeyedGather()
+        self._straddling = BatchGather()
         self._plans: _Plans | None = None
         self._sides: tuple = ()
 
     def process(self, batch: RecordBatch, totals: dict, table: dict) -> Iterator:
         if self._plans is None or self._sides[0] is not totals or self._sides[1] is not table:
             self._plans, self._sides = _Plans(self._order, totals, table), (totals, table)
-        order, plans = self._order, self._plans
-        for r in batch.records:
-            seg = order.segment(r)
-            plan = plans.get(seg)
-            bucket = cuts.bucket_of(order.hash(r), plan.bits)
+        get = self._plans.get
+        segments = self._order.segments(batch)
+        plans = [get(s) for s in segments]
+        bits = np.fromiter((p.bits for p in plans), np.int64, len(plans))
+        buckets = cuts.buckets_of(self._order.hashes(batch), bits) if bits.any() else [0] * len(plans)
+        direct: list[int] = []
+        parts: list[int] = []
+        straddling: dict[tuple[str, int], list[int]] = {}
+        for i, (plan, bucket) in enumerate(zip(plans, buckets)):
             part = plan.locate(bucket)
-            if part is not None:
-                yield from self._direct.add((seg, part), r)
+            if part is None:
+                straddling.setdefault((segments[i], bucket), []).append(i)
             else:
-                for key_batch in self._straddling.add((seg, bucket), r):
-                    yield pvalue.TaggedOutput(_STRADDLING, key_batch)
+                direct.append(i)
+                parts.append(part)
+        if direct:
+            yield tuple(parts), batch if len(direct) == len(batch) else batch.take(direct)
+        for key, indices in straddling.items():
+            for item in self._straddling.add(key, batch.take(indices)):
+                yield pvalue.TaggedOutput(_STRADDLING, item)
 
     def finish_bundle(self) -> Iterator:
-        for item in self._direct.drain():
-            yield GlobalWindows.windowed_value(item)
         for item in self._straddling.drain():
             yield pvalue.TaggedOutput(_STRADDLING, GlobalWindows.windowed_value(item))
 
 
 class ResolveCutsFn(beam.DoFn):
-    """((segment, bucket), [RecordBatch]) -> ((segment, part), RecordBatch): one straddling
-    bucket sorted, each record placed by its exact weight offset. The group is one bucket."""
+    """((segment, bucket), [RecordBatch]) -> (parts, RecordBatch): one straddling bucket
+    sorted, each record placed by its exact weight offset. The group is one bucket."""
 
     def __init__(self, order: _Order, step: str):
         self._order = order
@@ -210,24 +242,19 @@ class ResolveCutsFn(beam.DoFn):
 
     def process(
         self, element: tuple[tuple[str, int], Iterable[RecordBatch]], totals: dict, table: dict
-    ) -> Iterator:
+    ) -> Iterator[_Located]:
         if self._plans is None or self._sides[0] is not totals or self._sides[1] is not table:
             self._plans, self._sides = _Plans(self._order, totals, table), (totals, table)
         (seg, bucket), batches = element
-        records = list(records_of(batches))
-        self._sizes.update(len(records))
+        batch = RecordBatch.concat(batches)
+        self._sizes.update(len(batch))
         plan = self._plans.get(seg)
         start, _ = plan.bucket_range(bucket)
-        parts: dict[int, list[ImageRecord]] = {}
-        for part, record in cuts.resolve_bucket(
-            records, start, plan.part_of, self._order.key, self._order.weight
-        ):
-            parts.setdefault(part, []).append(record)
-        for part in sorted(parts):
-            yield (seg, part), RecordBatch(tuple(parts[part]))
-
-
-_KeyedBatch = tuple[tuple[str, int], RecordBatch]
+        keys, weights = self._order.sort_keys(batch), self._order.weights_of(batch)
+        placed = list(
+            cuts.resolve_bucket(range(len(batch)), start, plan.part_of, keys.__getitem__, weights.__getitem__)
+        )
+        yield tuple(part for part, _ in placed), batch.take([i for _, i in placed])
 
 
 def _same(element: object) -> object:
@@ -235,12 +262,13 @@ def _same(element: object) -> object:
 
 
 class CutOrder(beam.PTransform):
-    """RecordBatches -> ((segment, part), RecordBatch): every record with its exact part.
+    """RecordBatches -> (parts, RecordBatch): every record with its exact part.
 
     Two lifted combiners give the totals per segment (one entry per split or class) and the
-    bucket table (see MergeBucketTablesFn); both are side inputs. Records of a bucket inside one
-    part are keyed at once; a straddling bucket is grouped (one bucket's records: the only
-    group here) and resolved. The parts of one key arrive in several RecordBatches.
+    bucket table (see MergeBucketTablesFn); both are side inputs of a few small ints per
+    segment or bucket, materialized once. Records of a bucket inside one part get it at once
+    (no move); a straddling bucket is grouped (one bucket's records: the only group here)
+    and resolved. The records must carry their seeded hashes (plan.with_hashes).
     """
 
     def __init__(self, order: _Order, name: str):
@@ -248,9 +276,7 @@ class CutOrder(beam.PTransform):
         super().__init__()
         self._order, self._name = order, name
 
-    def expand(
-        self, records: beam.PCollection[RecordBatch]
-    ) -> beam.PCollection[tuple[tuple[str, int], RecordBatch]]:
+    def expand(self, records: beam.PCollection[RecordBatch]) -> beam.PCollection[_Located]:
         order = self._order
         totals = pvalue.AsSingleton(
             records | "Totals" >> beam.CombineGlobally(SegmentTotalsFn(order)).without_defaults(),
@@ -272,28 +298,57 @@ class CutOrder(beam.PTransform):
             | "TypeStraddling" >> beam.Map(_same).with_output_types(_KeyedBatch)
             | "GroupStraddling" >> beam.GroupByKey()  # ((segment, bucket), [RecordBatch]): one hash bucket
             | "ResolveCuts"
-            >> beam.ParDo(ResolveCutsFn(order, step), totals, table).with_output_types(_KeyedBatch)
+            >> beam.ParDo(ResolveCutsFn(order, step), totals, table).with_output_types(_Located)
         )
-        parts = keyed.parts | "TypeParts" >> beam.Map(_same).with_output_types(_KeyedBatch)
+        parts = keyed.parts | "TypeParts" >> beam.Map(_same).with_output_types(_Located)
         return (parts, resolved) | "Parts" >> beam.Flatten()
 
 
-class _SetSplitFn(RebatchFn):
-    """((class, split index), RecordBatch) -> RecordBatches of records with that split set."""
+class SetSplitsFn(beam.DoFn):
+    """(split indexes, RecordBatch) -> RecordBatches with those splits set, batched again
+    (BATCH_SIZE records; the bundle's rest when it finishes)."""
 
     def __init__(self, names: tuple[str, ...]):
         self._names = names
 
-    def process(self, element: tuple[tuple[str, int], RecordBatch]) -> Iterator[RecordBatch]:
-        (_, index), batch = element
-        name = self._names[index]
-        for record in batch.records:
-            yield from self.batched(dataclasses.replace(record, split=name))
+    def start_bundle(self) -> None:
+        self._pending: list[RecordBatch] = []
+        self._held = 0
+
+    def process(self, located: _Located) -> Iterator[RecordBatch]:
+        parts, batch = located
+        names = self._names
+        self._pending.append(batch.with_columns(splits=tuple([names[p] for p in parts])))
+        self._held += len(batch)
+        if self._held >= BATCH_SIZE:
+            *full, rest = RecordBatch.concat(self._pending).chunks()
+            if len(rest) == BATCH_SIZE:
+                full, rest = [*full, rest], None
+            self._pending, self._held = ([rest], len(rest)) if rest else ([], 0)
+            yield from full
+
+    def finish_bundle(self) -> Iterator:
+        if self._pending:
+            yield GlobalWindows.windowed_value(RecordBatch.concat(self._pending))
+            self._pending, self._held = [], 0
+
+
+class HashRecords(beam.PTransform):
+    """Adds each record's seeded hashes to its RecordBatch (cuts.record_hashes), once: the
+    split hash and the shuffle hash every later layout step reads."""
+
+    def __init__(self, seed: int):
+        super().__init__()
+        self._seed = seed
+
+    def expand(self, records: beam.PCollection[RecordBatch]) -> beam.PCollection[RecordBatch]:
+        return records | beam.Map(with_hashes, self._seed).with_output_types(RecordBatch)
 
 
 class AssignSplits(beam.PTransform):
     """Sets each record's split from a seeded hash of its path (unless `ratios` is empty).
 
+    Every record leaves with its seeded hashes (HashRecords), which PlanShards reuses.
     With `stratify`, each class is cut at the ratios on its own, in the order of the same
     seeded hash (as `stratified_splits` would with the whole class), so class proportions
     are the same in every split, as closely as whole images allow. No class is gathered:
@@ -313,34 +368,53 @@ class AssignSplits(beam.PTransform):
         self._stratify = stratify
 
     def expand(self, records: beam.PCollection[RecordBatch]) -> beam.PCollection[RecordBatch]:
-        if not self._ratios:
-            return records
         ratios, seed = self._ratios, self._seed
+        hashed = records | "HashRecords" >> HashRecords(seed)
+        if not ratios:
+            return hashed
+        names = tuple(name for name, _ in ratios)
         if not self._stratify:
 
             def hash_split(batch: RecordBatch) -> RecordBatch:
-                return RecordBatch(
-                    tuple(
-                        dataclasses.replace(r, split=split_for_key(r.relpath, seed, ratios))
-                        for r in batch.records
-                    )
+                split_hashes = cuts.hash_columns(with_hashes(batch, seed).hashes)[_SPLIT_HASH]
+                return batch.with_columns(
+                    splits=tuple([names[i] for i in split_indexes(split_hashes, ratios)])
                 )
 
-            return records | "HashSplit" >> beam.Map(hash_split).with_output_types(RecordBatch)
+            return hashed | "HashSplit" >> beam.Map(hash_split).with_output_types(RecordBatch)
 
         order = _Order(
-            segment=_class_of,
-            hash=lambda r: _split_hash(r, seed),
-            weight=_one,
+            seed=seed,
+            segments=_class_keys,
+            hash_column=_SPLIT_HASH,
+            weights=None,
             layout=_split_layout(_cumulative(ratios)),
         )
-        names = tuple(name for name, _ in ratios)
         return (
-            records
-            | "CutClasses"
-            >> CutOrder(order, f"{self.label}/CutClasses")  # ((class, split index), RecordBatch)
-            | "SetSplits" >> beam.ParDo(_SetSplitFn(names)).with_output_types(RecordBatch)
+            hashed
+            | "CutClasses" >> CutOrder(order, f"{self.label}/CutClasses")  # (split indexes, RecordBatch)
+            | "SetSplits" >> beam.ParDo(SetSplitsFn(names)).with_output_types(RecordBatch)
         )
+
+
+class KeyShardsFn(beam.DoFn):
+    """(shard indexes, RecordBatch) -> ((split, shard), RecordBatch), gathered per key over the
+    bundle (batching.BatchGather: at most 50,000 records held)."""
+
+    def start_bundle(self) -> None:
+        self._gather = BatchGather()
+
+    def process(self, located: _Located) -> Iterator[_KeyedBatch]:
+        parts, batch = located
+        keys: dict[tuple[str, int], list[int]] = {}
+        for i, key in enumerate(zip(batch.splits, parts)):
+            keys.setdefault(key, []).append(i)
+        for key, indices in keys.items():
+            yield from self._gather.add(key, batch if len(indices) == len(batch) else batch.take(indices))
+
+    def finish_bundle(self) -> Iterator:
+        for item in self._gather.drain():
+            yield GlobalWindows.windowed_value(item)
 
 
 class CutShardsFn(beam.DoFn):
@@ -352,10 +426,11 @@ class CutShardsFn(beam.DoFn):
 
     def process(self, element: tuple[tuple[str, int], Iterable[RecordBatch]]) -> Iterator[ShardTask]:
         (split, index), batches = element
-        seed = self._seed
-        records = sorted(records_of(batches), key=lambda r: shuffle_key(r, seed))
-        self._sizes.update(len(records))
-        yield ShardTask(split=split, index=index, records=tuple(records))
+        batch = with_hashes(RecordBatch.concat(batches), self._seed)
+        keys = list(zip(cuts.hash_columns(batch.hashes)[_SHUFFLE_HASH].tolist(), batch.relpaths, batch.paths))
+        order = sorted(range(len(batch)), key=keys.__getitem__)
+        self._sizes.update(len(order))
+        yield ShardTask(split=split, index=index, records=batch.take(order).records)
 
 
 class PlanShards(beam.PTransform):
@@ -384,17 +459,17 @@ class PlanShards(beam.PTransform):
     def expand(self, records: beam.PCollection[RecordBatch]) -> beam.PCollection[ShardTask]:
         seed = self._seed
         order = _Order(
-            segment=_split_of,
-            hash=lambda r: _shuffle_hash(r, seed),
-            weight=record_size,
+            seed=seed,
+            segments=_splits,
+            hash_column=_SHUFFLE_HASH,
+            weights=record_sizes,
             layout=_shard_layout(self._target, self._num),
         )
         return (
             records
-            | "CutSplits"
-            >> CutOrder(
-                order, f"{self.label}/CutSplits"
-            )  # ((split, shard), RecordBatch), a shard in several parts
+            | "HashRecords" >> HashRecords(seed)  # the same batches where AssignSplits hashed them
+            | "CutSplits" >> CutOrder(order, f"{self.label}/CutSplits")  # (shard indexes, RecordBatch)
+            | "KeyShards" >> beam.ParDo(KeyShardsFn()).with_output_types(_KeyedBatch)  # a shard in parts
             | "GroupByShard" >> beam.GroupByKey()  # ((split, shard), [RecordBatch]): one shard's metadata
             | "CutShards"
             >> beam.ParDo(CutShardsFn(seed, f"{self.label}/GroupByShard")).with_output_types(ShardTask)
