@@ -23,6 +23,7 @@ from typing import Any
 
 from apache_beam import coders
 from apache_beam.coders import coder_impl
+from apache_beam.runners.worker.statecache import CacheAware
 
 from transforms.records import FileBatch, ImageFile, ImageRecord, RecordBatch, ShardTask
 
@@ -182,3 +183,42 @@ coders.registry.register_coder(ImageRecord, ImageRecordCoder)
 coders.registry.register_coder(ShardTask, ShardTaskCoder)
 coders.registry.register_coder(FileBatch, FileBatchCoder)
 coders.registry.register_coder(RecordBatch, RecordBatchCoder)
+
+
+class SideDict(dict, CacheAware):
+    """A dict made to be a side input (totals, bucket tables, per-class counts).
+
+    Beam's state cache sizes every side input it loads by walking all its objects (objsize:
+    ~1 us an object, a 200,000-class table of [count, weight] lists is ~600,000 of them)
+    for each stage that reads it. A SideDict is sized by its own table only (its keys and
+    values are small strings and ints, about as many bytes again), and is coded as a plain
+    dict by the compiled primitive coder.
+    """
+
+    def get_referents_for_cache(self) -> list:
+        return []
+
+
+class SideDictCoder(coders.Coder):
+    """SideDict as the primitive coder's dict (not pickled)."""
+
+    def encode(self, value: SideDict) -> bytes:
+        return _FIELDS.encode(dict(value))
+
+    def decode(self, encoded: bytes) -> SideDict:
+        return SideDict(_FIELDS.decode(encoded))
+
+    def is_deterministic(self) -> bool:
+        return False
+
+    def to_type_hint(self) -> type:
+        return SideDict
+
+    def __eq__(self, other: object) -> bool:
+        return type(self) is type(other)
+
+    def __hash__(self) -> int:
+        return hash(type(self))
+
+
+coders.registry.register_coder(SideDict, SideDictCoder)

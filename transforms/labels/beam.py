@@ -13,7 +13,7 @@ import apache_beam as beam
 from apache_beam import pvalue
 from apache_beam.metrics import Metrics
 
-from transforms.coders import RecordBatchCoder  # noqa: F401 - registers the record coders
+from transforms.coders import SideDict
 from transforms.failures import FAILED, Failure
 from transforms.labels.classes import ClassCounts, _index_or_user_error
 from transforms.labels.folders import folder_label
@@ -106,8 +106,8 @@ class CountPerClassFn(beam.CombineFn):
                 merged[key] = merged.get(key, 0) + n
         return merged
 
-    def extract_output(self, counts: ClassCounts) -> ClassCounts:
-        return counts
+    def extract_output(self, counts: ClassCounts) -> SideDict:
+        return SideDict(counts)  # a side input of FinalizeFn, sized without a walk
 
 
 class BuildClassIndex(beam.PTransform):

@@ -25,7 +25,7 @@ from apache_beam import pvalue
 from apache_beam.transforms.window import GlobalWindows
 
 from transforms.batching import BatchGather, group_size
-from transforms.coders import RecordBatchCoder  # noqa: F401 - registers the record coders
+from transforms.coders import SideDict
 from transforms.layout import cuts
 from transforms.layout.plan import (
     _STRADDLING,
@@ -61,7 +61,7 @@ class _Order:
     segments: Callable[[RecordBatch], Sequence[str]]
     hash_column: int  # _SPLIT_HASH or _SHUFFLE_HASH
     weights: Callable[[RecordBatch], Sequence[int]] | None  # None: every record weighs 1
-    # (segment, count, weight) -> (bucket bits, part function)
+    # (segment, count, weight) -> (bucket bits, part function), from the totals alone
     layout: Callable[[str, int, int], tuple[int, Callable[[int], int]]]
 
     def hashes(self, batch: RecordBatch) -> np.ndarray:
@@ -97,23 +97,32 @@ class SegmentTotalsFn(beam.CombineFn):
     def merge_accumulators(self, accs: Iterable[dict]) -> dict:
         return cuts.merge_totals(accs)
 
-    def extract_output(self, acc: dict) -> dict:
-        return acc
+    def extract_output(self, acc: dict) -> SideDict:
+        return SideDict(acc)
 
 
 class _Plans:
-    """Each segment's SegmentPlan, built on first use from the totals and bucket table."""
+    """Each segment's SegmentPlan, built on first use from the totals and bucket table.
+
+    A segment's layout depends on its totals alone, so segments of one bucket (most classes)
+    with the same totals share one plan: 200,000 small classes make a few hundred plans.
+    """
 
     def __init__(self, order: _Order, totals: dict, table: dict):
         self._order, self._totals, self._table = order, totals, table
         self._plans: dict[str, cuts.SegmentPlan] = {}
+        self._one_bucket: dict[tuple[int, int], cuts.SegmentPlan] = {}
 
     def get(self, segment: str) -> cuts.SegmentPlan:
         plan = self._plans.get(segment)
         if plan is None:
             count, weight = self._totals[segment]
-            bits, part = self._order.layout(segment, count, weight)
-            plan = cuts.segment_plan(bits, part, weight, self._table.get(segment, {}))
+            plan = self._one_bucket.get((count, weight))
+            if plan is None:
+                bits, part = self._order.layout(segment, count, weight)
+                plan = cuts.segment_plan(bits, part, weight, self._table.get(segment, {}))
+                if not bits:
+                    self._one_bucket[count, weight] = plan
             self._plans[segment] = plan
         return plan
 
@@ -175,8 +184,8 @@ class MergeBucketTablesFn(beam.CombineFn):
                 merged[seg] = buckets if mine is None else cuts.merge_totals([mine, buckets])
         return merged
 
-    def extract_output(self, acc: dict) -> dict:
-        return acc
+    def extract_output(self, acc: dict) -> SideDict:
+        return SideDict(acc)
 
 
 # (each record's part, the records): CutOrder's output, one element per batch (or bucket).
@@ -279,13 +288,16 @@ class CutOrder(beam.PTransform):
     def expand(self, records: beam.PCollection[RecordBatch]) -> beam.PCollection[_Located]:
         order = self._order
         totals = pvalue.AsSingleton(
-            records | "Totals" >> beam.CombineGlobally(SegmentTotalsFn(order)).without_defaults(),
+            records
+            | "Totals"
+            >> beam.CombineGlobally(SegmentTotalsFn(order)).without_defaults().with_output_types(SideDict),
             default_value={},
         )
         table = pvalue.AsSingleton(
             records
             | "CountBuckets" >> beam.ParDo(CountBucketsFn(order), totals)  # a partial table per bundle
-            | "BucketTable" >> beam.CombineGlobally(MergeBucketTablesFn()).without_defaults(),
+            | "BucketTable"
+            >> beam.CombineGlobally(MergeBucketTablesFn()).without_defaults().with_output_types(SideDict),
             default_value={},
         )
         keyed = records | "KeyParts" >> beam.ParDo(KeyPartsFn(order), totals, table).with_outputs(

@@ -25,6 +25,7 @@ from apache_beam.metrics import Metrics
 from apache_beam.transforms.window import GlobalWindows
 
 from transforms.batching import CountImagesFn
+from transforms.coders import SideDict
 from transforms.encoding.encoder import EncodeSettings
 from transforms.encoding.schema import schema_from_summary
 from transforms.failures import FAILED, USER_ERROR_MARKER, Failure, diagnosis_of_kinds
@@ -234,8 +235,8 @@ class WrittenPerClassFn(beam.CombineFn):
                 merged[key] = merged.get(key, 0) + n
         return merged
 
-    def extract_output(self, acc: dict) -> dict:
-        return acc
+    def extract_output(self, acc: dict) -> SideDict:
+        return SideDict(acc)  # a side input of FinalizeFn, sized without a walk
 
 
 class FinalizeFn(beam.DoFn):
@@ -380,10 +381,9 @@ class WriteMetadata(beam.PTransform):
         # at their defaults): one cheap call per batch, no extra steps.
         count = CountImagesFn()
         listed_total = self._files | "CountListed" >> beam.CombineGlobally(count).without_defaults()
-        listed = (
-            self._records
-            | "CountListedPerClass" >> beam.CombineGlobally(CountPerClassFn()).without_defaults()
-        )
+        listed = self._records | "CountListedPerClass" >> beam.CombineGlobally(
+            CountPerClassFn()
+        ).without_defaults().with_output_types(SideDict)
         extras = self._extras if self._extras is not None else pbegin | "NoExtras" >> beam.Create([{}])
         # Failures: counted by a combiner (stages, classes), written as sorted parts of
         # ~PART_SIZE failures (one group a part), merged into failures.jsonl by FinalizeFn.
@@ -393,9 +393,9 @@ class WriteMetadata(beam.PTransform):
         )
         # Written per (split, class) from a combiner; the shard list without those counts (one
         # small ShardResult a shard: per class, a shard's counts add up to the dataset's size).
-        written = (
-            self._shards | "CountWritten" >> beam.CombineGlobally(WrittenPerClassFn()).without_defaults()
-        )
+        written = self._shards | "CountWritten" >> beam.CombineGlobally(
+            WrittenPerClassFn()
+        ).without_defaults().with_output_types(SideDict)
         shards = self._shards | "ShardsOnly" >> beam.Map(lambda s: dataclasses.replace(s, written=()))
         parts = (
             self._failed
