@@ -136,13 +136,12 @@ def build_pipeline(
         reader=reader,  # 0 (auto) is resolved for local runs by main.py
     )  # .shards ShardResult (with per-class written counts), .failed Failure
     failures = (found.failed, labeled.failed, shards.failed, *failed) | "FlattenFailures" >> beam.Flatten()
-    listed = (listed, found.failed) | "AllListed" >> beam.Flatten()  # FileBatch | RecordBatch | Failure
     _ = failures | "TrackFailures" >> CountProgress(run_id, FAILED_ANYWHERE)  # live progress, Beam counter
     summary = p | "WriteMetadata" >> WriteMetadata(
         output_dir,
         temp_dir,
         opts.compression,
-        files=listed,
+        files=(listed, found.failed),  # FileBatch | RecordBatch | Failure, each counted where it is made
         records=records,
         failed=failures,
         shards=shards.shards,

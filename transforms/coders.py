@@ -86,12 +86,13 @@ def decode_file_batch(data: bytes) -> FileBatch:
     return untagged(data, lambda t: FileBatch.from_columns(*t))
 
 
-def _batch_fields(batch: RecordBatch) -> tuple:
+def record_batch_fields(batch: RecordBatch) -> tuple:
+    """What a RecordBatch is coded as: its columns, hashes and hash seed."""
     return (*batch.columns(), batch.hashes, batch.hash_seed)
 
 
 def encode_record_batch(batch: RecordBatch) -> bytes:
-    return tagged(_batch_fields(batch), batch)
+    return tagged(record_batch_fields(batch), batch)
 
 
 def decode_record_batch(data: bytes) -> RecordBatch:

@@ -21,11 +21,13 @@ from collections.abc import Callable, Iterable, Iterator, Sequence
 
 import apache_beam as beam
 import numpy as np
+from apache_beam import coders as beam_coders
 from apache_beam import pvalue
 from apache_beam.transforms.window import GlobalWindows
 
+from transforms import coders
 from transforms.batching import BatchGather, group_size
-from transforms.coders import SideDict
+from transforms.coders import SideDict, record_batch_fields
 from transforms.layout import cuts
 from transforms.layout.plan import (
     _STRADDLING,
@@ -188,8 +190,36 @@ class MergeBucketTablesFn(beam.CombineFn):
         return SideDict(acc)
 
 
-# (each record's part, the records): CutOrder's output, one element per batch (or bucket).
-_Located = tuple[tuple[int, ...], RecordBatch]
+class Located:
+    """CutOrder's output: a RecordBatch and each of its records' part (one element per
+    input batch, or per straddling bucket). Coded as its columns (LocatedCoder)."""
+
+    __slots__ = ("parts", "batch")
+
+    def __init__(self, parts: tuple[int, ...], batch: RecordBatch):
+        self.parts, self.batch = parts, batch
+
+    def __iter__(self) -> Iterator:
+        return iter((self.parts, self.batch))
+
+    def __reduce__(self) -> tuple:
+        return Located, (self.parts, self.batch)
+
+
+def _encode_located(located: Located) -> bytes:
+    return coders.tagged((located.parts, *record_batch_fields(located.batch)), located)
+
+
+def _decode_located(data: bytes) -> Located:
+    return coders.untagged(data, lambda t: Located(t[0], RecordBatch.from_columns(*t[1:])))
+
+
+class LocatedCoder(coders.TupleCoder):
+    _type, _encode, _decode = Located, _encode_located, _decode_located
+
+
+beam_coders.registry.register_coder(Located, LocatedCoder)
+
 _KeyedBatch = tuple[tuple[str, int], RecordBatch]
 
 
@@ -227,7 +257,7 @@ class KeyPartsFn(beam.DoFn):
                 direct.append(i)
                 parts.append(part)
         if direct:
-            yield tuple(parts), batch if len(direct) == len(batch) else batch.take(direct)
+            yield Located(tuple(parts), batch if len(direct) == len(batch) else batch.take(direct))
         for key, indices in straddling.items():
             for item in self._straddling.add(key, batch.take(indices)):
                 yield pvalue.TaggedOutput(_STRADDLING, item)
@@ -251,7 +281,7 @@ class ResolveCutsFn(beam.DoFn):
 
     def process(
         self, element: tuple[tuple[str, int], Iterable[RecordBatch]], totals: dict, table: dict
-    ) -> Iterator[_Located]:
+    ) -> Iterator[Located]:
         if self._plans is None or self._sides[0] is not totals or self._sides[1] is not table:
             self._plans, self._sides = _Plans(self._order, totals, table), (totals, table)
         (seg, bucket), batches = element
@@ -263,7 +293,7 @@ class ResolveCutsFn(beam.DoFn):
         placed = list(
             cuts.resolve_bucket(range(len(batch)), start, plan.part_of, keys.__getitem__, weights.__getitem__)
         )
-        yield tuple(part for part, _ in placed), batch.take([i for _, i in placed])
+        yield Located(tuple(part for part, _ in placed), batch.take([i for _, i in placed]))
 
 
 def _same(element: object) -> object:
@@ -285,7 +315,7 @@ class CutOrder(beam.PTransform):
         super().__init__()
         self._order, self._name = order, name
 
-    def expand(self, records: beam.PCollection[RecordBatch]) -> beam.PCollection[_Located]:
+    def expand(self, records: beam.PCollection[RecordBatch]) -> beam.PCollection[Located]:
         order = self._order
         totals = pvalue.AsSingleton(
             records
@@ -310,10 +340,10 @@ class CutOrder(beam.PTransform):
             | "TypeStraddling" >> beam.Map(_same).with_output_types(_KeyedBatch)
             | "GroupStraddling" >> beam.GroupByKey()  # ((segment, bucket), [RecordBatch]): one hash bucket
             | "ResolveCuts"
-            >> beam.ParDo(ResolveCutsFn(order, step), totals, table).with_output_types(_Located)
+            >> beam.ParDo(ResolveCutsFn(order, step), totals, table).with_output_types(Located)
         )
-        parts = keyed.parts | "TypeParts" >> beam.Map(_same).with_output_types(_Located)
-        return (parts, resolved) | "Parts" >> beam.Flatten()
+        parts = keyed.parts | "TypeParts" >> beam.Map(_same).with_output_types(Located)
+        return (parts, resolved) | "Parts" >> beam.Flatten().with_output_types(Located)
 
 
 class SetSplitsFn(beam.DoFn):
@@ -327,7 +357,7 @@ class SetSplitsFn(beam.DoFn):
         self._pending: list[RecordBatch] = []
         self._held = 0
 
-    def process(self, located: _Located) -> Iterator[RecordBatch]:
+    def process(self, located: Located) -> Iterator[RecordBatch]:
         parts, batch = located
         names = self._names
         self._pending.append(batch.with_columns(splits=tuple([names[p] for p in parts])))
@@ -416,7 +446,7 @@ class KeyShardsFn(beam.DoFn):
     def start_bundle(self) -> None:
         self._gather = BatchGather()
 
-    def process(self, located: _Located) -> Iterator[_KeyedBatch]:
+    def process(self, located: Located) -> Iterator[_KeyedBatch]:
         parts, batch = located
         keys: dict[tuple[str, int], list[int]] = {}
         for i, key in enumerate(zip(batch.splits, parts)):
