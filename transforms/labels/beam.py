@@ -13,7 +13,7 @@ import apache_beam as beam
 from apache_beam import pvalue
 from apache_beam.metrics import Metrics
 
-from transforms.coders import SideDict
+from transforms.coders import SideDict, SideList
 from transforms.failures import FAILED, Failure
 from transforms.labels.classes import ClassCounts, _index_or_user_error
 from transforms.labels.folders import folder_label
@@ -84,8 +84,8 @@ class ClassNamesFn(beam.CombineFn):
             merged |= names
         return merged
 
-    def extract_output(self, names: set[str]) -> list[str]:
-        return sorted(names)
+    def extract_output(self, names: set[str]) -> SideList:
+        return SideList(sorted(names))  # a side input of ToIndex, sized without a walk
 
 
 class CountPerClassFn(beam.CombineFn):
@@ -129,7 +129,9 @@ class BuildClassIndex(beam.PTransform):
             return records.pipeline | "FromMap" >> beam.Create([ClassIndex(tuple(self._names), offset)])
         # Without records (all failed) the index has no names: a side-input default, which
         # costs two steps where CombineGlobally's default element costs seven.
-        names = records | "Names" >> beam.CombineGlobally(ClassNamesFn()).without_defaults()  # sorted labels
+        names = records | "Names" >> beam.CombineGlobally(
+            ClassNamesFn()
+        ).without_defaults().with_output_types(SideList)  # sorted labels
         return (
             records.pipeline
             | "Once" >> beam.Impulse()

@@ -330,9 +330,9 @@ class CutOrder(beam.PTransform):
             >> beam.CombineGlobally(MergeBucketTablesFn()).without_defaults().with_output_types(SideDict),
             default_value={},
         )
-        keyed = records | "KeyParts" >> beam.ParDo(KeyPartsFn(order), totals, table).with_outputs(
-            _STRADDLING, main="parts"
-        )
+        keyed = records | "KeyParts" >> beam.ParDo(KeyPartsFn(order), totals, table).with_output_types(
+            Located
+        ).with_outputs(_STRADDLING, main="parts")
         step = f"{self._name}/GroupStraddling"
         resolved = (
             keyed[_STRADDLING]
