@@ -23,14 +23,18 @@ from __future__ import annotations
 
 import dataclasses
 import itertools
+import operator
 from collections.abc import Iterable, Sequence
 from typing import Any
+
+import numpy as np
 
 # Images per FileBatch / RecordBatch: few elements per run, each small (~200 KB coded).
 BATCH_SIZE = 1000
 
 # Bytes of a record's seeded hashes in RecordBatch.hashes (split hash, then shuffle hash).
 HASH_BYTES = 16
+_HASH_DTYPE = np.dtype((np.void, HASH_BYTES))
 
 
 @dataclasses.dataclass(frozen=True)
@@ -70,7 +74,9 @@ class ImageRecord:
 
 
 def _pick(column: Sequence, indices: Sequence[int]) -> tuple:
-    return tuple([column[i] for i in indices])
+    if len(indices) > 1:
+        return operator.itemgetter(*indices)(column)  # a tuple, gathered in C
+    return (column[indices[0]],) if indices else ()
 
 
 class FileBatch:
@@ -233,8 +239,7 @@ class RecordBatch:
         """The records at `indices`, in that order (hashes kept)."""
         hashes = self.hashes
         if hashes is not None:
-            h = HASH_BYTES
-            hashes = b"".join([hashes[i * h : i * h + h] for i in indices])
+            hashes = np.frombuffer(hashes, dtype=_HASH_DTYPE)[np.asarray(indices, dtype=np.intp)].tobytes()
         return RecordBatch.from_columns(
             *(_pick(column, indices) for column in self.columns()), hashes=hashes, hash_seed=self.hash_seed
         )

@@ -18,6 +18,7 @@ from __future__ import annotations
 from collections.abc import Iterable, Iterator, Sequence
 
 import apache_beam as beam
+import numpy as np
 from apache_beam.transforms.window import GlobalWindows
 
 from transforms.batching import BatchGather, group_size
@@ -146,11 +147,18 @@ class KeyShardsFn(beam.DoFn):
 
     def process(self, located: Located) -> Iterator[KeyedBatch]:
         parts, batch = located
-        keys: dict[tuple[str, int], list[int]] = {}
-        for i, key in enumerate(zip(batch.splits, parts)):
-            keys.setdefault(key, []).append(i)
-        for key, indices in keys.items():
-            yield from self._gather.add(key, batch if len(indices) == len(batch) else batch.take(indices))
+        # Sorted by (split, shard) once, then cut into runs: one gather of the columns, not one a key.
+        names = sorted(set(batch.splits))
+        code = {name: i for i, name in enumerate(names)}
+        keys = np.fromiter((code[s] for s in batch.splits), np.int64, len(batch)) << 32
+        keys |= np.asarray(parts, dtype=np.int64)
+        order = np.argsort(keys, kind="stable")
+        keys = keys[order]
+        ordered = batch.take(order.tolist())
+        cuts_at = [0, *(np.flatnonzero(np.diff(keys)) + 1).tolist(), len(batch)]
+        for start, stop in zip(cuts_at, cuts_at[1:]):
+            key = (names[int(keys[start]) >> 32], int(keys[start]) & 0xFFFFFFFF)
+            yield from self._gather.add(key, ordered.slice(start, stop))
 
     def finish_bundle(self) -> Iterator:
         for item in self._gather.drain():
