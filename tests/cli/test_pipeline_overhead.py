@@ -122,9 +122,9 @@ def test_plan_shards_shuffles_use_the_record_coders(tmp_path):
     # pickled (a pickled batch costs ~2 us an image at every boundary).
     assert b"LocatedCoder" in coder_of("PlanShards/CutSplits/Parts")
     assert b"LocatedCoder" in coder_of("PlanShards/CutSplits/KeyParts/ParDo(KeyPartsFn)")
-    assert b"SideDictCoder" in coder_of("PlanShards/CutSplits/Totals/UnKey")
-    assert b"SideDictCoder" in coder_of("PlanShards/CutSplits/BucketTable/UnKey")
-    assert b"SideListCoder" in coder_of("BuildClassIndex/Names/UnKey")
+    assert b"SideDictCoder" in coder_of("PlanShards/CutSplits/TotalsSide")
+    assert b"SideDictCoder" in coder_of("PlanShards/CutSplits/BucketTableSide")
+    assert b"SideListCoder" in coder_of("BuildClassIndex/NamesSide")
 
 
 def test_count_and_name_combiners_merge():

@@ -13,7 +13,7 @@ import apache_beam as beam
 from apache_beam import pvalue
 from apache_beam.metrics import Metrics
 
-from transforms.coders import SideDict, SideList
+from transforms.coders import SideList
 from transforms.failures import FAILED, Failure
 from transforms.labels.classes import ClassCounts, _index_or_user_error
 from transforms.labels.folders import folder_label
@@ -84,8 +84,8 @@ class ClassNamesFn(beam.CombineFn):
             merged |= names
         return merged
 
-    def extract_output(self, names: set[str]) -> SideList:
-        return SideList(sorted(names))  # a side input of ToIndex, sized without a walk
+    def extract_output(self, names: set[str]) -> list[str]:
+        return sorted(names)
 
 
 class CountPerClassFn(beam.CombineFn):
@@ -106,8 +106,8 @@ class CountPerClassFn(beam.CombineFn):
                 merged[key] = merged.get(key, 0) + n
         return merged
 
-    def extract_output(self, counts: ClassCounts) -> SideDict:
-        return SideDict(counts)  # a side input of FinalizeFn, sized without a walk
+    def extract_output(self, counts: ClassCounts) -> ClassCounts:
+        return counts
 
 
 class BuildClassIndex(beam.PTransform):
@@ -129,9 +129,11 @@ class BuildClassIndex(beam.PTransform):
             return records.pipeline | "FromMap" >> beam.Create([ClassIndex(tuple(self._names), offset)])
         # Without records (all failed) the index has no names: a side-input default, which
         # costs two steps where CombineGlobally's default element costs seven.
-        names = records | "Names" >> beam.CombineGlobally(
-            ClassNamesFn()
-        ).without_defaults().with_output_types(SideList)  # sorted labels
+        names = (
+            records
+            | "Names" >> beam.CombineGlobally(ClassNamesFn()).without_defaults()
+            | "NamesSide" >> beam.Map(SideList).with_output_types(SideList)
+        )  # sorted labels, a side input sized without a walk
         return (
             records.pipeline
             | "Once" >> beam.Impulse()

@@ -85,8 +85,8 @@ class SegmentTotalsFn(beam.CombineFn):
     def merge_accumulators(self, accs: Iterable[dict]) -> dict:
         return cuts.merge_totals(accs)
 
-    def extract_output(self, acc: dict) -> SideDict:
-        return SideDict(acc)
+    def extract_output(self, acc: dict) -> dict:
+        return acc
 
 
 class _Plans:
@@ -172,8 +172,8 @@ class MergeBucketTablesFn(beam.CombineFn):
                 merged[seg] = buckets if mine is None else cuts.merge_totals([mine, buckets])
         return merged
 
-    def extract_output(self, acc: dict) -> SideDict:
-        return SideDict(acc)
+    def extract_output(self, acc: dict) -> dict:
+        return acc
 
 
 class Located:
@@ -305,15 +305,15 @@ class CutOrder(beam.PTransform):
         order = self._order
         totals = pvalue.AsSingleton(
             records
-            | "Totals"
-            >> beam.CombineGlobally(SegmentTotalsFn(order)).without_defaults().with_output_types(SideDict),
+            | "Totals" >> beam.CombineGlobally(SegmentTotalsFn(order)).without_defaults()
+            | "TotalsSide" >> beam.Map(SideDict).with_output_types(SideDict),
             default_value={},
         )
         table = pvalue.AsSingleton(
             records
             | "CountBuckets" >> beam.ParDo(CountBucketsFn(order), totals)  # a partial table per bundle
-            | "BucketTable"
-            >> beam.CombineGlobally(MergeBucketTablesFn()).without_defaults().with_output_types(SideDict),
+            | "BucketTable" >> beam.CombineGlobally(MergeBucketTablesFn()).without_defaults()
+            | "BucketTableSide" >> beam.Map(SideDict).with_output_types(SideDict),
             default_value={},
         )
         keyed = records | "KeyParts" >> beam.ParDo(KeyPartsFn(order), totals, table).with_output_types(

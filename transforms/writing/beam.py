@@ -235,8 +235,8 @@ class WrittenPerClassFn(beam.CombineFn):
                 merged[key] = merged.get(key, 0) + n
         return merged
 
-    def extract_output(self, acc: dict) -> SideDict:
-        return SideDict(acc)  # a side input of FinalizeFn, sized without a walk
+    def extract_output(self, acc: dict) -> dict:
+        return acc
 
 
 class FinalizeFn(beam.DoFn):
@@ -391,9 +391,11 @@ class WriteMetadata(beam.PTransform):
             | "AllListed" >> beam.Flatten().with_output_types(int)
             | "CountListed" >> beam.CombineGlobally(sum).without_defaults()
         )
-        listed = self._records | "CountListedPerClass" >> beam.CombineGlobally(
-            CountPerClassFn()
-        ).without_defaults().with_output_types(SideDict)
+        listed = (
+            self._records
+            | "CountListedPerClass" >> beam.CombineGlobally(CountPerClassFn()).without_defaults()
+            | "ListedSide" >> beam.Map(SideDict).with_output_types(SideDict)
+        )
         extras = self._extras if self._extras is not None else pbegin | "NoExtras" >> beam.Create([{}])
         # Failures: counted by a combiner (stages, classes), written as sorted parts of
         # ~PART_SIZE failures (one group a part), merged into failures.jsonl by FinalizeFn.
@@ -403,9 +405,11 @@ class WriteMetadata(beam.PTransform):
         )
         # Written per (split, class) from a combiner; the shard list without those counts (one
         # small ShardResult a shard: per class, a shard's counts add up to the dataset's size).
-        written = self._shards | "CountWritten" >> beam.CombineGlobally(
-            WrittenPerClassFn()
-        ).without_defaults().with_output_types(SideDict)
+        written = (
+            self._shards
+            | "CountWritten" >> beam.CombineGlobally(WrittenPerClassFn()).without_defaults()
+            | "WrittenSide" >> beam.Map(SideDict).with_output_types(SideDict)
+        )
         shards = self._shards | "ShardsOnly" >> beam.Map(lambda s: dataclasses.replace(s, written=()))
         parts = (
             self._failed
