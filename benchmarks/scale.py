@@ -3,6 +3,8 @@
     python benchmarks/scale.py                                   # 0.1 M and 0.4 M images
     python benchmarks/scale.py --sizes 100000,400000,1600000,4132914
     python benchmarks/scale.py --sizes 100000 --labels           # labels from a train.csv
+    py-spy record -o plan.svg -- python benchmarks/scale.py --one 100000 --plan_only --result r.json
+                                                                 # a profile of the planning alone
 
 Each size is one `convert` (main.run, whole process, measured by measure.py) of generated
 metadata: image names and sizes in a GLDv2-like long tail over 203,094 classes (class
