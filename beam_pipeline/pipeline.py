@@ -8,11 +8,12 @@ their image members go on as files whose path is the member's address.
 With --labels (a table) the labelling step is ReadLabels + JoinLabels (a shuffle by a hash
 bucket of the image key) instead of LabelFromFolders, and WriteOrphans reports rows without an image.
 
-Only metadata (ImageRecord: path, label, size) is shuffled, coded as tuples of its fields
-(transforms/coders.py); image bytes are read inside WriteShards, right where they are
-encoded and written. Up to the shard plan the records travel in batches (FileBatch,
-RecordBatch of up to 1,000 images; transforms/records.py), so Beam's cost per element is
-paid per batch. No step groups a whole split, class or the failures: shards are cut from
+Only metadata (path, label, size) is shuffled; image bytes are read inside WriteShards,
+right where they are encoded and written. Up to the shard plan the records travel in
+batches of columns (FileBatch, RecordBatch of up to 1,000 images, one tuple per field, coded
+by transforms/coders.py), so Beam's cost per element is paid per batch and no Python object
+is built per image at a stage boundary; AssignSplits adds each record's one seeded hash as a
+column, which the plan reads. No step groups a whole split, class or the failures: shards are cut from
 per-split totals and hash-bucket counts (side inputs) and grouped one shard at a time, and
 --stratify cuts each class the same way (transforms/layout/cuts.py, docs/internals.md).
 """
@@ -109,7 +110,7 @@ def build_pipeline(
         labeled = files | "LabelFromFolders" >> LabelFromFolders(by_folder)  # .records, .failed
     records = labeled.records | "AssignSplits" >> AssignSplits(
         ratios, opts.seed, opts.stratify
-    )  # RecordBatch of ImageRecord (--stratify: class counts, then one group per straddling bucket)
+    )  # RecordBatch with splits and seeded hashes (--stratify: class counts, one group per straddling bucket)
     label_type = opts.label_type if opts.labels_path else "str"
     classes = records | "BuildClassIndex" >> BuildClassIndex(
         offset, names=label_map.names if label_map else None, label_type=label_type
@@ -136,13 +137,12 @@ def build_pipeline(
         reader=reader,  # 0 (auto) is resolved for local runs by main.py
     )  # .shards ShardResult (with per-class written counts), .failed Failure
     failures = (found.failed, labeled.failed, shards.failed, *failed) | "FlattenFailures" >> beam.Flatten()
-    listed = (listed, found.failed) | "AllListed" >> beam.Flatten()  # FileBatch | RecordBatch | Failure
     _ = failures | "TrackFailures" >> CountProgress(run_id, FAILED_ANYWHERE)  # live progress, Beam counter
     summary = p | "WriteMetadata" >> WriteMetadata(
         output_dir,
         temp_dir,
         opts.compression,
-        files=listed,
+        files=(listed, found.failed),  # FileBatch | RecordBatch | Failure, each counted where it is made
         records=records,
         failed=failures,
         shards=shards.shards,

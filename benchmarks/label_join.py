@@ -26,7 +26,7 @@ from apache_beam.options.pipeline_options import PipelineOptions
 from transforms.batching import CountImagesFn
 from transforms.labels.beam_table import JoinLabels, ReadLabels
 from transforms.labels.rows import JoinSettings, TableSpec
-from transforms.records import BATCH_SIZE, FileBatch, ImageFile
+from transforms.records import BATCH_SIZE, FileBatch
 
 
 def write_table(path: str, rows: int) -> None:
@@ -45,7 +45,7 @@ def listed_batch(start: int, rows: int) -> FileBatch:
     ids = range(start, min(start + BATCH_SIZE, rows))
     relpaths = [f"서울/{i % 1049}/IMG_{i:08d}.JPG" for i in ids]
     paths = ["/data/" + r for r in relpaths]
-    return FileBatch(tuple(map(ImageFile, paths, relpaths, [100_000] * len(relpaths))))
+    return FileBatch.from_columns(paths, relpaths, [100_000] * len(relpaths))
 
 
 def check_stats(stats: list[tuple[str, int]], expected: dict[str, int]) -> None:

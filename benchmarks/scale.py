@@ -3,6 +3,8 @@
     python benchmarks/scale.py                                   # 0.1 M and 0.4 M images
     python benchmarks/scale.py --sizes 100000,400000,1600000,4132914
     python benchmarks/scale.py --sizes 100000 --labels           # labels from a train.csv
+    py-spy record -o plan.svg -- python benchmarks/scale.py --one 100000 --plan_only --result r.json
+                                                                 # a profile of the planning alone
 
 Each size is one `convert` (main.run, whole process, measured by measure.py) of generated
 metadata: image names and sizes in a GLDv2-like long tail over 203,094 classes (class
@@ -29,6 +31,7 @@ import json
 import os
 import random
 import shutil
+import signal
 import subprocess
 import sys
 import time
@@ -112,8 +115,9 @@ class TinyReader:
     run (in any process) leaves in `clock_path` its time and the CPU seconds the runner's
     process (`main_pid`) had used by then (/proc: the stages before the writes)."""
 
-    def __init__(self, data: bytes, clock_path: str, main_pid: int):
+    def __init__(self, data: bytes, clock_path: str, main_pid: int, stop: bool = False):
         self.data, self.clock_path, self.main_pid = data, clock_path, main_pid
+        self.stop = stop  # --plan_only: end the run at the first read (planning alone, for a profiler)
         self._seen = False
 
     def _cpu(self) -> float:
@@ -130,6 +134,8 @@ class TinyReader:
                 os.close(fd)
             except FileExistsError:
                 pass
+            if self.stop:
+                os.kill(self.main_pid, signal.SIGKILL)
         return self.data
 
 
@@ -148,7 +154,7 @@ def write_table(path: str, total: int) -> None:
     os.replace(tmp, path)
 
 
-def run_one(total: int, out: str, labels: str | None, clock: str) -> dict:
+def run_one(total: int, out: str, labels: str | None, clock: str, plan_only: bool = False) -> dict:
     """One conversion in this process; returns what the parent tabulates."""
     from apache_beam.metrics.metric import MetricsFilter
 
@@ -167,7 +173,7 @@ def run_one(total: int, out: str, labels: str | None, clock: str) -> dict:
         args += ["--labels", labels, "--key_column", "id", "--label_column", "landmark_id"]
     seams = {
         "list_files": ListGenerated(total, bool(labels)),
-        "reader": TinyReader(tiny_jpeg(), clock, os.getpid()),
+        "reader": TinyReader(tiny_jpeg(), clock, os.getpid(), stop=plan_only),
     }
     results = []
     cpu_start = TinyReader(b"", "", os.getpid())._cpu()
@@ -202,6 +208,12 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--one", type=int, help=argparse.SUPPRESS)  # internal: one run, JSON to --result
     parser.add_argument("--result", help=argparse.SUPPRESS)
     parser.add_argument("--table", help=argparse.SUPPRESS)
+    parser.add_argument(
+        "--plan_only",
+        action="store_true",
+        help="With --one: end the run at the first image read (profile the planning alone: "
+        "py-spy record -- python benchmarks/scale.py --one 100000 --plan_only --result r.json).",
+    )
     args = parser.parse_args(argv)
     os.makedirs(args.work_dir, exist_ok=True)
     if args.one:
@@ -209,7 +221,7 @@ def main(argv: list[str] | None = None) -> int:
         clock = os.path.join(args.work_dir, "scale-first-read")
         if os.path.exists(clock):
             os.remove(clock)
-        row = run_one(args.one, out, args.table, clock)
+        row = run_one(args.one, out, args.table, clock, args.plan_only)
         shutil.rmtree(out, ignore_errors=True)
         with open(args.result, "w") as f:
             json.dump(row, f)

@@ -80,11 +80,6 @@ class RebatchFn(beam.DoFn):
         return batch
 
 
-def records_of(batches: Iterable[RecordBatch]) -> Iterator[ImageRecord]:
-    """The records of `batches`, in order."""
-    return itertools.chain.from_iterable(b.records for b in batches)
-
-
 def key_batch(batch: RecordBatch, key: Callable[[ImageRecord], str]) -> list[tuple[str, RecordBatch]]:
     """`batch` cut by `key` into one (key, RecordBatch) per distinct key, records in order.
 
@@ -93,33 +88,36 @@ def key_batch(batch: RecordBatch, key: Callable[[ImageRecord], str]) -> list[tup
     keys = [key(r) for r in batch.records]
     if all(k == keys[0] for k in keys):
         return [(keys[0], batch)] if keys else []
-    groups: dict[str, list[ImageRecord]] = {}
-    for k, record in zip(keys, batch.records):
-        groups.setdefault(k, []).append(record)
-    return [(k, RecordBatch(tuple(records))) for k, records in groups.items()]
+    groups: dict[str, list[int]] = {}
+    for i, k in enumerate(keys):
+        groups.setdefault(k, []).append(i)
+    return [(k, batch.take(indices)) for k, indices in groups.items()]
 
 
-class KeyedGather:
-    """Items gathered per key over a bundle, sent as (key, RecordBatch) parts.
+class BatchGather:
+    """RecordBatches gathered per key over a bundle, sent as (key, RecordBatch) parts.
 
-    A key's part is sent when it holds BATCH_SIZE items, or at the end of the bundle, or
-    all parts at once when `max_held` items are held: the shuffle moves about one element
-    per BATCH_SIZE items whatever the key count, and a DoFn holds at most `max_held` records.
+    A key's part is sent when it holds BATCH_SIZE records or more, or at the end of the
+    bundle, or all parts at once when `max_held` records are held: the shuffle moves about
+    one element per BATCH_SIZE records whatever the key count, and a DoFn holds at most
+    `max_held` records (plus the batch being added).
     """
 
     def __init__(self, max_held: int = 50 * BATCH_SIZE):
         self._parts: dict = {}
+        self._counts: dict = {}
         self._held = 0
         self._max_held = max_held
 
-    def add(self, key: Any, item: ImageRecord) -> Iterator[tuple[Any, RecordBatch]]:
-        """Adds `item` under `key`; yields the parts that are due."""
-        part = self._parts.get(key)
-        if part is None:
-            part = self._parts[key] = []
-        part.append(item)
-        self._held += 1
-        if len(part) >= BATCH_SIZE:
+    def add(self, key: Any, batch: RecordBatch) -> Iterator[tuple[Any, RecordBatch]]:
+        """Adds `batch` under `key`; yields the parts that are due."""
+        parts = self._parts.get(key)
+        if parts is None:
+            parts = self._parts[key] = []
+        parts.append(batch)
+        count = self._counts[key] = self._counts.get(key, 0) + len(batch)
+        self._held += len(batch)
+        if count >= BATCH_SIZE:
             yield self._take(key)
         elif self._held >= self._max_held:
             yield from self.drain()
@@ -130,6 +128,6 @@ class KeyedGather:
             yield self._take(key)
 
     def _take(self, key: Any) -> tuple[Any, RecordBatch]:
-        items = self._parts.pop(key)
-        self._held -= len(items)
-        return key, RecordBatch(tuple(items))
+        parts = self._parts.pop(key)
+        self._held -= self._counts.pop(key)
+        return key, RecordBatch.concat(parts)

@@ -5,10 +5,12 @@ Without them Beam codes a dataclass with pickle (FastPrimitivesCoder's fallback)
 encoded record. Here a record is coded as the tuple of its fields by Beam's compiled
 FastPrimitivesCoder (~0.3 us). A record it cannot code that way (a path with undecodable
 bytes, kept as surrogates) is pickled instead, behind a tag byte, so every record
-round-trips exactly. A batch (FileBatch, RecordBatch) or a ShardTask is one coder call on
-a tuple of such tuples; its size estimate (Beam samples element sizes for its counters,
-about every element of a short PCollection) is one record's size times the count instead
-of a full encode. Registered for every record type on import; a PCollection gets them when
+round-trips exactly. A batch (FileBatch, RecordBatch) is one coder call on the tuple of
+its columns (one tuple per field, plus a RecordBatch's seeded hashes as one bytes value),
+decoded without building one object per image; a ShardTask is one call on a tuple of
+record tuples. A size estimate (Beam samples element sizes for its counters, about every
+element of a short PCollection) is one record's size times the count instead of a full
+encode. Registered for every record type on import; a PCollection gets them when
 its element type is declared (`with_output_types`). The labels table's batches (LabelRows,
 JoinPart) are coded the same way by coders in transforms/labels/beam_table.py (TupleCoder, tagged).
 """
@@ -21,6 +23,7 @@ from typing import Any
 
 from apache_beam import coders
 from apache_beam.coders import coder_impl
+from apache_beam.runners.worker.statecache import CacheAware
 
 from transforms.records import FileBatch, ImageFile, ImageRecord, RecordBatch, ShardTask
 
@@ -76,19 +79,24 @@ def decode_shard_task(data: bytes) -> ShardTask:
 
 
 def encode_file_batch(batch: FileBatch) -> bytes:
-    return tagged(tuple(map(file_fields, batch.files)), batch)
+    return tagged(batch.columns(), batch)
 
 
 def decode_file_batch(data: bytes) -> FileBatch:
-    return untagged(data, lambda t: FileBatch(tuple(starmap(ImageFile, t))))
+    return untagged(data, lambda t: FileBatch.from_columns(*t))
+
+
+def record_batch_fields(batch: RecordBatch) -> tuple:
+    """What a RecordBatch is coded as: its columns, hashes and hash seed."""
+    return (*batch.columns(), batch.hashes, batch.hash_seed)
 
 
 def encode_record_batch(batch: RecordBatch) -> bytes:
-    return tagged(tuple(map(_record_fields, batch.records)), batch)
+    return tagged(record_batch_fields(batch), batch)
 
 
 def decode_record_batch(data: bytes) -> RecordBatch:
-    return untagged(data, lambda t: RecordBatch(tuple(starmap(ImageRecord, t))))
+    return untagged(data, lambda t: RecordBatch.from_columns(*t))
 
 
 def _estimated_size(items: tuple, encode_one: Any) -> int:
@@ -100,12 +108,23 @@ def estimate_shard_task(task: ShardTask) -> int:
     return _estimated_size(task.records, encode_image_record)
 
 
+def _estimated_columns(n: int, first_row: tuple) -> int:
+    """Coded size of `n` rows like `first_row` (for Beam's size counters; no full encode)."""
+    try:
+        return 16 + n * len(_FIELDS.encode(first_row)) if n else 16
+    except UnicodeEncodeError:  # surrogates: coded by pickle, about as long
+        return 16 + n * len(pickle.dumps(first_row, protocol=4))
+
+
 def estimate_file_batch(batch: FileBatch) -> int:
-    return _estimated_size(batch.files, encode_image_file)
+    n = len(batch)
+    return _estimated_columns(n, (batch.paths[0], batch.relpaths[0], batch.sizes[0]) if n else ())
 
 
 def estimate_record_batch(batch: RecordBatch) -> int:
-    return _estimated_size(batch.records, encode_image_record)
+    n = len(batch)
+    row = tuple(column[0] for column in batch.columns()) if n else ()
+    return _estimated_columns(n, row) + (len(batch.hashes) if batch.hashes else 0)
 
 
 class TupleCoder(coders.Coder):
@@ -165,3 +184,57 @@ coders.registry.register_coder(ImageRecord, ImageRecordCoder)
 coders.registry.register_coder(ShardTask, ShardTaskCoder)
 coders.registry.register_coder(FileBatch, FileBatchCoder)
 coders.registry.register_coder(RecordBatch, RecordBatchCoder)
+
+
+class SideDict(dict, CacheAware):
+    """A dict made to be a side input (totals, bucket tables, per-class counts).
+
+    Beam's state cache sizes every side input it loads by walking all its objects (objsize:
+    ~1 us an object, a 200,000-class table of [count, weight] lists is ~600,000 of them)
+    for each stage that reads it. A SideDict is sized by its own table only (its keys and
+    values are small strings and ints, about as many bytes again), and is coded as a plain
+    dict by the compiled primitive coder.
+    """
+
+    def get_referents_for_cache(self) -> list:
+        return []
+
+
+class SideList(list, CacheAware):
+    """A list made to be a side input (class names): sized like SideDict, without a walk."""
+
+    def get_referents_for_cache(self) -> list:
+        return []
+
+
+class SideDictCoder(coders.Coder):
+    """SideDict (or SideList) as the primitive coder's dict (list), not pickled."""
+
+    _plain: type = dict
+    _side: type = SideDict
+
+    def encode(self, value: Any) -> bytes:
+        return _FIELDS.encode(self._plain(value))
+
+    def decode(self, encoded: bytes) -> Any:
+        return self._side(_FIELDS.decode(encoded))
+
+    def is_deterministic(self) -> bool:
+        return False
+
+    def to_type_hint(self) -> type:
+        return self._side
+
+    def __eq__(self, other: object) -> bool:
+        return type(self) is type(other)
+
+    def __hash__(self) -> int:
+        return hash(type(self))
+
+
+class SideListCoder(SideDictCoder):
+    _plain, _side = list, SideList
+
+
+coders.registry.register_coder(SideDict, SideDictCoder)
+coders.registry.register_coder(SideList, SideListCoder)

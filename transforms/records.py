@@ -5,18 +5,36 @@ Image bytes never travel in a PCollection: only these records do, so every shuff
 
 Between listing and shard planning the records travel in batches (FileBatch, RecordBatch:
 up to BATCH_SIZE images an element), because Beam's cost per element (DoFn calls, coders,
-counters) is many times the plain work per image there. Steps that are per image by nature
-(dedupe) take single records inside and batch them again on the way out
+counters) is many times the plain work per image there. A batch holds *columns*: one tuple
+per field (paths, relpaths, sizes, ...), so Beam's compiled FastPrimitivesCoder codes it as
+a handful of tuples of strings and ints (transforms/coders.py) and a consumer reads the
+columns it needs without one Python object being built per image. `batch.records` /
+`batch.files` build those objects on demand, for code that wants them. Steps that are per
+image by nature (dedupe) take single records inside and batch them again on the way out
 (transforms/batching.py); the labels join shuffles batches by key bucket
 (transforms/labels/beam_table.py).
+
+A RecordBatch may also carry its records' seeded hashes (`hashes`: 16 bytes a record, made
+once by the layout stage, transforms/layout/cuts.py `record_hashes`), so split assignment,
+the bucket tables, keying and the order inside a shard all read one stored value.
 """
 
 from __future__ import annotations
 
 import dataclasses
+import itertools
+import operator
+from collections.abc import Iterable, Sequence
+from typing import Any
+
+import numpy as np
 
 # Images per FileBatch / RecordBatch: few elements per run, each small (~200 KB coded).
 BATCH_SIZE = 1000
+
+# Bytes of a record's seeded hashes in RecordBatch.hashes (split hash, then shuffle hash).
+HASH_BYTES = 16
+_HASH_DTYPE = np.dtype((np.void, HASH_BYTES))
 
 
 @dataclasses.dataclass(frozen=True)
@@ -55,44 +73,205 @@ class ImageRecord:
         return "|".join(self.labels)
 
 
-@dataclasses.dataclass(frozen=True)
+def _pick(column: Sequence, indices: Sequence[int]) -> tuple:
+    if len(indices) > 1:
+        return operator.itemgetter(*indices)(column)  # a tuple, gathered in C
+    return (column[indices[0]],) if indices else ()
+
+
 class FileBatch:
-    """Listed files travelling as one element (see the module docstring)."""
+    """Listed files travelling as one element, as columns (see the module docstring).
 
-    files: tuple[ImageFile, ...]
+    `FileBatch(files)` takes a tuple of ImageFile; `FileBatch.from_columns(paths, relpaths,
+    sizes)` equal-length tuples (no ImageFile is built). Immutable by convention.
+    """
 
-    def __len__(self) -> int:
-        return len(self.files)
+    __slots__ = ("paths", "relpaths", "sizes", "_files")
+
+    def __init__(self, files: Iterable[ImageFile] = ()):
+        files = tuple(files)
+        self.paths = tuple([f.path for f in files])
+        self.relpaths = tuple([f.relpath for f in files])
+        self.sizes = tuple([f.size for f in files])
+        self._files: tuple[ImageFile, ...] | None = files
+
+    @classmethod
+    def from_columns(cls, paths: Sequence[str], relpaths: Sequence[str], sizes: Sequence[int]) -> FileBatch:
+        """A batch of equal-length columns."""
+        if not len(paths) == len(relpaths) == len(sizes):
+            raise ValueError("FileBatch columns of different lengths")
+        batch = cls.__new__(cls)
+        batch.paths, batch.relpaths, batch.sizes = tuple(paths), tuple(relpaths), tuple(sizes)
+        batch._files = None
+        return batch
 
     def columns(self) -> tuple[tuple[str, ...], tuple[str, ...], tuple[int, ...]]:
-        """The files as three equal-length columns: (paths, relpaths, sizes)."""
-        if not self.files:
-            return (), (), ()
-        paths, relpaths, sizes = zip(*((f.path, f.relpath, f.size) for f in self.files))
-        return paths, relpaths, sizes
+        """(paths, relpaths, sizes)."""
+        return self.paths, self.relpaths, self.sizes
 
-
-@dataclasses.dataclass(frozen=True)
-class RecordBatch:
-    """ImageRecords travelling as one element (see the module docstring)."""
-
-    records: tuple[ImageRecord, ...]
+    @property
+    def files(self) -> tuple[ImageFile, ...]:
+        """The files as ImageFile objects (built on first use)."""
+        if self._files is None:
+            self._files = tuple(itertools.starmap(ImageFile, zip(self.paths, self.relpaths, self.sizes)))
+        return self._files
 
     def __len__(self) -> int:
-        return len(self.records)
+        return len(self.paths)
+
+    def __eq__(self, other: object) -> bool:
+        return type(other) is FileBatch and self.columns() == other.columns()
+
+    def __hash__(self) -> int:
+        return hash(self.columns())
+
+    def __repr__(self) -> str:
+        return f"FileBatch({len(self)} files: {self.relpaths[:3]!r}...)"
+
+    def __reduce__(self) -> tuple:
+        return FileBatch.from_columns, self.columns()
+
+
+class RecordBatch:
+    """ImageRecords travelling as one element, as columns (see the module docstring).
+
+    `RecordBatch(records)` takes a tuple of ImageRecord; `RecordBatch.from_columns(paths,
+    relpaths, sizes, labels, splits, extras)` equal-length tuples (no ImageRecord is built).
+    `hashes` (bytes, HASH_BYTES a record, or None) are the records' seeded hashes for seed
+    `hash_seed`, set by the layout stage. Immutable by convention: `with_*` make new batches.
+    """
+
+    __slots__ = (
+        "paths",
+        "relpaths",
+        "sizes",
+        "labels",
+        "splits",
+        "extras",
+        "hashes",
+        "hash_seed",
+        "_records",
+    )
+
+    def __init__(self, records: Iterable[ImageRecord] = ()):
+        records = tuple(records)
+        self.paths = tuple([r.path for r in records])
+        self.relpaths = tuple([r.relpath for r in records])
+        self.sizes = tuple([r.size for r in records])
+        self.labels = tuple([r.labels for r in records])
+        self.splits = tuple([r.split for r in records])
+        self.extras = tuple([r.extras for r in records])
+        self.hashes: bytes | None = None
+        self.hash_seed: int | None = None
+        self._records: tuple[ImageRecord, ...] | None = records
 
     @classmethod
     def from_columns(
         cls,
-        paths: tuple[str, ...],
-        relpaths: tuple[str, ...],
-        sizes: tuple[int, ...],
-        labels: tuple[tuple[str, ...], ...],
-        splits: tuple[str, ...],
-        extras: tuple[tuple[tuple[str, object], ...], ...],
+        paths: Sequence[str],
+        relpaths: Sequence[str],
+        sizes: Sequence[int],
+        labels: Sequence[tuple[str, ...]],
+        splits: Sequence[str],
+        extras: Sequence[tuple],
+        hashes: bytes | None = None,
+        hash_seed: int | None = None,
     ) -> RecordBatch:
-        """A batch from equal-length columns, one value per record in each."""
-        return cls(tuple(map(ImageRecord, paths, relpaths, sizes, labels, splits, extras)))
+        """A batch of equal-length columns (and, optionally, their seeded hashes)."""
+        n = len(paths)
+        if not n == len(relpaths) == len(sizes) == len(labels) == len(splits) == len(extras):
+            raise ValueError("RecordBatch columns of different lengths")
+        if hashes is not None and len(hashes) != n * HASH_BYTES:
+            raise ValueError("RecordBatch hashes of the wrong length")
+        batch = cls.__new__(cls)
+        batch.paths, batch.relpaths, batch.sizes = tuple(paths), tuple(relpaths), tuple(sizes)
+        batch.labels, batch.splits, batch.extras = tuple(labels), tuple(splits), tuple(extras)
+        batch.hashes, batch.hash_seed = (hashes, hash_seed) if hashes is not None else (None, None)
+        batch._records = None
+        return batch
+
+    def columns(self) -> tuple:
+        """(paths, relpaths, sizes, labels, splits, extras)."""
+        return self.paths, self.relpaths, self.sizes, self.labels, self.splits, self.extras
+
+    def class_keys(self) -> list[str]:
+        """Each record's ImageRecord.class_key (its labels joined by '|')."""
+        return ["|".join(labels) for labels in self.labels]
+
+    @property
+    def records(self) -> tuple[ImageRecord, ...]:
+        """The records as ImageRecord objects (built on first use)."""
+        if self._records is None:
+            self._records = tuple(itertools.starmap(ImageRecord, zip(*self.columns())))
+        return self._records
+
+    def __len__(self) -> int:
+        return len(self.paths)
+
+    def __eq__(self, other: object) -> bool:
+        return type(other) is RecordBatch and self.columns() == other.columns()
+
+    def __hash__(self) -> int:
+        return hash(self.columns())
+
+    def __repr__(self) -> str:
+        return f"RecordBatch({len(self)} records: {self.relpaths[:3]!r}...)"
+
+    def __reduce__(self) -> tuple:
+        return RecordBatch.from_columns, (*self.columns(), self.hashes, self.hash_seed)
+
+    def with_columns(self, **columns: Any) -> RecordBatch:
+        """A copy with some columns replaced (e.g. `splits=...`, `hashes=..., hash_seed=...`)."""
+        fields = dict(
+            paths=self.paths,
+            relpaths=self.relpaths,
+            sizes=self.sizes,
+            labels=self.labels,
+            splits=self.splits,
+            extras=self.extras,
+            hashes=self.hashes,
+            hash_seed=self.hash_seed,
+        )
+        fields.update(columns)
+        return RecordBatch.from_columns(**fields)
+
+    def take(self, indices: Sequence[int]) -> RecordBatch:
+        """The records at `indices`, in that order (hashes kept)."""
+        hashes = self.hashes
+        if hashes is not None:
+            hashes = np.frombuffer(hashes, dtype=_HASH_DTYPE)[np.asarray(indices, dtype=np.intp)].tobytes()
+        return RecordBatch.from_columns(
+            *(_pick(column, indices) for column in self.columns()), hashes=hashes, hash_seed=self.hash_seed
+        )
+
+    def slice(self, start: int, stop: int) -> RecordBatch:
+        """The records start..stop-1 (hashes kept)."""
+        h = HASH_BYTES
+        hashes = self.hashes[start * h : stop * h] if self.hashes is not None else None
+        return RecordBatch.from_columns(
+            *(column[start:stop] for column in self.columns()), hashes=hashes, hash_seed=self.hash_seed
+        )
+
+    def chunks(self, size: int = BATCH_SIZE) -> list[RecordBatch]:
+        """The batch cut into batches of `size` records (the last may be smaller; none if empty)."""
+        if len(self) <= size:
+            return [self] if len(self) else []
+        return [self.slice(i, i + size) for i in range(0, len(self), size)]
+
+    @staticmethod
+    def concat(batches: Iterable[RecordBatch]) -> RecordBatch:
+        """One batch of every record of `batches`, in order (hashes kept when all have them, same seed)."""
+        batches = list(batches)
+        if len(batches) == 1:
+            return batches[0]
+        columns = [tuple(itertools.chain.from_iterable(c)) for c in zip(*(b.columns() for b in batches))]
+        if not batches:
+            columns = [()] * 6
+        seeds = {b.hash_seed for b in batches}
+        hashes = seed = None
+        if len(seeds) == 1 and None not in seeds and all(b.hashes is not None for b in batches):
+            hashes, seed = b"".join(b.hashes for b in batches), seeds.pop()
+        return RecordBatch.from_columns(*columns, hashes=hashes, hash_seed=seed)
 
 
 @dataclasses.dataclass(frozen=True)

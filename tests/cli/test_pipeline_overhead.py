@@ -118,6 +118,13 @@ def test_plan_shards_shuffles_use_the_record_coders(tmp_path):
     assert b"FileBatchCoder" in coder_of("ListImages/IndexArchives/Index/ParDo(IndexArchivesFn)")  # members
     assert b"FileBatchCoder" in coder_of("ListImages/AllFiles")
     assert b"RecordBatchCoder" in coder_of("ParDo(LabelFromFoldersFn)")  # the main output, .records
+    # CutOrder's output and the side inputs of the plan: coded as columns and plain dicts, never
+    # pickled (a pickled batch costs ~2 us an image at every boundary).
+    assert b"LocatedCoder" in coder_of("PlanShards/CutSplits/Parts")
+    assert b"LocatedCoder" in coder_of("PlanShards/CutSplits/KeyParts/ParDo(KeyPartsFn)")
+    assert b"SideDictCoder" in coder_of("PlanShards/CutSplits/TotalsSide")
+    assert b"SideDictCoder" in coder_of("PlanShards/CutSplits/BucketTableSide")
+    assert b"SideListCoder" in coder_of("BuildClassIndex/NamesSide")
 
 
 def test_count_and_name_combiners_merge():

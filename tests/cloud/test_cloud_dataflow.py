@@ -158,9 +158,18 @@ def _upstream(p: beam_runner_api_pb2.Pipeline, pcoll: str) -> set[tuple[str, str
     return {(transforms[tid].unique_name, tag) for tid, tag in seen}
 
 
+# Fields of bytes that are not image bytes: a RecordBatch's seeded hashes (16 bytes a record).
+_NOT_IMAGE_BYTES = {(records_module.RecordBatch, "hashes")}
+
+
 def _fields_hold_bytes(cls: type) -> bool:
-    hints = typing.get_type_hints(cls)
-    return any("bytes" in str(hints[f.name]) for f in dataclasses.fields(cls))
+    if dataclasses.is_dataclass(cls):
+        hints = typing.get_type_hints(cls)
+        names = [f.name for f in dataclasses.fields(cls)]
+    else:  # a batch of columns: its fields are the arguments of from_columns
+        hints = typing.get_type_hints(cls.from_columns)
+        names = [name for name in hints if name != "return"]
+    return any("bytes" in str(hints[n]) for n in names if (cls, n) not in _NOT_IMAGE_BYTES)
 
 
 def _check_no_image_bytes_reach_a_group_by_key(described):

@@ -6,17 +6,18 @@ Failure (.failed); the singleton ClassIndex (a combiner: bounded by the number o
 
 from __future__ import annotations
 
+import collections
 from collections.abc import Iterable
 
 import apache_beam as beam
 from apache_beam import pvalue
 from apache_beam.metrics import Metrics
 
-from transforms.coders import RecordBatchCoder  # noqa: F401 - registers the record coders
+from transforms.coders import SideList
 from transforms.failures import FAILED, Failure
 from transforms.labels.classes import ClassCounts, _index_or_user_error
 from transforms.labels.folders import folder_label
-from transforms.records import ClassIndex, FileBatch, ImageRecord, RecordBatch
+from transforms.records import ClassIndex, FileBatch, RecordBatch
 
 
 class LabelFromFoldersFn(beam.DoFn):
@@ -28,19 +29,29 @@ class LabelFromFoldersFn(beam.DoFn):
         self._failed = Metrics.counter(self.__class__, "images_without_label")
 
     def process(self, batch: FileBatch) -> Iterable[RecordBatch | pvalue.TaggedOutput]:
-        records = []
-        for f in batch.files:
+        paths, relpaths, sizes = batch.columns()
+        by_folders = self._split_from_folders
+        labels: list[tuple[str, ...]] = []
+        splits: list[str] = []
+        kept: list[int] = []
+        one_label: dict[str, tuple[str]] = {}  # one tuple per class, shared by its records
+        for i, relpath in enumerate(relpaths):
             try:
-                split, name = folder_label(f.relpath, self._split_from_folders)
+                split, name = folder_label(relpath, by_folders)
             except ValueError as e:
                 self._failed.inc()
-                yield pvalue.TaggedOutput(FAILED, Failure(f.path, str(e), "label"))
+                yield pvalue.TaggedOutput(FAILED, Failure(paths[i], str(e), "label"))
                 continue
-            records.append(
-                ImageRecord(path=f.path, relpath=f.relpath, size=f.size, labels=(name,), split=split)
-            )
-        if records:
-            yield RecordBatch(tuple(records))
+            label = one_label.get(name)
+            if label is None:
+                label = one_label[name] = (name,)
+            labels.append(label)
+            splits.append(split)
+            kept.append(i)
+        if len(kept) < len(relpaths):
+            paths, relpaths, sizes = ([column[i] for i in kept] for column in (paths, relpaths, sizes))
+        if kept:
+            yield RecordBatch.from_columns(paths, relpaths, sizes, labels, splits, ((),) * len(kept))
 
 
 class LabelFromFolders(beam.PTransform):
@@ -63,8 +74,8 @@ class ClassNamesFn(beam.CombineFn):
         return set()
 
     def add_input(self, names: set[str], batch: RecordBatch) -> set[str]:
-        for record in batch.records:
-            names.update(record.labels)
+        for labels in set(batch.labels):
+            names.update(labels)
         return names
 
     def merge_accumulators(self, accumulators: Iterable[set[str]]) -> set[str]:
@@ -84,9 +95,8 @@ class CountPerClassFn(beam.CombineFn):
         return {}
 
     def add_input(self, counts: ClassCounts, batch: RecordBatch) -> ClassCounts:
-        for record in batch.records:
-            key = (record.split, record.class_key)
-            counts[key] = counts.get(key, 0) + 1
+        for key, n in collections.Counter(zip(batch.splits, batch.class_keys())).items():
+            counts[key] = counts.get(key, 0) + n
         return counts
 
     def merge_accumulators(self, accumulators: Iterable[ClassCounts]) -> ClassCounts:
@@ -119,7 +129,11 @@ class BuildClassIndex(beam.PTransform):
             return records.pipeline | "FromMap" >> beam.Create([ClassIndex(tuple(self._names), offset)])
         # Without records (all failed) the index has no names: a side-input default, which
         # costs two steps where CombineGlobally's default element costs seven.
-        names = records | "Names" >> beam.CombineGlobally(ClassNamesFn()).without_defaults()  # sorted labels
+        names = (
+            records
+            | "Names" >> beam.CombineGlobally(ClassNamesFn()).without_defaults()
+            | "NamesSide" >> beam.Map(SideList).with_output_types(SideList)
+        )  # sorted labels, a side input sized without a walk
         return (
             records.pipeline
             | "Once" >> beam.Impulse()

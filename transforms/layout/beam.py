@@ -15,285 +15,81 @@ distribution metric (batching.group_size).
 
 from __future__ import annotations
 
-import dataclasses
-from collections.abc import Callable, Iterable, Iterator, Sequence
+from collections.abc import Iterable, Iterator, Sequence
 
 import apache_beam as beam
-from apache_beam import pvalue
+import numpy as np
 from apache_beam.transforms.window import GlobalWindows
 
-from transforms.batching import KeyedGather, RebatchFn, group_size, records_of
-from transforms.coders import RecordBatchCoder  # noqa: F401 - registers the record coders
+from transforms.batching import BatchGather, group_size
 from transforms.layout import cuts
-from transforms.layout.plan import (
-    _STRADDLING,
-    DEFAULT_SEED,
-    _class_of,
-    _cumulative,
-    _one,
-    _shard_layout,
-    _shuffle_hash,
-    _split_hash,
-    _split_layout,
-    _split_of,
-    record_size,
-    shuffle_key,
-    split_for_key,
+from transforms.layout.beam_cuts import (
+    SHUFFLE_HASH,
+    SPLIT_HASH,
+    CutOrder,
+    KeyedBatch,
+    Located,
+    Order,
+    class_keys_of,
+    splits_of,
 )
-from transforms.records import ImageRecord, RecordBatch, ShardTask
+from transforms.layout.plan import (
+    DEFAULT_SEED,
+    _cumulative,
+    _shard_layout,
+    _split_layout,
+    record_sizes,
+    split_indexes,
+    with_hashes,
+)
+from transforms.records import BATCH_SIZE, RecordBatch, ShardTask
 
 
-@dataclasses.dataclass(frozen=True)
-class _Order:
-    """What CutOrder cuts: a record's segment, its place in the seeded order, its weight,
-    and each segment's bucket bits and part function from its totals."""
-
-    segment: Callable[[ImageRecord], str]
-    hash: Callable[[ImageRecord], int]
-    weight: Callable[[ImageRecord], int]
-    # (segment, count, weight) -> (bucket bits, part function)
-    layout: Callable[[str, int, int], tuple[int, Callable[[int], int]]]
-
-    def key(self, record: ImageRecord) -> tuple[int, str, str]:
-        return self.hash(record), record.relpath, record.path
-
-
-class SegmentTotalsFn(beam.CombineFn):
-    """RecordBatches -> {segment: [count, weight]}: one small entry per split or class."""
-
-    def __init__(self, order: _Order):
-        self._order = order
-
-    def create_accumulator(self) -> dict:
-        return {}
-
-    def add_input(self, acc: dict, batch: RecordBatch) -> dict:
-        segment, weight = self._order.segment, self._order.weight
-        for r in batch.records:
-            cuts.add_totals(acc, segment(r), weight(r))
-        return acc
-
-    def merge_accumulators(self, accs: Iterable[dict]) -> dict:
-        return cuts.merge_totals(accs)
-
-    def extract_output(self, acc: dict) -> dict:
-        return acc
-
-
-class _Plans:
-    """Each segment's SegmentPlan, built on first use from the totals and bucket table."""
-
-    def __init__(self, order: _Order, totals: dict, table: dict):
-        self._order, self._totals, self._table = order, totals, table
-        self._plans: dict[str, cuts.SegmentPlan] = {}
-
-    def bits(self, segment: str) -> int:
-        return self.get(segment).bits
-
-    def get(self, segment: str) -> cuts.SegmentPlan:
-        plan = self._plans.get(segment)
-        if plan is None:
-            count, weight = self._totals[segment]
-            bits, part = self._order.layout(segment, count, weight)
-            plan = cuts.segment_plan(bits, part, weight, self._table.get(segment, {}))
-            self._plans[segment] = plan
-        return plan
-
-
-def _layout_bits(order: _Order, totals: dict) -> dict[str, int]:
-    return {seg: order.layout(seg, count, weight)[0] for seg, (count, weight) in totals.items()}
-
-
-class CountBucketsFn(beam.DoFn):
-    """RecordBatches -> one partial bucket table per bundle (see MergeBucketTablesFn).
-
-    Only segments with bucket bits (from the totals side input) are counted.
-    """
-
-    def __init__(self, order: _Order):
-        self._order = order
-
-    def start_bundle(self) -> None:
-        self._table: dict = {}
-        self._bits: dict[str, int] | None = None
-        self._totals: dict | None = None
-
-    def process(self, batch: RecordBatch, totals: dict) -> None:
-        if self._bits is None or self._totals is not totals:
-            self._bits, self._totals = _layout_bits(self._order, totals), totals
-        order, bits, table = self._order, self._bits, self._table
-        for r in batch.records:
-            seg = order.segment(r)
-            b = bits.get(seg, 0)
-            if b:
-                cuts.add_totals(table.setdefault(seg, {}), cuts.bucket_of(order.hash(r), b), order.weight(r))
-
-    def finish_bundle(self) -> Iterator:
-        if self._table:
-            yield GlobalWindows.windowed_value(self._table)
-
-
-class MergeBucketTablesFn(beam.CombineFn):
-    """Partial tables -> {segment: {bucket: [count, weight]}} for the segments with bucket bits.
-
-    Bounded by the bucket count: 8 entries a shard (planning), or one per 256-512 records
-    of the classes above 512 records (stratified splits); small ints only.
-    """
-
-    def create_accumulator(self) -> dict:
-        return {}
-
-    def add_input(self, acc: dict, table: dict) -> dict:
-        return self.merge_accumulators([acc, table])
-
-    def merge_accumulators(self, accs: Iterable[dict]) -> dict:
-        merged: dict = {}
-        for acc in accs:
-            for seg, buckets in acc.items():
-                mine = merged.get(seg)
-                merged[seg] = buckets if mine is None else cuts.merge_totals([mine, buckets])
-        return merged
-
-    def extract_output(self, acc: dict) -> dict:
-        return acc
-
-
-class KeyPartsFn(beam.DoFn):
-    """RecordBatch -> ((segment, part), RecordBatch) for records whose bucket lies in one part;
-    ((segment, bucket), RecordBatch) on the STRADDLING output for the others.
-
-    Parts are gathered per key over the bundle (batching.KeyedGather): at most 50,000
-    records held.
-    """
-
-    def __init__(self, order: _Order):
-        self._order = order
-
-    def start_bundle(self) -> None:
-        self._direct, self._straddling = KeyedGather(), KeyedGather()
-        self._plans: _Plans | None = None
-        self._sides: tuple = ()
-
-    def process(self, batch: RecordBatch, totals: dict, table: dict) -> Iterator:
-        if self._plans is None or self._sides[0] is not totals or self._sides[1] is not table:
-            self._plans, self._sides = _Plans(self._order, totals, table), (totals, table)
-        order, plans = self._order, self._plans
-        for r in batch.records:
-            seg = order.segment(r)
-            plan = plans.get(seg)
-            bucket = cuts.bucket_of(order.hash(r), plan.bits)
-            part = plan.locate(bucket)
-            if part is not None:
-                yield from self._direct.add((seg, part), r)
-            else:
-                for key_batch in self._straddling.add((seg, bucket), r):
-                    yield pvalue.TaggedOutput(_STRADDLING, key_batch)
-
-    def finish_bundle(self) -> Iterator:
-        for item in self._direct.drain():
-            yield GlobalWindows.windowed_value(item)
-        for item in self._straddling.drain():
-            yield pvalue.TaggedOutput(_STRADDLING, GlobalWindows.windowed_value(item))
-
-
-class ResolveCutsFn(beam.DoFn):
-    """((segment, bucket), [RecordBatch]) -> ((segment, part), RecordBatch): one straddling
-    bucket sorted, each record placed by its exact weight offset. The group is one bucket."""
-
-    def __init__(self, order: _Order, step: str):
-        self._order = order
-        self._sizes = group_size(step)
-
-    def start_bundle(self) -> None:
-        self._plans: _Plans | None = None
-        self._sides: tuple = ()
-
-    def process(
-        self, element: tuple[tuple[str, int], Iterable[RecordBatch]], totals: dict, table: dict
-    ) -> Iterator:
-        if self._plans is None or self._sides[0] is not totals or self._sides[1] is not table:
-            self._plans, self._sides = _Plans(self._order, totals, table), (totals, table)
-        (seg, bucket), batches = element
-        records = list(records_of(batches))
-        self._sizes.update(len(records))
-        plan = self._plans.get(seg)
-        start, _ = plan.bucket_range(bucket)
-        parts: dict[int, list[ImageRecord]] = {}
-        for part, record in cuts.resolve_bucket(
-            records, start, plan.part_of, self._order.key, self._order.weight
-        ):
-            parts.setdefault(part, []).append(record)
-        for part in sorted(parts):
-            yield (seg, part), RecordBatch(tuple(parts[part]))
-
-
-_KeyedBatch = tuple[tuple[str, int], RecordBatch]
-
-
-def _same(element: object) -> object:
-    return element
-
-
-class CutOrder(beam.PTransform):
-    """RecordBatches -> ((segment, part), RecordBatch): every record with its exact part.
-
-    Two lifted combiners give the totals per segment (one entry per split or class) and the
-    bucket table (see MergeBucketTablesFn); both are side inputs. Records of a bucket inside one
-    part are keyed at once; a straddling bucket is grouped (one bucket's records: the only
-    group here) and resolved. The parts of one key arrive in several RecordBatches.
-    """
-
-    def __init__(self, order: _Order, name: str):
-        """name: the transform's full label, e.g. 'PlanShards/CutSplits', for the group metric."""
-        super().__init__()
-        self._order, self._name = order, name
-
-    def expand(
-        self, records: beam.PCollection[RecordBatch]
-    ) -> beam.PCollection[tuple[tuple[str, int], RecordBatch]]:
-        order = self._order
-        totals = pvalue.AsSingleton(
-            records | "Totals" >> beam.CombineGlobally(SegmentTotalsFn(order)).without_defaults(),
-            default_value={},
-        )
-        table = pvalue.AsSingleton(
-            records
-            | "CountBuckets" >> beam.ParDo(CountBucketsFn(order), totals)  # a partial table per bundle
-            | "BucketTable" >> beam.CombineGlobally(MergeBucketTablesFn()).without_defaults(),
-            default_value={},
-        )
-        keyed = records | "KeyParts" >> beam.ParDo(KeyPartsFn(order), totals, table).with_outputs(
-            _STRADDLING, main="parts"
-        )
-        step = f"{self._name}/GroupStraddling"
-        resolved = (
-            keyed[_STRADDLING]
-            # Declares the element type (tagged outputs have none), so the record coders are used.
-            | "TypeStraddling" >> beam.Map(_same).with_output_types(_KeyedBatch)
-            | "GroupStraddling" >> beam.GroupByKey()  # ((segment, bucket), [RecordBatch]): one hash bucket
-            | "ResolveCuts"
-            >> beam.ParDo(ResolveCutsFn(order, step), totals, table).with_output_types(_KeyedBatch)
-        )
-        parts = keyed.parts | "TypeParts" >> beam.Map(_same).with_output_types(_KeyedBatch)
-        return (parts, resolved) | "Parts" >> beam.Flatten()
-
-
-class _SetSplitFn(RebatchFn):
-    """((class, split index), RecordBatch) -> RecordBatches of records with that split set."""
+class SetSplitsFn(beam.DoFn):
+    """(split indexes, RecordBatch) -> RecordBatches with those splits set, batched again
+    (BATCH_SIZE records; the bundle's rest when it finishes)."""
 
     def __init__(self, names: tuple[str, ...]):
         self._names = names
 
-    def process(self, element: tuple[tuple[str, int], RecordBatch]) -> Iterator[RecordBatch]:
-        (_, index), batch = element
-        name = self._names[index]
-        for record in batch.records:
-            yield from self.batched(dataclasses.replace(record, split=name))
+    def start_bundle(self) -> None:
+        self._pending: list[RecordBatch] = []
+        self._held = 0
+
+    def process(self, located: Located) -> Iterator[RecordBatch]:
+        parts, batch = located
+        names = self._names
+        self._pending.append(batch.with_columns(splits=tuple([names[p] for p in parts])))
+        self._held += len(batch)
+        if self._held >= BATCH_SIZE:
+            *full, rest = RecordBatch.concat(self._pending).chunks()
+            if len(rest) == BATCH_SIZE:
+                full, rest = [*full, rest], None
+            self._pending, self._held = ([rest], len(rest)) if rest else ([], 0)
+            yield from full
+
+    def finish_bundle(self) -> Iterator:
+        if self._pending:
+            yield GlobalWindows.windowed_value(RecordBatch.concat(self._pending))
+            self._pending, self._held = [], 0
+
+
+class HashRecords(beam.PTransform):
+    """Adds each record's seeded hashes to its RecordBatch (cuts.record_hashes), once: the
+    split hash and the shuffle hash every later layout step reads."""
+
+    def __init__(self, seed: int):
+        super().__init__()
+        self._seed = seed
+
+    def expand(self, records: beam.PCollection[RecordBatch]) -> beam.PCollection[RecordBatch]:
+        return records | beam.Map(with_hashes, self._seed).with_output_types(RecordBatch)
 
 
 class AssignSplits(beam.PTransform):
     """Sets each record's split from a seeded hash of its path (unless `ratios` is empty).
 
+    Every record leaves with its seeded hashes (HashRecords), which PlanShards reuses.
     With `stratify`, each class is cut at the ratios on its own, in the order of the same
     seeded hash (as `stratified_splits` would with the whole class), so class proportions
     are the same in every split, as closely as whole images allow. No class is gathered:
@@ -313,34 +109,60 @@ class AssignSplits(beam.PTransform):
         self._stratify = stratify
 
     def expand(self, records: beam.PCollection[RecordBatch]) -> beam.PCollection[RecordBatch]:
-        if not self._ratios:
-            return records
         ratios, seed = self._ratios, self._seed
+        hashed = records | "HashRecords" >> HashRecords(seed)
+        if not ratios:
+            return hashed
+        names = tuple(name for name, _ in ratios)
         if not self._stratify:
 
             def hash_split(batch: RecordBatch) -> RecordBatch:
-                return RecordBatch(
-                    tuple(
-                        dataclasses.replace(r, split=split_for_key(r.relpath, seed, ratios))
-                        for r in batch.records
-                    )
+                split_hashes = cuts.hash_columns(with_hashes(batch, seed).hashes)[SPLIT_HASH]
+                return batch.with_columns(
+                    splits=tuple([names[i] for i in split_indexes(split_hashes, ratios)])
                 )
 
-            return records | "HashSplit" >> beam.Map(hash_split).with_output_types(RecordBatch)
+            return hashed | "HashSplit" >> beam.Map(hash_split).with_output_types(RecordBatch)
 
-        order = _Order(
-            segment=_class_of,
-            hash=lambda r: _split_hash(r, seed),
-            weight=_one,
+        order = Order(
+            seed=seed,
+            segments=class_keys_of,
+            hash_column=SPLIT_HASH,
+            weights=None,
             layout=_split_layout(_cumulative(ratios)),
         )
-        names = tuple(name for name, _ in ratios)
         return (
-            records
-            | "CutClasses"
-            >> CutOrder(order, f"{self.label}/CutClasses")  # ((class, split index), RecordBatch)
-            | "SetSplits" >> beam.ParDo(_SetSplitFn(names)).with_output_types(RecordBatch)
+            hashed
+            | "CutClasses" >> CutOrder(order, f"{self.label}/CutClasses")  # (split indexes, RecordBatch)
+            | "SetSplits" >> beam.ParDo(SetSplitsFn(names)).with_output_types(RecordBatch)
         )
+
+
+class KeyShardsFn(beam.DoFn):
+    """(shard indexes, RecordBatch) -> ((split, shard), RecordBatch), gathered per key over the
+    bundle (batching.BatchGather: at most 50,000 records held)."""
+
+    def start_bundle(self) -> None:
+        self._gather = BatchGather()
+
+    def process(self, located: Located) -> Iterator[KeyedBatch]:
+        parts, batch = located
+        # Sorted by (split, shard) once, then cut into runs: one gather of the columns, not one a key.
+        names = sorted(set(batch.splits))
+        code = {name: i for i, name in enumerate(names)}
+        keys = np.fromiter((code[s] for s in batch.splits), np.int64, len(batch)) << 32
+        keys |= np.asarray(parts, dtype=np.int64)
+        order = np.argsort(keys, kind="stable")
+        keys = keys[order]
+        ordered = batch.take(order.tolist())
+        cuts_at = [0, *(np.flatnonzero(np.diff(keys)) + 1).tolist(), len(batch)]
+        for start, stop in zip(cuts_at, cuts_at[1:]):
+            key = (names[int(keys[start]) >> 32], int(keys[start]) & 0xFFFFFFFF)
+            yield from self._gather.add(key, ordered.slice(start, stop))
+
+    def finish_bundle(self) -> Iterator:
+        for item in self._gather.drain():
+            yield GlobalWindows.windowed_value(item)
 
 
 class CutShardsFn(beam.DoFn):
@@ -352,10 +174,11 @@ class CutShardsFn(beam.DoFn):
 
     def process(self, element: tuple[tuple[str, int], Iterable[RecordBatch]]) -> Iterator[ShardTask]:
         (split, index), batches = element
-        seed = self._seed
-        records = sorted(records_of(batches), key=lambda r: shuffle_key(r, seed))
-        self._sizes.update(len(records))
-        yield ShardTask(split=split, index=index, records=tuple(records))
+        batch = with_hashes(RecordBatch.concat(batches), self._seed)
+        keys = list(zip(cuts.hash_columns(batch.hashes)[SHUFFLE_HASH].tolist(), batch.relpaths, batch.paths))
+        order = sorted(range(len(batch)), key=keys.__getitem__)
+        self._sizes.update(len(order))
+        yield ShardTask(split=split, index=index, records=batch.take(order).records)
 
 
 class PlanShards(beam.PTransform):
@@ -383,18 +206,18 @@ class PlanShards(beam.PTransform):
 
     def expand(self, records: beam.PCollection[RecordBatch]) -> beam.PCollection[ShardTask]:
         seed = self._seed
-        order = _Order(
-            segment=_split_of,
-            hash=lambda r: _shuffle_hash(r, seed),
-            weight=record_size,
+        order = Order(
+            seed=seed,
+            segments=splits_of,
+            hash_column=SHUFFLE_HASH,
+            weights=record_sizes,
             layout=_shard_layout(self._target, self._num),
         )
         return (
             records
-            | "CutSplits"
-            >> CutOrder(
-                order, f"{self.label}/CutSplits"
-            )  # ((split, shard), RecordBatch), a shard in several parts
+            | "HashRecords" >> HashRecords(seed)  # the same batches where AssignSplits hashed them
+            | "CutSplits" >> CutOrder(order, f"{self.label}/CutSplits")  # (shard indexes, RecordBatch)
+            | "KeyShards" >> beam.ParDo(KeyShardsFn()).with_output_types(KeyedBatch)  # a shard in parts
             | "GroupByShard" >> beam.GroupByKey()  # ((split, shard), [RecordBatch]): one shard's metadata
             | "CutShards"
             >> beam.ParDo(CutShardsFn(seed, f"{self.label}/GroupByShard")).with_output_types(ShardTask)

@@ -35,6 +35,8 @@ import math
 from collections.abc import Callable, Iterable, Iterator, Mapping
 from typing import Generic, TypeVar
 
+import numpy as np
+
 T = TypeVar("T")
 
 _HASH_BITS = 64
@@ -45,6 +47,39 @@ def hash64(*parts: str) -> int:
     """A seeded 64-bit hash, the same on every platform and Python (sha256's first 8 bytes)."""
     digest = hashlib.sha256("\0".join(parts).encode("utf-8", "surrogateescape")).digest()
     return int.from_bytes(digest[:8], "big")
+
+
+def record_hashes(relpaths: Iterable[str], seed: int) -> bytes:
+    """Each relpath's two seeded 64-bit hashes, 16 bytes a record (RecordBatch.hashes).
+
+    One sha256 over (seed, relpath) per record: its first 8 bytes (big-endian) are the split
+    hash, the next 8 the shuffle hash. The same on every platform and Python.
+    """
+    prefix = hashlib.sha256(f"{seed}\0".encode())
+    out = []
+    for relpath in relpaths:
+        h = prefix.copy()
+        h.update(relpath.encode("utf-8", "surrogateescape"))
+        out.append(h.digest()[:16])
+    return b"".join(out)
+
+
+def seeded_hashes(relpath: str, seed: int) -> tuple[int, int]:
+    """(split hash, shuffle hash) of one relpath: the values record_hashes stores."""
+    digest = record_hashes((relpath,), seed)
+    return int.from_bytes(digest[:8], "big"), int.from_bytes(digest[8:], "big")
+
+
+def hash_columns(hashes: bytes) -> tuple[np.ndarray, np.ndarray]:
+    """(split hashes, shuffle hashes) of RecordBatch.hashes, as uint64 arrays."""
+    both = np.frombuffer(hashes, dtype=">u8").astype(np.uint64).reshape(-1, 2)
+    return both[:, 0], both[:, 1]
+
+
+def buckets_of(hashes: np.ndarray, bits: np.ndarray) -> list[int]:
+    """bucket_of for arrays: each hash's top `bits` bits (0 where bits is 0)."""
+    shift = np.where(bits > 0, _HASH_BITS - bits, 0).astype(np.uint64)
+    return np.where(bits > 0, hashes >> shift, 0).tolist()
 
 
 def bucket_of(hash_value: int, bits: int) -> int:
@@ -65,13 +100,13 @@ class Totals:
     weight: int
 
 
-def add_totals(acc: dict, key: object, weight: int) -> None:
-    """Adds one record of `weight` to acc[key] = [count, weight] (a combiner's accumulator)."""
+def add_totals(acc: dict, key: object, weight: int, count: int = 1) -> None:
+    """Adds `count` records weighing `weight` in all to acc[key] = [count, weight] (a combiner's accumulator)."""
     entry = acc.get(key)
     if entry is None:
-        acc[key] = [1, weight]
+        acc[key] = [count, weight]
     else:
-        entry[0] += 1
+        entry[0] += count
         entry[1] += weight
 
 
@@ -109,6 +144,7 @@ class SegmentPlan(Generic[T]):
     offsets: tuple[int, ...] = ()
     weights: tuple[int, ...] = ()
     total: int = 0
+    _located: dict = dataclasses.field(default_factory=dict, compare=False, repr=False)
 
     def bucket_range(self, bucket: int) -> tuple[int, int]:
         """(weight before the bucket, the bucket's weight)."""
@@ -121,6 +157,13 @@ class SegmentPlan(Generic[T]):
 
     def locate(self, bucket: int) -> int | None:
         """The part of every record in `bucket`, or None when the bucket straddles a cut."""
+        located = self._located
+        if bucket in located:
+            return located[bucket]
+        part = located[bucket] = self._locate(bucket)
+        return part
+
+    def _locate(self, bucket: int) -> int | None:
         start, weight = self.bucket_range(bucket)
         if weight <= 0:
             return None

@@ -9,9 +9,11 @@ from __future__ import annotations
 
 from collections.abc import Callable, Iterable, Sequence
 
+import numpy as np
+
 from transforms.coders import RecordBatchCoder  # noqa: F401 - registers the record coders
 from transforms.layout import cuts
-from transforms.records import ImageRecord
+from transforms.records import ImageRecord, RecordBatch
 
 DEFAULT_SEED = 42
 
@@ -39,11 +41,18 @@ _STRADDLING = "straddling"
 
 
 def _shuffle_hash(record: ImageRecord, seed: int) -> int:
-    return cuts.hash64("shuffle", str(seed), record.relpath)
+    return cuts.seeded_hashes(record.relpath, seed)[1]
 
 
 def _split_hash(record: ImageRecord, seed: int) -> int:
-    return cuts.hash64("split", str(seed), record.relpath)
+    return cuts.seeded_hashes(record.relpath, seed)[0]
+
+
+def with_hashes(batch: RecordBatch, seed: int) -> RecordBatch:
+    """`batch` with its records' seeded hashes (cuts.record_hashes), computed unless it has them."""
+    if batch.hashes is not None and batch.hash_seed == seed:
+        return batch
+    return batch.with_columns(hashes=cuts.record_hashes(batch.relpaths, seed), hash_seed=seed)
 
 
 def shuffle_key(record: ImageRecord, seed: int) -> tuple[int, str, str]:
@@ -85,13 +94,15 @@ def split_for_key(key: str, seed: int, ratios: Sequence[tuple[str, float]]) -> s
 
     Adding or removing other images never moves this one to another split.
     """
-    point = cuts.hash64("split", str(seed), key) / 2**64
-    cumulative = 0.0
-    for name, ratio in ratios:
-        cumulative += ratio
-        if point < cumulative:
-            return name
-    return ratios[-1][0]
+    return ratios[split_indexes(np.array([cuts.seeded_hashes(key, seed)[0]], np.uint64), ratios)[0]][0]
+
+
+def split_indexes(split_hashes: np.ndarray, ratios: Sequence[tuple[str, float]]) -> list[int]:
+    """The split (an index into `ratios`) of each split hash: the first split whose
+    cumulative ratio exceeds hash / 2**64 (the last split past them all)."""
+    points = split_hashes.astype(np.float64) / 2.0**64  # exact: a power of two
+    index = np.searchsorted(np.array(_cumulative(ratios)), points, side="right")
+    return np.minimum(index, len(ratios) - 1).tolist()
 
 
 def _cumulative(ratios: Sequence[tuple[str, float]]) -> tuple[float, ...]:
@@ -121,12 +132,22 @@ def stratified_splits(
     return [(ratios[index][0], record) for index, record in placed]
 
 
+def _utf8_len(text: str) -> int:
+    return len(text) if text.isascii() else len(text.encode("utf-8", "surrogateescape"))
+
+
 def record_size(record: ImageRecord) -> int:
     """Estimated bytes of the record in a TFRecord file."""
-    text = len(record.relpath.encode("utf-8", "surrogateescape")) + sum(
-        len(x.encode("utf-8")) for x in record.labels
-    )
+    text = _utf8_len(record.relpath) + sum(map(_utf8_len, record.labels))
     return record.size + text + _RECORD_OVERHEAD
+
+
+def record_sizes(batch: RecordBatch) -> list[int]:
+    """record_size of each record of `batch`, from its columns."""
+    return [
+        size + _utf8_len(relpath) + sum(map(_utf8_len, labels)) + _RECORD_OVERHEAD
+        for size, relpath, labels in zip(batch.sizes, batch.relpaths, batch.labels)
+    ]
 
 
 def plan_shards(

@@ -14,7 +14,7 @@ from __future__ import annotations
 import collections
 import dataclasses
 import json
-from collections.abc import Callable, Iterable
+from collections.abc import Callable, Iterable, Sequence
 from concurrent.futures import ThreadPoolExecutor
 
 import apache_beam as beam
@@ -24,7 +24,8 @@ from apache_beam.io.tfrecordio import _TFRecordSink
 from apache_beam.metrics import Metrics
 from apache_beam.transforms.window import GlobalWindows
 
-from transforms.batching import CountImagesFn
+from transforms.batching import images_in
+from transforms.coders import SideDict
 from transforms.encoding.encoder import EncodeSettings
 from transforms.encoding.schema import schema_from_summary
 from transforms.failures import FAILED, USER_ERROR_MARKER, Failure, diagnosis_of_kinds
@@ -348,8 +349,9 @@ class FinalizeFn(beam.DoFn):
 class WriteMetadata(beam.PTransform):
     """Waits for every shard, renames them into place and writes the metadata files.
 
-    `files` are the listed images (FileBatches; or RecordBatches and Failures after a join)
-    and `records` the labelled ones (RecordBatches), counted for summary.json.
+    `files` are the PCollections of listed images (FileBatches, Failures; or RecordBatches
+    and Failures after a join) and `records` the labelled ones (RecordBatches), counted for
+    summary.json.
     """
 
     def __init__(
@@ -358,7 +360,7 @@ class WriteMetadata(beam.PTransform):
         temp_dir: str,
         compression: str,
         *,
-        files: beam.PCollection[FileBatch | RecordBatch | Failure],
+        files: Sequence[beam.PCollection[FileBatch | RecordBatch | Failure]],
         records: beam.PCollection[RecordBatch],
         failed: beam.PCollection[Failure],
         shards: beam.PCollection[ShardResult],
@@ -371,18 +373,28 @@ class WriteMetadata(beam.PTransform):
         super().__init__()
         self._fn = FinalizeFn(output_dir, temp_dir, compression, settings, max_failure_ratio, dataset_name)
         self._staging = staging_dir(temp_dir)
-        self._files, self._records = files, records
+        self._files, self._records = tuple(files), records
         self._failed, self._shards, self._class_index = failed, shards, class_index
         self._extras = summary_extras
 
     def expand(self, pbegin: beam.pvalue.PBegin) -> beam.PCollection[dict]:
         # Lifted combiners without a default element (an empty input leaves the side inputs
         # at their defaults): one cheap call per batch, no extra steps.
-        count = CountImagesFn()
-        listed_total = self._files | "CountListed" >> beam.CombineGlobally(count).without_defaults()
+        # Each input counted where it is made (a Map fused into its producer, no decode of
+        # the batches again), then the counts summed.
+        counts = [
+            pcoll | f"CountListed{i}" >> beam.Map(images_in).with_output_types(int)
+            for i, pcoll in enumerate(self._files)
+        ]
+        listed_total = (
+            counts
+            | "AllListed" >> beam.Flatten().with_output_types(int)
+            | "CountListed" >> beam.CombineGlobally(sum).without_defaults()
+        )
         listed = (
             self._records
             | "CountListedPerClass" >> beam.CombineGlobally(CountPerClassFn()).without_defaults()
+            | "ListedSide" >> beam.Map(SideDict).with_output_types(SideDict)
         )
         extras = self._extras if self._extras is not None else pbegin | "NoExtras" >> beam.Create([{}])
         # Failures: counted by a combiner (stages, classes), written as sorted parts of
@@ -394,7 +406,9 @@ class WriteMetadata(beam.PTransform):
         # Written per (split, class) from a combiner; the shard list without those counts (one
         # small ShardResult a shard: per class, a shard's counts add up to the dataset's size).
         written = (
-            self._shards | "CountWritten" >> beam.CombineGlobally(WrittenPerClassFn()).without_defaults()
+            self._shards
+            | "CountWritten" >> beam.CombineGlobally(WrittenPerClassFn()).without_defaults()
+            | "WrittenSide" >> beam.Map(SideDict).with_output_types(SideDict)
         )
         shards = self._shards | "ShardsOnly" >> beam.Map(lambda s: dataclasses.replace(s, written=()))
         parts = (

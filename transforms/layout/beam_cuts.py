@@ -1,0 +1,332 @@
+"""CutOrder: RecordBatches cut into exact parts of a seeded order without gathering a segment.
+
+RecordBatches (with their seeded hashes, plan.with_hashes) in; Located out: each batch with
+every record's part (a split index for AssignSplits, a shard for PlanShards). The arithmetic is
+transforms/layout/cuts.py; this module is its Beam shell: totals per segment and the bucket
+table from lifted combiners (side inputs of small ints, SideDicts sized without a walk), the
+records of a bucket inside one part placed where they are, and only a straddling bucket
+grouped. Every group's size goes to a Beam distribution metric (batching.group_size).
+"""
+
+from __future__ import annotations
+
+import collections
+import dataclasses
+from collections.abc import Callable, Iterable, Iterator, Sequence
+
+import apache_beam as beam
+import numpy as np
+from apache_beam import coders as beam_coders
+from apache_beam import pvalue
+from apache_beam.transforms.window import GlobalWindows
+
+from transforms import coders
+from transforms.batching import BatchGather, group_size
+from transforms.coders import SideDict, record_batch_fields
+from transforms.layout import cuts
+from transforms.layout.plan import _STRADDLING, with_hashes
+from transforms.records import RecordBatch
+
+# The hash columns of RecordBatch.hashes (cuts.hash_columns).
+SPLIT_HASH, SHUFFLE_HASH = 0, 1
+
+
+def class_keys_of(batch: RecordBatch) -> Sequence[str]:
+    return batch.class_keys()
+
+
+def splits_of(batch: RecordBatch) -> Sequence[str]:
+    return batch.splits
+
+
+@dataclasses.dataclass(frozen=True)
+class Order:
+    """What CutOrder cuts, read from a RecordBatch's columns: each record's segment, its
+    place in the seeded order (one of the batch's stored hashes), its weight, and each
+    segment's bucket bits and part function from its totals."""
+
+    seed: int
+    segments: Callable[[RecordBatch], Sequence[str]]
+    hash_column: int  # SPLIT_HASH or SHUFFLE_HASH
+    weights: Callable[[RecordBatch], Sequence[int]] | None  # None: every record weighs 1
+    # (segment, count, weight) -> (bucket bits, part function), from the totals alone
+    layout: Callable[[str, int, int], tuple[int, Callable[[int], int]]]
+
+    def hashes(self, batch: RecordBatch) -> np.ndarray:
+        return cuts.hash_columns(with_hashes(batch, self.seed).hashes)[self.hash_column]
+
+    def weights_of(self, batch: RecordBatch) -> Sequence[int]:
+        return self.weights(batch) if self.weights is not None else [1] * len(batch)
+
+    def sort_keys(self, batch: RecordBatch) -> list[tuple[int, str, str]]:
+        """Each record's place in the seeded order: its hash, ties broken by relpath, then path."""
+        return list(zip(self.hashes(batch).tolist(), batch.relpaths, batch.paths))
+
+
+class SegmentTotalsFn(beam.CombineFn):
+    """RecordBatches -> {segment: [count, weight]}: one small entry per split or class."""
+
+    def __init__(self, order: Order):
+        self._order = order
+
+    def create_accumulator(self) -> dict:
+        return {}
+
+    def add_input(self, acc: dict, batch: RecordBatch) -> dict:
+        segments = self._order.segments(batch)
+        if self._order.weights is None:
+            for segment, n in collections.Counter(segments).items():
+                cuts.add_totals(acc, segment, n, count=n)
+        else:
+            for segment, weight in zip(segments, self._order.weights(batch)):
+                cuts.add_totals(acc, segment, weight)
+        return acc
+
+    def merge_accumulators(self, accs: Iterable[dict]) -> dict:
+        return cuts.merge_totals(accs)
+
+    def extract_output(self, acc: dict) -> dict:
+        return acc
+
+
+class _Plans:
+    """Each segment's SegmentPlan, built on first use from the totals and bucket table.
+
+    A segment's layout depends on its totals alone, so segments of one bucket (most classes)
+    with the same totals share one plan: 200,000 small classes make a few hundred plans.
+    """
+
+    def __init__(self, order: Order, totals: dict, table: dict):
+        self._order, self._totals, self._table = order, totals, table
+        self._plans: dict[str, cuts.SegmentPlan] = {}
+        self._one_bucket: dict[tuple[int, int], cuts.SegmentPlan] = {}
+
+    def get(self, segment: str) -> cuts.SegmentPlan:
+        plan = self._plans.get(segment)
+        if plan is None:
+            count, weight = self._totals[segment]
+            plan = self._one_bucket.get((count, weight))
+            if plan is None:
+                bits, part = self._order.layout(segment, count, weight)
+                plan = cuts.segment_plan(bits, part, weight, self._table.get(segment, {}))
+                if not bits:
+                    self._one_bucket[count, weight] = plan
+            self._plans[segment] = plan
+        return plan
+
+
+def _layout_bits(order: Order, totals: dict) -> dict[str, int]:
+    return {seg: order.layout(seg, count, weight)[0] for seg, (count, weight) in totals.items()}
+
+
+class CountBucketsFn(beam.DoFn):
+    """RecordBatches -> one partial bucket table per bundle (see MergeBucketTablesFn).
+
+    Only segments with bucket bits (from the totals side input) are counted.
+    """
+
+    def __init__(self, order: Order):
+        self._order = order
+
+    def start_bundle(self) -> None:
+        self._table: dict = {}
+        self._bits: dict[str, int] | None = None
+        self._totals: dict | None = None
+
+    def process(self, batch: RecordBatch, totals: dict) -> None:
+        if self._bits is None or self._totals is not totals:
+            self._bits, self._totals = _layout_bits(self._order, totals), totals
+        order, table, get = self._order, self._table, self._bits.get
+        segments = order.segments(batch)
+        bits = np.fromiter((get(s, 0) for s in segments), np.int64, len(segments))
+        if not bits.any():
+            return
+        buckets = cuts.buckets_of(order.hashes(batch), bits)
+        for seg, b, bucket, weight in zip(segments, bits.tolist(), buckets, order.weights_of(batch)):
+            if b:
+                cuts.add_totals(table.setdefault(seg, {}), bucket, weight)
+
+    def finish_bundle(self) -> Iterator:
+        if self._table:
+            yield GlobalWindows.windowed_value(self._table)
+
+
+class MergeBucketTablesFn(beam.CombineFn):
+    """Partial tables -> {segment: {bucket: [count, weight]}} for the segments with bucket bits.
+
+    Bounded by the bucket count: 8 entries a shard (planning), or one per 256-512 records
+    of the classes above 512 records (stratified splits); small ints only.
+    """
+
+    def create_accumulator(self) -> dict:
+        return {}
+
+    def add_input(self, acc: dict, table: dict) -> dict:
+        return self.merge_accumulators([acc, table])
+
+    def merge_accumulators(self, accs: Iterable[dict]) -> dict:
+        merged: dict = {}
+        for acc in accs:
+            for seg, buckets in acc.items():
+                mine = merged.get(seg)
+                merged[seg] = buckets if mine is None else cuts.merge_totals([mine, buckets])
+        return merged
+
+    def extract_output(self, acc: dict) -> dict:
+        return acc
+
+
+class Located:
+    """CutOrder's output: a RecordBatch and each of its records' part (one element per
+    input batch, or per straddling bucket). Coded as its columns (LocatedCoder)."""
+
+    __slots__ = ("parts", "batch")
+
+    def __init__(self, parts: tuple[int, ...], batch: RecordBatch):
+        self.parts, self.batch = parts, batch
+
+    def __iter__(self) -> Iterator:
+        return iter((self.parts, self.batch))
+
+    def __reduce__(self) -> tuple:
+        return Located, (self.parts, self.batch)
+
+
+def _encode_located(located: Located) -> bytes:
+    return coders.tagged((located.parts, *record_batch_fields(located.batch)), located)
+
+
+def _decode_located(data: bytes) -> Located:
+    return coders.untagged(data, lambda t: Located(t[0], RecordBatch.from_columns(*t[1:])))
+
+
+class LocatedCoder(coders.TupleCoder):
+    _type, _encode, _decode = Located, _encode_located, _decode_located
+
+
+beam_coders.registry.register_coder(Located, LocatedCoder)
+
+KeyedBatch = tuple[tuple[str, int], RecordBatch]
+
+
+class KeyPartsFn(beam.DoFn):
+    """RecordBatch -> (parts, RecordBatch) of its records whose bucket lies in one part (one
+    element per input batch, no record moved); ((segment, bucket), RecordBatch) on the
+    STRADDLING output for the others, gathered per key over the bundle (batching.BatchGather:
+    at most 50,000 records held).
+    """
+
+    def __init__(self, order: Order):
+        self._order = order
+
+    def start_bundle(self) -> None:
+        self._straddling = BatchGather()
+        self._plans: _Plans | None = None
+        self._sides: tuple = ()
+
+    def process(self, batch: RecordBatch, totals: dict, table: dict) -> Iterator:
+        if self._plans is None or self._sides[0] is not totals or self._sides[1] is not table:
+            self._plans, self._sides = _Plans(self._order, totals, table), (totals, table)
+        get = self._plans.get
+        segments = self._order.segments(batch)
+        plans = [get(s) for s in segments]
+        bits = np.fromiter((p.bits for p in plans), np.int64, len(plans))
+        buckets = cuts.buckets_of(self._order.hashes(batch), bits) if bits.any() else [0] * len(plans)
+        direct: list[int] = []
+        parts: list[int] = []
+        straddling: dict[tuple[str, int], list[int]] = {}
+        for i, (plan, bucket) in enumerate(zip(plans, buckets)):
+            part = plan.locate(bucket)
+            if part is None:
+                straddling.setdefault((segments[i], bucket), []).append(i)
+            else:
+                direct.append(i)
+                parts.append(part)
+        if direct:
+            yield Located(tuple(parts), batch if len(direct) == len(batch) else batch.take(direct))
+        for key, indices in straddling.items():
+            for item in self._straddling.add(key, batch.take(indices)):
+                yield pvalue.TaggedOutput(_STRADDLING, item)
+
+    def finish_bundle(self) -> Iterator:
+        for item in self._straddling.drain():
+            yield pvalue.TaggedOutput(_STRADDLING, GlobalWindows.windowed_value(item))
+
+
+class ResolveCutsFn(beam.DoFn):
+    """((segment, bucket), [RecordBatch]) -> (parts, RecordBatch): one straddling bucket
+    sorted, each record placed by its exact weight offset. The group is one bucket."""
+
+    def __init__(self, order: Order, step: str):
+        self._order = order
+        self._sizes = group_size(step)
+
+    def start_bundle(self) -> None:
+        self._plans: _Plans | None = None
+        self._sides: tuple = ()
+
+    def process(
+        self, element: tuple[tuple[str, int], Iterable[RecordBatch]], totals: dict, table: dict
+    ) -> Iterator[Located]:
+        if self._plans is None or self._sides[0] is not totals or self._sides[1] is not table:
+            self._plans, self._sides = _Plans(self._order, totals, table), (totals, table)
+        (seg, bucket), batches = element
+        batch = RecordBatch.concat(batches)
+        self._sizes.update(len(batch))
+        plan = self._plans.get(seg)
+        start, _ = plan.bucket_range(bucket)
+        keys, weights = self._order.sort_keys(batch), self._order.weights_of(batch)
+        placed = list(
+            cuts.resolve_bucket(range(len(batch)), start, plan.part_of, keys.__getitem__, weights.__getitem__)
+        )
+        yield Located(tuple(part for part, _ in placed), batch.take([i for _, i in placed]))
+
+
+def _same(element: object) -> object:
+    return element
+
+
+class CutOrder(beam.PTransform):
+    """RecordBatches -> (parts, RecordBatch): every record with its exact part.
+
+    Two lifted combiners give the totals per segment (one entry per split or class) and the
+    bucket table (see MergeBucketTablesFn); both are side inputs of a few small ints per
+    segment or bucket, materialized once. Records of a bucket inside one part get it at once
+    (no move); a straddling bucket is grouped (one bucket's records: the only group here)
+    and resolved. The records must carry their seeded hashes (plan.with_hashes).
+    """
+
+    def __init__(self, order: Order, name: str):
+        """name: the transform's full label, e.g. 'PlanShards/CutSplits', for the group metric."""
+        super().__init__()
+        self._order, self._name = order, name
+
+    def expand(self, records: beam.PCollection[RecordBatch]) -> beam.PCollection[Located]:
+        order = self._order
+        totals = pvalue.AsSingleton(
+            records
+            | "Totals" >> beam.CombineGlobally(SegmentTotalsFn(order)).without_defaults()
+            | "TotalsSide" >> beam.Map(SideDict).with_output_types(SideDict),
+            default_value={},
+        )
+        table = pvalue.AsSingleton(
+            records
+            | "CountBuckets" >> beam.ParDo(CountBucketsFn(order), totals)  # a partial table per bundle
+            | "BucketTable" >> beam.CombineGlobally(MergeBucketTablesFn()).without_defaults()
+            | "BucketTableSide" >> beam.Map(SideDict).with_output_types(SideDict),
+            default_value={},
+        )
+        keyed = records | "KeyParts" >> beam.ParDo(KeyPartsFn(order), totals, table).with_output_types(
+            Located
+        ).with_outputs(_STRADDLING, main="parts")
+        step = f"{self._name}/GroupStraddling"
+        resolved = (
+            keyed[_STRADDLING]
+            # Declares the element type (tagged outputs have none), so the record coders are used.
+            | "TypeStraddling" >> beam.Map(_same).with_output_types(KeyedBatch)
+            | "GroupStraddling" >> beam.GroupByKey()  # ((segment, bucket), [RecordBatch]): one hash bucket
+            | "ResolveCuts"
+            >> beam.ParDo(ResolveCutsFn(order, step), totals, table).with_output_types(Located)
+        )
+        parts = keyed.parts | "TypeParts" >> beam.Map(_same).with_output_types(Located)
+        return (parts, resolved) | "Parts" >> beam.Flatten().with_output_types(Located)
