@@ -12,10 +12,11 @@ structure of the file, not its pixels (measured; tests/test_jpeg_check.py keeps 
 Bit errors inside the entropy-coded data decode (to wrong pixels, with a warning) in
 TensorFlow and in Pillow alike, so a full decode would not reject them either. A 1/8-scale
 decode of every image costs ~380 us on the benchmark's 45 KB photos (Huffman decoding, which
-every full-stream check must do); this walk costs ~21 us: a parse of the header segments
-(tables and component layouts parsed once per distinct segment and cached), then a vectorised (numpy) search for the marker that ends a sequential scan's entropy-coded
-data (~9 us for 45 KB), or a regex search where markers follow closely (restarts,
-progressive scans).
+every full-stream check must do); this walk costs ~12 us: a parse of the header segments
+(~12 us more the first time a header is seen: a later file whose header is the same but for
+its size continues from its scan data, `_HeaderCache`), then a vectorised (numpy) search
+for the marker that ends a sequential scan's entropy-coded data (~7 us for 45 KB), or a
+regex search where markers follow closely (restarts, progressive scans).
 
 `check_jpeg` returns the layout when it is sure TensorFlow decodes the file to that shape,
 raises ImageError when it is sure TensorFlow rejects it, and returns None for what it does
