@@ -233,3 +233,13 @@ def test_the_header_cache_is_bounded(monkeypatch):
     for quality in range(1, jpeg._HeaderCache.MAX + 20):  # a new header each (other tables)
         check_jpeg(_jpeg(size=(8, 8), quality=quality % 95 + 1, subsampling=quality // 95))
     assert len(jpeg._HEADERS._states) <= jpeg._HeaderCache.MAX
+
+
+def test_long_headers_are_walked_not_remembered(monkeypatch):
+    # A camera's EXIF or ICC segments: tens of KB of header, different in every file.
+    monkeypatch.setattr(jpeg, "_HEADERS", jpeg._HeaderCache())
+    plain = _jpeg(size=(40, 30))
+    exif = plain[:2] + b"\xff\xe1\x27\x12" + bytes(10_000) + plain[2:]  # a 10 KB APP1 first
+    assert check_jpeg(exif) == check_jpeg(plain) == _tf_shape_layout(plain)
+    assert len(jpeg._HEADERS._states) == 1  # the plain file's header only
+    assert jpeg._HEADERS.find(exif) is None

@@ -130,10 +130,14 @@ class _HeaderCache:
     scan data, ~10 us less than walking the ~9 header segments again. A header is found by
     its first SOS marker; one that is not really the SOS (inside an APPn segment) matches
     no remembered header, whose lengths are those of real walks, and is walked in full.
-    At most MAX headers are kept (each ~0.6 KB); when full, the cache starts again.
+    Only headers of up to MAX_BYTES are remembered and looked for (a camera's EXIF or ICC
+    segments make headers of tens of KB that differ from file to file: copying and hashing
+    them would cost more than walking them), and at most MAX of them (~0.6 KB each for
+    the benchmark's files; at most 1 MB); when full, the cache starts again.
     """
 
     MAX = 256
+    MAX_BYTES = 4096
 
     def __init__(self) -> None:
         # header end -> {offset of the size bytes}; (end, offset, header less size) -> state
@@ -142,6 +146,8 @@ class _HeaderCache:
 
     def add(self, data: bytes, end: int, size_at: int, state: _State) -> None:
         """Remembers the header `data[:end]` (size bytes at `size_at`), walked to `state`."""
+        if end > self.MAX_BYTES:
+            return
         if len(self._states) >= self.MAX:
             self._offsets.clear()
             self._states.clear()
@@ -163,10 +169,12 @@ class _HeaderCache:
         """(the state after the headers, where they end) for a remembered header, else None."""
         if not self._states:
             return None
-        sos = data.find(b"\xff\xda", 2)
+        sos = data.find(b"\xff\xda", 2, self.MAX_BYTES)
         if sos < 0 or sos + 4 > len(data):
             return None
         end = sos + 4 + (data[sos + 2] << 8 | data[sos + 3]) - 2
+        if end > self.MAX_BYTES:
+            return None
         for size_at in self._offsets.get(end, ()):
             known = self._states.get((end, size_at, data[:size_at] + data[size_at + 4 : end]))
             if known is None:
