@@ -22,7 +22,7 @@ def started_as_cli(argv: list[str]) -> bool:
 
 
 # Beam imports numpy, whose OpenBLAS starts a thread pool as big as the machine at import
-# (~0.08 s of CPU on 2 cores, every start). The CLI does no linear algebra: one thread.
+# (0.03-0.1 s of CPU on 2 cores at every start, by load). The CLI does no linear algebra: one thread.
 # Only there (not where a program imports this package), and never against the user's setting.
 if "numpy" not in sys.modules and started_as_cli(sys.orig_argv):
     os.environ.setdefault("OPENBLAS_NUM_THREADS", "1")

@@ -15,6 +15,7 @@ import signal
 import sys
 import uuid
 from collections.abc import Callable
+from typing import TypeVar
 
 import apache_beam as beam
 from apache_beam.io.filesystems import FileSystems
@@ -109,6 +110,9 @@ def quiet_user_errors():
                 handler.removeFilter(quiet)
 
 
+_View = TypeVar("_View", bound=PipelineOptions)
+
+
 class RunOptions(PipelineOptions):
     """The run's PipelineOptions, whose views are made once per options class.
 
@@ -121,7 +125,7 @@ class RunOptions(PipelineOptions):
     the Pipeline): each copy makes its own views of its own values.
     """
 
-    def view_as(self, cls):
+    def view_as(self, cls: type[_View]) -> _View:
         views = self.__dict__.get("_views")
         if views is None:
             views = self.__dict__["_views"] = {}
