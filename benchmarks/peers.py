@@ -2,11 +2,13 @@
 
     python benchmarks/peers.py                       # 8,000 and 16,000 JPEGs, 3 rounds
     python benchmarks/peers.py --rounds 5 --tools cat,tfds,convert --variant one=--write_processes=1
+    python benchmarks/peers.py --tools cat,convert --baseline /tmp/main-checkout   # A/B of two trees
 
 The peers, each a whole process on the same class folders (issue 19): `cat` (the floor of
 copying the bytes), the TensorFlow tutorial loop (`tutorial_loop.py`), a TFDS
 `GeneratorBasedBuilder` (`tfds_builder.py`) and `img2tfrecord convert` (default flags, plus
-any `--variant`). The small dataset is the first `--small` images of the large one, as hard
+any `--variant`; with `--baseline DIR`, also `before`: the same convert run from the
+checkout at DIR, on PYTHONPATH, with this tree's environment). The small dataset is the first `--small` images of the large one, as hard
 links (`dataset.subset`), so both sizes read the same kind of files and a warm page cache
 for the large one also covers the small one.
 
@@ -169,6 +171,11 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument(
         "--cold", action="store_true", help="Evict the dataset from the page cache before every run."
     )
+    parser.add_argument(
+        "--baseline",
+        metavar="DIR",
+        help="Also run convert (as `before`) from the checkout at DIR: before/after in the same rounds.",
+    )
     parser.add_argument("--work_dir", default=WORK_DIR)
     parser.add_argument("--json", help="Also write the rows to this file.")
     args = parser.parse_args(argv)
@@ -189,6 +196,14 @@ def main(argv: list[str] | None = None) -> int:
     }
     env = {**os.environ, "PYTHONPATH": REPO, "TF_CPP_MIN_LOG_LEVEL": "2"}
     compile_sources()
+    if args.baseline:
+        baseline = os.path.abspath(args.baseline)
+        compile_sources(baseline)
+        for size, tools in commands.items():
+            convert = tool_commands(os.path.abspath(data[size]), os.path.abspath(out), {})["convert"]
+            # From DIR: `python -m` puts the working folder first on sys.path.
+            tools["before"] = ["env", f"--chdir={baseline}", f"PYTHONPATH={baseline}", *convert[:-1]]
+            tools["before"].append(os.path.join(os.path.abspath(out), "before"))
 
     for size in (args.small, args.large):
         print(f"dataset: {data[size]}: {sizes[size][0]} images, {sizes[size][1] / 1e6:.0f} MB", flush=True)

@@ -162,3 +162,84 @@ def test_fuzzed_jpegs_accepted_by_the_check_always_decode_in_tensorflow():
         assert (info.height, info.width, info.channels) == tf_shape, data.hex()
     assert accepted > 100  # the edits leave many files decodable: the test checks something
     assert needless <= 4
+
+
+# --- headers remembered across files (jpeg._HeaderCache) ---------------------------------
+
+
+def _verdict(data: bytes) -> object:
+    """check_jpeg's answer as a comparable value: the layout, None, or the error's text."""
+    try:
+        return check_jpeg(data)
+    except ImageError as e:
+        return f"ImageError: {e}"
+
+
+def _verdicts(files: list[bytes], warm: bytes | None, monkeypatch) -> list[object]:
+    """Each file's verdict from a fresh header cache, after walking `warm` (if given) first."""
+    results = []
+    for data in files:
+        monkeypatch.setattr(jpeg, "_HEADERS", jpeg._HeaderCache())
+        if warm is not None:
+            _verdict(warm)
+        results.append(_verdict(data))
+    return results
+
+
+@pytest.mark.parametrize(
+    "options",
+    [{}, {"progressive": True}, {"mode": "L"}, {"restart_marker_blocks": 4}, {"subsampling": 0}],
+    ids=["baseline", "progressive", "grey", "restarts", "4:4:4"],
+)
+def test_a_remembered_header_gives_the_verdict_of_a_full_walk(options, monkeypatch):
+    warm = _jpeg(size=(64, 48), **options)
+    size_at = warm.index(b"\xff\xc2" if options.get("progressive") else b"\xff\xc0") + 5
+    # The same header but for the frame's size (height 30, width 40): walked on from the scan.
+    sibling = warm[:size_at] + b"\x00\x1e\x00\x28" + warm[size_at + 4 :]
+    monkeypatch.setattr(jpeg, "_HEADERS", jpeg._HeaderCache())
+    check_jpeg(warm)
+    assert jpeg._HEADERS.find(sibling) is not None
+    layout = check_jpeg(sibling)
+    assert (layout.height, layout.width) == (30, 40)
+    if not options.get("progressive"):  # (Pillow optimises a progressive file's tables per image)
+        other_size = _jpeg(size=(40, 30), **options)  # a real file of another size: same header
+        assert jpeg._HEADERS.find(other_size) is not None
+        assert check_jpeg(other_size) == _tf_shape_layout(other_size)
+    # Damage anywhere (header, size bytes, scan data, end): the same verdict as a full walk.
+    sos = sibling.index(SOS)
+    rng = random.Random(19)
+    damaged = [
+        sibling[:size_at] + b"\x00\x00" + sibling[size_at + 2 :],  # height 0
+        sibling[:size_at] + b"\xff\xff\xff\xff" + sibling[size_at + 4 :],  # 65535 x 65535
+        sibling[: sos + 6],  # cut inside the scan header
+        sibling[:-2],  # no end-of-image marker
+        sibling[: _scan_middle(sibling)] + b"\xff\x34" + sibling[_scan_middle(sibling) :],
+    ]
+    for _ in range(300):
+        data = bytearray(sibling)
+        for _ in range(rng.randint(1, 3)):
+            data[rng.randrange(2, len(data))] = rng.choice((0x00, 0xFF, 0xD9, 0xDA, 0xC4, rng.randrange(256)))
+        damaged.append(bytes(data))
+    assert _verdicts(damaged, warm, monkeypatch) == _verdicts(damaged, None, monkeypatch)
+
+
+def _tf_shape_layout(data: bytes) -> jpeg.JpegLayout:
+    height, width, channels = _tf_shape(data)
+    return jpeg.JpegLayout(height, width, channels)
+
+
+def test_the_header_cache_is_bounded(monkeypatch):
+    monkeypatch.setattr(jpeg, "_HEADERS", jpeg._HeaderCache())
+    for quality in range(1, jpeg._HeaderCache.MAX + 20):  # a new header each (other tables)
+        check_jpeg(_jpeg(size=(8, 8), quality=quality % 95 + 1, subsampling=quality // 95))
+    assert len(jpeg._HEADERS._states) <= jpeg._HeaderCache.MAX
+
+
+def test_long_headers_are_walked_not_remembered(monkeypatch):
+    # A camera's EXIF or ICC segments: tens of KB of header, different in every file.
+    monkeypatch.setattr(jpeg, "_HEADERS", jpeg._HeaderCache())
+    plain = _jpeg(size=(40, 30))
+    exif = plain[:2] + b"\xff\xe1\x27\x12" + bytes(10_000) + plain[2:]  # a 10 KB APP1 first
+    assert check_jpeg(exif) == check_jpeg(plain) == _tf_shape_layout(plain)
+    assert len(jpeg._HEADERS._states) == 1  # the plain file's header only
+    assert jpeg._HEADERS.find(exif) is None

@@ -1,0 +1,114 @@
+"""Start-up costs of ours: the options' views made once, one OpenBLAS thread in the CLI."""
+
+from __future__ import annotations
+
+import argparse
+import copy
+import os
+import pickle
+import subprocess
+import sys
+
+import apache_beam as beam
+import pytest
+from apache_beam.options.pipeline_options import PipelineOptions, StandardOptions, TypeOptions
+
+from beam_pipeline import started_as_cli
+from beam_pipeline.cli.options import ConvertOptions
+from beam_pipeline.main import RunOptions
+from beam_pipeline.pipeline import build_pipeline
+
+ARGV = ["--input", "/in", "--output_dir", "/out", "--runner", "FnApiRunner"]
+
+
+def test_run_options_make_one_view_per_class_sharing_the_values():
+    options = RunOptions(ARGV)
+    view = options.view_as(ConvertOptions)
+    assert options.view_as(ConvertOptions) is view
+    assert view.input == "/in"
+    view.seed = 7  # set through the cached view: seen through any other view, as in Beam
+    assert options.view_as(ConvertOptions).seed == 7
+    assert PipelineOptions.view_as(options, ConvertOptions).seed == 7
+    options.view_as(StandardOptions).runner = "X"
+    assert options.get_all_options()["runner"] == "X"
+
+
+def test_run_options_copies_and_pickles_carry_values_not_views():
+    options = RunOptions(ARGV)
+    original = options.view_as(ConvertOptions)
+    for clone in (copy.deepcopy(options), pickle.loads(pickle.dumps(options))):
+        assert type(clone) is RunOptions
+        assert "_views" not in clone.__dict__
+        view = clone.view_as(ConvertOptions)
+        assert view is not original and view.output_dir == "/out"
+        view.output_dir = "/elsewhere"  # the copy's own values
+        assert original.output_dir == "/out"
+        assert clone.view_as(ConvertOptions).output_dir == "/elsewhere"
+    assert clone.get_all_options()["input"] == options.get_all_options()["input"]
+
+
+def _parsers_built(options: PipelineOptions, monkeypatch) -> int:
+    """argparse parsers made while the conversion's graph is built on `options`."""
+    built = []
+    init = argparse.ArgumentParser.__init__
+
+    def counting(self, *args, **kwargs):
+        built.append(1)
+        init(self, *args, **kwargs)
+
+    monkeypatch.setattr(argparse.ArgumentParser, "__init__", counting)
+    p = beam.Pipeline(options=options)
+    build_pipeline(p, options.view_as(ConvertOptions), "run")
+    p.to_runner_api()
+    monkeypatch.setattr(argparse.ArgumentParser, "__init__", init)
+    return len(built)
+
+
+def test_building_the_graph_parses_the_options_a_few_times_not_at_every_step(monkeypatch):
+    # Beam asks for a view at every applied step and type check; each plain view parses the
+    # command line again. With RunOptions the count no longer grows with the graph.
+    plain = _parsers_built(PipelineOptions(ARGV), monkeypatch)
+    cached = _parsers_built(RunOptions(ARGV), monkeypatch)
+    assert plain > 200
+    assert cached < 40
+    assert RunOptions(ARGV).view_as(TypeOptions).pipeline_type_check  # Beam's checks still on
+
+
+@pytest.mark.parametrize(
+    "argv, cli",
+    [
+        (["/usr/bin/python3", "-m", "beam_pipeline", "convert", "--input", "x"], True),
+        (["python", "-X", "importtime", "-m", "beam_pipeline"], True),
+        (["/venv/bin/python", "/venv/bin/img2tfrecord", "convert"], True),
+        (["python", "-m", "pytest", "tests"], False),
+        (["python", "train.py", "-m", "beam_pipeline"], False),
+        (["python", "-c", "import beam_pipeline"], False),
+        (["python"], False),
+    ],
+)
+def test_started_as_cli(argv, cli):
+    assert started_as_cli(argv) is cli
+
+
+def _after_import(orig_argv: list[str] | None) -> tuple[str, int]:
+    """(OPENBLAS_NUM_THREADS, threads of the process) once the package is imported by a
+    fresh interpreter whose command line was `orig_argv` (None: a plain program)."""
+    code = (
+        (f"import sys; sys.orig_argv = {orig_argv!r}\n" if orig_argv else "")
+        + "import os, beam_pipeline\n"
+        + "print(os.environ.get('OPENBLAS_NUM_THREADS'), len(os.listdir('/proc/self/task')))"
+    )
+    env = {k: v for k, v in os.environ.items() if k != "OPENBLAS_NUM_THREADS"}
+    out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, env=env, check=True)
+    value, threads = out.stdout.split()
+    return value, int(threads)
+
+
+@pytest.mark.skipif(not sys.platform.startswith("linux"), reason="counts threads in /proc")
+def test_only_the_cli_asks_openblas_for_one_thread():
+    value, threads = _after_import(["python", "-m", "beam_pipeline", "convert"])
+    assert value == "1"
+    plain_value, plain_threads = _after_import(None)  # a program importing the package: untouched
+    assert plain_value == "None"
+    if os.cpu_count() > 1:  # OpenBLAS's pool: one thread per core but the caller's
+        assert threads < plain_threads
