@@ -7,8 +7,8 @@ FastPrimitivesCoder (~0.3 us). A record it cannot code that way (a path with und
 bytes, kept as surrogates) is pickled instead, behind a tag byte, so every record
 round-trips exactly. A batch (FileBatch, RecordBatch) is one coder call on the tuple of
 its columns (one tuple per field, plus a RecordBatch's seeded hashes as one bytes value),
-decoded without building one object per image; a ShardTask is one call on a tuple of
-record tuples. A size estimate (Beam samples element sizes for its counters, about every
+decoded without building one object per image; so is a ShardTask (its batch's columns,
+the split column left out when every record is in the task's split). A size estimate (Beam samples element sizes for its counters, about every
 element of a short PCollection) is one record's size times the count instead of a full
 encode. Registered for every record type on import; a PCollection gets them when
 its element type is declared (`with_output_types`). The labels table's batches (LabelRows,
@@ -18,7 +18,6 @@ JoinPart) are coded the same way by coders in transforms/labels/beam_table.py (T
 from __future__ import annotations
 
 import pickle
-from itertools import starmap
 from typing import Any
 
 from apache_beam import coders
@@ -70,12 +69,36 @@ def decode_image_record(data: bytes) -> ImageRecord:
     return untagged(data, lambda t: ImageRecord(*t))
 
 
+def shard_task_fields(task: ShardTask) -> tuple:
+    """What a ShardTask is coded as: (split, index, paths, relpaths, sizes, labels, splits, extras).
+
+    `splits` is None when every record is in the task's split (always, from PlanShards).
+    """
+    paths, relpaths, sizes, labels, splits, extras = task.batch.columns()
+    if all(s == task.split for s in splits):
+        splits = None
+    return task.split, task.index, paths, relpaths, sizes, labels, splits, extras
+
+
+def _shard_task(fields: tuple) -> ShardTask:
+    """The ShardTask of `shard_task_fields`, each distinct split and label tuple one object.
+
+    Decoded as is, every record would get its own copy of its split name and label tuple
+    (~110 bytes an image in a shard of up to ~200,000 tiny images); a shard has few of them.
+    """
+    split, index, paths, relpaths, sizes, labels, splits, extras = fields
+    seen: dict = {}
+    labels = tuple([seen.setdefault(x, x) for x in labels])
+    splits = (split,) * len(paths) if splits is None else tuple([seen.setdefault(x, x) for x in splits])
+    return ShardTask(split, index, RecordBatch.from_columns(paths, relpaths, sizes, labels, splits, extras))
+
+
 def encode_shard_task(task: ShardTask) -> bytes:
-    return tagged((task.split, task.index, tuple(map(_record_fields, task.records))), task)
+    return tagged(shard_task_fields(task), task)
 
 
 def decode_shard_task(data: bytes) -> ShardTask:
-    return untagged(data, lambda t: ShardTask(t[0], t[1], tuple(starmap(ImageRecord, t[2]))))
+    return untagged(data, _shard_task)
 
 
 def encode_file_batch(batch: FileBatch) -> bytes:
@@ -99,13 +122,11 @@ def decode_record_batch(data: bytes) -> RecordBatch:
     return untagged(data, lambda t: RecordBatch.from_columns(*t))
 
 
-def _estimated_size(items: tuple, encode_one: Any) -> int:
-    """Coded size of a tuple of records, from its first one (for Beam's size counters)."""
-    return 8 + len(items) * len(encode_one(items[0])) if items else 8
-
-
 def estimate_shard_task(task: ShardTask) -> int:
-    return _estimated_size(task.records, encode_image_record)
+    batch = task.batch
+    return _estimated_columns(
+        len(batch), tuple(column[0] for column in batch.columns()) if len(batch) else ()
+    )
 
 
 def _estimated_columns(n: int, first_row: tuple) -> int:

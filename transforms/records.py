@@ -24,7 +24,7 @@ from __future__ import annotations
 import dataclasses
 import itertools
 import operator
-from collections.abc import Iterable, Sequence
+from collections.abc import Iterable, Iterator, Sequence
 from typing import Any
 
 import numpy as np
@@ -274,13 +274,63 @@ class RecordBatch:
         return RecordBatch.from_columns(*columns, hashes=hashes, hash_seed=seed)
 
 
-@dataclasses.dataclass(frozen=True)
 class ShardTask:
-    """All records of one output shard, in the order they are written."""
+    """All records of one output shard, in the order they are written, as columns.
 
-    split: str
-    index: int
-    records: tuple[ImageRecord, ...]
+    `ShardTask(split, index, batch)` takes a RecordBatch (its seeded hashes are dropped: a
+    shard is written in its planned order and needs none); `ShardTask(split, index,
+    records)` a sequence of ImageRecord (tests, code that builds a few). A shard is cut by
+    bytes, so one of tiny images holds up to ~200,000 records: held as columns (one tuple
+    per field) it costs the runner its strings and ints, not one ImageRecord object (and,
+    once pickled, its `__dict__`) per image. `records` builds the objects (not kept: each
+    use builds them again); `iter_records` builds them one at a time. Immutable by
+    convention.
+    """
+
+    __slots__ = ("split", "index", "batch")
+
+    def __init__(self, split: str, index: int, records: RecordBatch | Iterable[ImageRecord] = ()):
+        self.split, self.index = split, index
+        batch = records if isinstance(records, RecordBatch) else RecordBatch(records)
+        if batch.hashes is not None or batch._records is not None:
+            batch = RecordBatch.from_columns(*batch.columns())
+        self.batch = batch
+
+    @property
+    def records(self) -> tuple[ImageRecord, ...]:
+        """The records as ImageRecord objects (built on each use: prefer `batch` or `iter_records`)."""
+        return tuple(self.iter_records())
+
+    def iter_records(self) -> Iterator[ImageRecord]:
+        """The records as ImageRecord objects, built one at a time as they are consumed."""
+        return itertools.starmap(ImageRecord, zip(*self.batch.columns()))
+
+    def sizes_sum(self) -> int:
+        """Bytes of the shard's image files (as listed)."""
+        return sum(self.batch.sizes)
+
+    def part(self, start: int, stop: int) -> ShardTask:
+        """The same shard with only its records start..stop-1 (a part written apart and joined)."""
+        return ShardTask(self.split, self.index, self.batch.slice(start, stop))
+
+    def __len__(self) -> int:
+        return len(self.batch)
+
+    def __eq__(self, other: object) -> bool:
+        return (
+            type(other) is ShardTask
+            and (self.split, self.index) == (other.split, other.index)
+            and self.batch.columns() == other.batch.columns()
+        )
+
+    def __hash__(self) -> int:
+        return hash((self.split, self.index, self.batch.columns()))
+
+    def __repr__(self) -> str:
+        return f"ShardTask({self.split!r}, {self.index}, {self.batch!r})"
+
+    def __reduce__(self) -> tuple:
+        return ShardTask, (self.split, self.index, self.batch)
 
 
 @dataclasses.dataclass(frozen=True)

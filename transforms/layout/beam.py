@@ -178,7 +178,7 @@ class CutShardsFn(beam.DoFn):
         keys = list(zip(cuts.hash_columns(batch.hashes)[SHUFFLE_HASH].tolist(), batch.relpaths, batch.paths))
         order = sorted(range(len(batch)), key=keys.__getitem__)
         self._sizes.update(len(order))
-        yield ShardTask(split=split, index=index, records=batch.take(order).records)
+        yield ShardTask(split, index, batch.take(order))
 
 
 class PlanShards(beam.PTransform):

@@ -126,7 +126,7 @@ class WriteShardFn(beam.DoFn):
         # every shard in one bundle locally): each round shares its last shards out evenly,
         # and the records held never follow the dataset's size.
         self._tasks.append(task)
-        self._held += len(task.records)
+        self._held += len(task)
         self._class_index = class_index
         if self._held >= HELD_RECORDS and len(self._tasks) > self._processes:
             yield from self._write_held()

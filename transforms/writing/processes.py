@@ -23,7 +23,7 @@ Memory (what a worker holds does not follow the dataset): on local runs the work
 forked before the run (`prestart`), so they share none of the runner's growing buffers; a
 worker gets at most PART_RECORDS records at a time where a shard can be split (a shard is
 cut by bytes, so one of tiny images holds ~200,000 records); parts are pickled as they are
-handed over, by their fields (`dump_task`). Per image, a worker holds the records of its
+handed over, as columns (`dump_task`). Per image, a worker holds the records of its
 current part only; the runner, the shards' records that Beam hands WriteShardFn.
 """
 
@@ -31,11 +31,8 @@ from __future__ import annotations
 
 import collections
 import contextlib
-import copyreg
 import ctypes
-import dataclasses
 import gc
-import io
 import multiprocessing
 import os
 import pickle
@@ -48,7 +45,7 @@ from concurrent import futures
 from concurrent.futures import ProcessPoolExecutor, ThreadPoolExecutor
 
 from transforms.progress import Progress
-from transforms.records import ClassIndex, ImageRecord, ShardTask
+from transforms.records import ClassIndex, ShardTask
 from transforms.writing.shard import ShardJob, ShardOutcome, can_split, join_parts, split_shards, write_shard
 
 # How often (seconds) the main process forwards the workers' counts to Progress while it waits.
@@ -97,28 +94,21 @@ def cut_parts(parts: list[ShardTask], most: int) -> list[ShardTask]:
         raise ValueError("most must be positive")
     cut: list[ShardTask] = []
     for part in parts:
-        n = len(part.records)
+        n = len(part)
         if n <= most:
             cut.append(part)
             continue
-        cut.extend(dataclasses.replace(part, records=part.records[a : a + most]) for a in range(0, n, most))
+        cut.extend(part.part(a, a + most) for a in range(0, n, most))
     return cut
 
 
-def _fields_of(record: object) -> tuple:
-    """A dataclass instance as (class, its fields in order): read as attributes, so pickling does
-    not make its `__dict__` (on CPython 3.11+ an instance has none until asked for it: pickle's
-    default reduction asks, and the dict, ~100-175 bytes, then stays with the runner's record)."""
-    return type(record), tuple(getattr(record, f.name) for f in dataclasses.fields(record))
-
-
 def dump_task(task: ShardTask) -> bytes:
-    """`task` pickled for a worker, its records by their fields (see `_fields_of`)."""
-    buffer = io.BytesIO()
-    pickler = pickle.Pickler(buffer, pickle.HIGHEST_PROTOCOL)
-    pickler.dispatch_table = {**copyreg.dispatch_table, ShardTask: _fields_of, ImageRecord: _fields_of}
-    pickler.dump(task)
-    return buffer.getvalue()
+    """`task` pickled for a worker: its split, index and columns (ShardTask.__reduce__).
+
+    Pickle's memo writes a split name or label tuple shared by many records once, and the
+    worker's copy shares it again; no ImageRecord is built on either side.
+    """
+    return pickle.dumps(task, pickle.HIGHEST_PROTOCOL)
 
 
 def default_processes() -> int:
@@ -390,7 +380,7 @@ def _write_in_worker(
         class_index = None
     if class_index is None:  # the pool's own: inherited at the fork, or read from its file
         class_index = _class_index
-    remote = any("://" in r.path for r in task.records)
+    remote = any("://" in path for path in task.batch.paths)
     threads = (REMOTE_READ_THREADS if remote else 1) if _threads == 0 else _threads
     if threads > 1 and _pool is None:
         _pool = ThreadPoolExecutor(threads, thread_name_prefix="read-ahead")

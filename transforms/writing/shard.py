@@ -209,10 +209,13 @@ def write_shard(
     ) -> Callable[[], tuple[list[bytes], ImageInfo]]:
         return lambda: encode_image_chunks(record, data(), class_index, settings)
 
-    records = task.records
+    # The records are built from the task's columns as they are consumed: a part holds up
+    # to PART_RECORDS of them (processes.py), a shard written whole up to ~200,000 tiny ones.
+    records = task.iter_records()
+    paths = task.batch.paths
     # Read here, by read_bytes: each file is opened once, `hint_ahead` images early (OpenAhead).
     opened = OpenAhead(
-        records, hint_ahead if pool is None and job.reader is read_bytes and not reads_only else 0
+        paths, hint_ahead if pool is None and job.reader is read_bytes and not reads_only else 0
     )
 
     def load_opened(i: int, record: ImageRecord) -> tuple[list[bytes], ImageInfo]:
@@ -238,13 +241,13 @@ def write_shard(
     sizes: list[int] = []
     formats: set[str] = set()
     per_class: collections.Counter = collections.Counter()
-    for record in records[:hint_ahead]:
-        will_need(record.path)
+    for path in paths[:hint_ahead]:
+        will_need(path)
     paused = PAUSE_ENV in os.environ  # the test hook (looked up once, not per image)
     with ShardFile(job.temp_path(task), job.compression) as shard, opened:
         for i, (record, result) in enumerate(loaded):
-            if hint_ahead and i + hint_ahead < len(records):
-                will_need(records[i + hint_ahead].path)
+            if hint_ahead and i + hint_ahead < len(paths):
+                will_need(paths[i + hint_ahead])
             try:
                 chunks, info = result()
             except ImageError as e:
@@ -320,9 +323,9 @@ class OpenAhead:
     and one close a file. A context manager: leaving it closes what was not read.
     """
 
-    def __init__(self, records: Sequence[ImageRecord], ahead: int):
+    def __init__(self, paths: Sequence[str], ahead: int):
         self.ahead = ahead
-        self._paths = [r.path for r in records] if ahead else []
+        self._paths = paths if ahead else ()
         self._fds: dict[int, int] = {}  # record index -> descriptor
         self._next = 0  # the next record to open
 
@@ -363,14 +366,14 @@ def split_shards(tasks: list[ShardTask], workers: int) -> list[list[ShardTask]]:
     writes a whole last shard alone (with 2 workers and 5 equal shards, the fifth
     would otherwise take a fifth of the time on one core).
     """
-    ordered = sorted(tasks, key=lambda t: -sum(r.size for r in t.records))
+    ordered = sorted(tasks, key=lambda t: -t.sizes_sum())
     plan = [[task] for task in ordered]
     for i in range(max(0, len(plan) - workers), len(plan) if workers > 1 else 0):
         task = plan[i][0]
-        n = len(task.records)
+        n = len(task)
         bounds = [n * k // workers for k in range(workers + 1)]
-        parts = [dataclasses.replace(task, records=task.records[a:b]) for a, b in zip(bounds, bounds[1:])]
-        plan[i] = [p for p in parts if p.records] or [task]
+        parts = [task.part(a, b) for a, b in zip(bounds, bounds[1:])]
+        plan[i] = [p for p in parts if len(p)] or [task]
     return plan
 
 
