@@ -17,7 +17,9 @@ import pickle
 from pathlib import Path
 
 import pytest
+from apache_beam import coders
 
+import transforms.coders  # noqa: F401  (registers the ShardTask coder)
 from beam_pipeline import main
 from tests.conftest import read_records, write_image
 from transforms.encoding.encoder import EncodeSettings
@@ -102,6 +104,55 @@ def test_the_runners_records_are_sent_without_growing_a_dict_each(tmp_path):
     assert sorted(len(o.failures) for o in outcomes) == [100, 200]  # every file is missing: sent and read
     with_dict = [r for r in records if any(type(x) is dict for x in gc.get_referents(r))]
     assert not with_dict, f"{len(with_dict)} of {n} records grew a __dict__"
+
+
+def _records_alive() -> int:
+    gc.collect()
+    return sum(1 for o in gc.get_objects() if type(o) is ImageRecord)
+
+
+def test_the_runner_holds_a_shards_records_as_columns_not_objects(one_class, tmp_path, monkeypatch):
+    """A shard of tiny images holds up to ~200,000 records: the runner gets them from the
+    GroupByShard as columns and hands them to the writers as columns, with no ImageRecord
+    (~500 bytes each) built per image on its side. Counted in a real run, while the tasks
+    of a round are handed over."""
+    seen: list[tuple[int, int]] = []
+    real_write = processes.ShardProcesses.write
+
+    def counting_write(self, tasks, class_index, job):
+        alive = _records_alive()
+        seen.append((sum(len(t.records) for t in tasks), alive))
+        return real_write(self, tasks, class_index, job)
+
+    monkeypatch.setattr(processes.ShardProcesses, "write", counting_write)
+    summary = _convert(one_class, tmp_path / "out", "--write_processes", "2")
+    assert summary["written"] == 30
+    assert seen and sum(n for n, _ in seen) == 30
+    assert all(alive == 0 for _, alive in seen), f"ImageRecords alive in the runner: {seen}"
+
+
+def test_a_decoded_shard_task_shares_its_split_and_labels_and_builds_no_record():
+    """The GroupByShard's element, decoded by the registered coder: columns whose repeated
+    split names and label tuples are one object each (decoded apart they cost ~110 bytes a
+    record), equal to the task encoded, and the same again once pickled for a worker."""
+    n = 3000
+    records = tuple(
+        ImageRecord(f"/data/c{i % 7}/{i:05d}.jpg", f"c{i % 7}/{i:05d}.jpg", 633, (f"c{i % 7}",), "train")
+        for i in range(n)
+    )
+    task = ShardTask("train", 4, records)
+    coder = coders.registry.get_coder(ShardTask)
+    decoded = coder.decode(coder.encode(task))
+    del records
+    assert decoded == task and len(decoded) == n and decoded.index == 4
+    assert _records_alive() == 0
+    assert len({id(s) for s in decoded.batch.splits}) == 1
+    assert len({id(labels) for labels in decoded.batch.labels}) == 7
+    sent = pickle.loads(processes.dump_task(decoded.part(10, 2010)))
+    assert sent == ShardTask("train", 4, task.records[10:2010])
+    assert len({id(labels) for labels in sent.batch.labels}) == 7
+    odd = ShardTask("train", 0, (ImageRecord("/x", "x", 1, (), "val"), ImageRecord("/y\udcff", "y", 2)))
+    assert coder.decode(coder.encode(odd)) == odd  # a split of its own; a surrogate path (pickled)
 
 
 def _children() -> set[int]:
