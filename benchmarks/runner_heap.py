@@ -179,7 +179,7 @@ def _walk_objects() -> dict:
     for ctx in contexts:
         state += sum(len(b) for values in ctx.state_servicer._state.values() for b in values)
     types = collections.Counter(type(o) for o in objects)
-    in_tasks = sum(len(o.records) for o in objects if isinstance(o, ShardTask))
+    in_tasks = sum(len(o) for o in objects if isinstance(o, ShardTask))
     large = _large_blocks(objects)
     count = len(objects)
     del objects, contexts

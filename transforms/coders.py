@@ -81,15 +81,8 @@ def shard_task_fields(task: ShardTask) -> tuple:
 
 
 def _shard_task(fields: tuple) -> ShardTask:
-    """The ShardTask of `shard_task_fields`, each distinct split and label tuple one object.
-
-    Decoded as is, every record would get its own copy of its split name and label tuple
-    (~110 bytes an image in a shard of up to ~200,000 tiny images); a shard has few of them.
-    """
     split, index, paths, relpaths, sizes, labels, splits, extras = fields
-    seen: dict = {}
-    labels = tuple([seen.setdefault(x, x) for x in labels])
-    splits = (split,) * len(paths) if splits is None else tuple([seen.setdefault(x, x) for x in splits])
+    splits = (split,) * len(paths) if splits is None else splits
     return ShardTask(split, index, RecordBatch.from_columns(paths, relpaths, sizes, labels, splits, extras))
 
 

@@ -292,9 +292,17 @@ class ShardTask:
     def __init__(self, split: str, index: int, records: RecordBatch | Iterable[ImageRecord] = ()):
         self.split, self.index = split, index
         batch = records if isinstance(records, RecordBatch) else RecordBatch(records)
-        if batch.hashes is not None or batch._records is not None:
-            batch = RecordBatch.from_columns(*batch.columns())
-        self.batch = batch
+        paths, relpaths, sizes, labels, splits, extras = batch.columns()
+        # A shard's records come decoded from its group, each with its own copy of its split
+        # name and label tuple (~160 bytes an image): held for the whole write, one of each.
+        seen: dict = {}
+        labels = tuple([seen.setdefault(x, x) for x in labels])
+        splits = (
+            (split,) * len(splits)
+            if all(s == split for s in splits)
+            else tuple(map(seen.setdefault, splits, splits))
+        )
+        self.batch = RecordBatch.from_columns(paths, relpaths, sizes, labels, splits, extras)
 
     @property
     def records(self) -> tuple[ImageRecord, ...]:
