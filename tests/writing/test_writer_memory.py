@@ -142,10 +142,11 @@ def test_a_decoded_shard_task_shares_its_split_and_labels_and_builds_no_record()
     )
     task = ShardTask("train", 4, records)
     coder = coders.registry.get_coder(ShardTask)
-    decoded = coder.decode(coder.encode(task))
-    del records
+    encoded = coder.encode(task)
+    alive = _records_alive()
+    decoded = coder.decode(encoded)
+    assert _records_alive() == alive  # none built
     assert decoded == task and len(decoded) == n and decoded.index == 4
-    assert _records_alive() == 0
     assert len({id(s) for s in decoded.batch.splits}) == 1
     assert len({id(labels) for labels in decoded.batch.labels}) == 7
     sent = pickle.loads(processes.dump_task(decoded.part(10, 2010)))
