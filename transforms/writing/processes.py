@@ -23,8 +23,9 @@ Memory (what a worker holds does not follow the dataset): on local runs the work
 forked before the run (`prestart`), so they share none of the runner's growing buffers; a
 worker gets at most PART_RECORDS records at a time where a shard can be split (a shard is
 cut by bytes, so one of tiny images holds ~200,000 records); parts are pickled as they are
-handed over, as columns (`dump_task`). Per image, a worker holds the records of its
-current part only; the runner, the shards' records that Beam hands WriteShardFn.
+handed over, as columns (`dump_task`). Per image, a worker holds the columns of its
+current part only (write_shard builds each record object as it writes that image); the
+runner, the columns of the shards that Beam hands WriteShardFn (a round of them).
 """
 
 from __future__ import annotations
