@@ -166,8 +166,8 @@ def _fields_hold_bytes(cls: type) -> bool:
     if dataclasses.is_dataclass(cls):
         hints = typing.get_type_hints(cls)
         names = [f.name for f in dataclasses.fields(cls)]
-    else:  # a batch of columns: its fields are the arguments of from_columns
-        hints = typing.get_type_hints(cls.from_columns)
+    else:  # a batch of columns: its fields are the arguments of from_columns (or of the constructor)
+        hints = typing.get_type_hints(getattr(cls, "from_columns", cls.__init__))
         names = [name for name in hints if name != "return"]
     return any("bytes" in str(hints[n]) for n in names if (cls, n) not in _NOT_IMAGE_BYTES)
 
