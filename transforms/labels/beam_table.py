@@ -11,12 +11,13 @@ group is one chunk of 100,000 table lines.
 
 from __future__ import annotations
 
-import bisect
 import dataclasses
 import zlib
 from collections.abc import Iterable, Iterator, Mapping
+from operator import itemgetter
 
 import apache_beam as beam
+import numpy as np
 from apache_beam import pvalue
 from apache_beam.io import fileio
 from apache_beam.io.filesystem import CompressionTypes
@@ -28,7 +29,7 @@ from transforms.batching import CountImagesFn, group_size
 from transforms.failures import FAILED
 from transforms.labels.beam_coders import Listed
 from transforms.labels.columns import image_keys, iter_row_batches
-from transforms.labels.join import bucket_count, buckets_of, join_bucket, label_summary
+from transforms.labels.join import bucket_array, bucket_count, bucket_parts, join_bucket, label_summary
 from transforms.labels.rows import (
     _MAX_HELD,
     DUPLICATE_POLICIES,
@@ -126,7 +127,8 @@ class BucketPartsFn(beam.DoFn):
 
     def start_bundle(self) -> None:
         self._columns: list[list] | None = None  # the held batches' columns, concatenated
-        self._buckets: list[int] = []  # the bucket of each held item
+        self._buckets: list[np.ndarray] = []  # the bucket of each held item, an array a batch
+        self._held = 0
         self._rows = False  # the held batches are LabelRows (else KeyedFiles)
 
     def process(
@@ -138,8 +140,9 @@ class BucketPartsFn(beam.DoFn):
             self._columns, self._rows = [[] for _ in columns], type(batch) is LabelRows
         for held, values in zip(self._columns, columns):
             held.extend(values)
-        self._buckets.extend(buckets_of(columns[0], buckets))
-        if len(self._buckets) >= _MAX_HELD:
+        self._buckets.append(bucket_array(columns[0], buckets))
+        self._held += len(batch)
+        if self._held >= _MAX_HELD:
             yield from self._take()
 
     def finish_bundle(self) -> Iterator:
@@ -147,31 +150,22 @@ class BucketPartsFn(beam.DoFn):
             yield GlobalWindows.windowed_value(part)
 
     def _take(self) -> Iterator[tuple[int, JoinPart]]:
-        """Every held item, in parts: by bucket, up to BATCH_SIZE a part."""
-        held, buckets = self._columns, self._buckets
-        if not buckets:
+        """Every held item, in parts: by bucket, up to BATCH_SIZE a part (one stable sort of
+        the held buckets, each column gathered in that order by one C call)."""
+        held = self._columns
+        if not self._held:
             return
-        self._columns, self._buckets = [[] for _ in held], []
-        order = sorted(range(len(buckets)), key=buckets.__getitem__)
-        ordered = [buckets[i] for i in order]
-        columns = [
-            tuple(column) if _alike(column) else tuple(map(column.__getitem__, order)) for column in held
-        ]
+        order, parts = bucket_parts(np.concatenate(self._buckets), BATCH_SIZE)
+        self._columns, self._buckets, self._held = [[] for _ in held], [], 0
+        if len(order) == 1:
+            columns = [tuple(column) for column in held]
+        else:
+            gather = itemgetter(*order)
+            columns = [gather(column) for column in held]
         make = LabelRows if self._rows else KeyedFiles
-        start = 0
-        while start < len(ordered):
-            end = min(bisect.bisect_right(ordered, ordered[start], start), start + BATCH_SIZE)
+        for bucket, start, end in parts:
             cut = make(*(column[start:end] for column in columns))
-            yield ordered[start], JoinPart(rows=cut) if self._rows else JoinPart(files=cut)
-            start = end
-
-
-def _alike(column: list) -> bool:
-    """Whether a column holds one value throughout (no split, no extras, no error, one source:
-    the usual table), so it need not be reordered. Only str, None and () are compared: among
-    numbers, equal values may differ in type (1, 1.0, True)."""
-    first = column[0]
-    return (first is None or first == () or type(first) is str) and column.count(first) == len(column)
+            yield bucket, JoinPart(rows=cut) if self._rows else JoinPart(files=cut)
 
 
 class JoinLabelsFn(beam.DoFn):

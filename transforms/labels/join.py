@@ -12,6 +12,8 @@ import zlib
 from collections.abc import Iterable, Mapping, Sequence
 from operator import methodcaller
 
+import numpy as np
+
 from transforms.failures import Failure
 from transforms.labels.folders import DEFAULT_SPLIT
 from transforms.labels.rows import (
@@ -221,6 +223,26 @@ def bucket_of(key: str, buckets: int) -> int:
 def buckets_of(keys: Iterable[str], buckets: int) -> map:
     """bucket_of of each key, for a column at once (an iterator)."""
     return map(buckets.__rmod__, map(zlib.crc32, map(_KEY_BYTES, keys)))
+
+
+def bucket_array(keys: Iterable[str], buckets: int) -> np.ndarray:
+    """bucket_of of each key, for a column at once (crc32 per key, the modulo on the array)."""
+    hashes = np.fromiter(map(zlib.crc32, map(_KEY_BYTES, keys)), dtype=np.int64)
+    return hashes % buckets
+
+
+def bucket_parts(buckets: np.ndarray, size: int) -> tuple[list[int], list[tuple[int, int, int]]]:
+    """The positions of items ordered by bucket (stable: a bucket's items keep their order),
+    and the parts to cut from that order: (bucket, start, end), up to `size` items each."""
+    order = np.argsort(buckets, kind="stable")
+    ordered = buckets[order]
+    starts = np.flatnonzero(np.diff(ordered)) + 1
+    bounds = [0, *starts.tolist(), len(ordered)]
+    parts = []
+    for start, end in zip(bounds, bounds[1:]):
+        bucket = int(ordered[start])
+        parts += [(bucket, cut, min(cut + size, end)) for cut in range(start, end, size)]
+    return order.tolist(), parts
 
 
 def take(columns: Iterable[Sequence], indices: Sequence[int]) -> tuple[tuple, ...]:
