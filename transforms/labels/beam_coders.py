@@ -1,7 +1,7 @@
 """Coders of the labels-table batches that cross a shuffle: their columns coded flat, a
 few values a batch, never one coder call (or Python object) per row.
 
-In: LabelRows, KeyedFiles, JoinPart, OrphanRow, and JoinedLabels.listed's items. Out: bytes.
+In: LabelRows, KeyedFiles, JoinPart, OrphanRow, OrphanLines, and JoinedLabels.listed's items. Out: bytes.
 A batch is coded as a handful of flat columns (`code_column`), then the primitive coder codes
 that small tuple once:
 - a column of text (keys, paths, relpaths) as one UTF-8 blob of its values joined by NUL
@@ -33,7 +33,7 @@ from transforms.coders import (
     untagged,
 )
 from transforms.failures import Failure
-from transforms.labels.rows import JoinPart, KeyedFiles, LabelRows, OrphanRow
+from transforms.labels.rows import JoinPart, KeyedFiles, LabelRows, OrphanLines, OrphanRow
 from transforms.records import RecordBatch
 
 TEXT, INTS, FEW, ANY = "text", "ints", "few", "any"  # how each column is coded
@@ -204,10 +204,34 @@ class OrphanRowCoder(TupleCoder):
     _type, _encode, _decode = OrphanRow, encode_orphan, decode_orphan
 
 
+def encode_orphan_lines(o: OrphanLines) -> bytes:
+    return tagged((o.chunk, o.lines), o)
+
+
+def decode_orphan_lines(data: bytes) -> OrphanLines:
+    return untagged(data, lambda t: OrphanLines(*t))
+
+
+def estimate_orphan_lines(o: OrphanLines) -> int:
+    return 8 + len(o.lines) * (len(tagged(o.lines[0], o.lines[0])) if o.lines else 0)
+
+
+class OrphanLinesCoder(TupleCoder):
+    _type, _encode, _decode, _estimate = (
+        OrphanLines,
+        encode_orphan_lines,
+        decode_orphan_lines,
+        estimate_orphan_lines,
+    )
+
+
 coders.registry.register_coder(Listed, ListedCoder)
 
 
 coders.registry.register_coder(OrphanRow, OrphanRowCoder)
+
+
+coders.registry.register_coder(OrphanLines, OrphanLinesCoder)
 
 
 coders.registry.register_coder(LabelRows, LabelRowsCoder)

@@ -6,7 +6,7 @@ Rows and images travel as column batches (LabelRows, KeyedFiles, JoinPart: a few
 batch, coded by beam_coders.py), never one object per row or image.
 Bounds: each JoinLabels group is one key bucket (~1,000 images and rows, the bucket count
 comes from lifted counts); a BucketPartsFn holds at most _MAX_HELD items; each orphans
-group is one chunk of 100,000 table lines.
+group is one chunk of 100,000 table lines (one OrphanLines element per join bucket).
 """
 
 from __future__ import annotations
@@ -14,6 +14,7 @@ from __future__ import annotations
 import dataclasses
 import zlib
 from collections.abc import Iterable, Iterator, Mapping
+from itertools import chain
 from operator import itemgetter
 
 import apache_beam as beam
@@ -29,7 +30,14 @@ from transforms.batching import CountImagesFn, group_size
 from transforms.failures import FAILED
 from transforms.labels.beam_coders import Listed
 from transforms.labels.columns import image_keys, iter_row_batches
-from transforms.labels.join import bucket_array, bucket_count, bucket_parts, join_bucket, label_summary
+from transforms.labels.join import (
+    bucket_array,
+    bucket_count,
+    bucket_parts,
+    join_bucket,
+    label_summary,
+    orphan_lines,
+)
 from transforms.labels.rows import (
     _MAX_HELD,
     DUPLICATE_POLICIES,
@@ -44,7 +52,7 @@ from transforms.labels.rows import (
     JoinSettings,
     KeyedFiles,
     LabelRows,
-    OrphanRow,
+    OrphanLines,
     TableError,
     TableSpec,
 )
@@ -206,8 +214,8 @@ class JoinLabelsFn(beam.DoFn):
         for failure in result.failures:
             yield pvalue.TaggedOutput(FAILED, failure)
             yield pvalue.TaggedOutput(LISTED, failure)
-        for orphan in result.orphans:
-            yield pvalue.TaggedOutput(ORPHANS, orphan)
+        for lines in orphan_lines(result.orphans):  # a batch per chunk of table lines
+            yield pvalue.TaggedOutput(ORPHANS, lines)
         for item in result.stats.items():
             yield pvalue.TaggedOutput(STATS, item)
 
@@ -227,7 +235,8 @@ class JoinedLabels:
       failed: Failures of images without a usable label.
       listed: every image taken into the conversion (all but those skipped as unlabeled):
         the RecordBatches and the Failures (count them with batching.CountImagesFn).
-      orphans: OrphanRows.
+      orphans: OrphanLines (the orphan rows as orphan_labels.jsonl lines, a batch per bucket
+        and chunk of table lines).
       stats: (count name, n) pairs, summed into summary.json's "labels" section.
     """
 
@@ -299,7 +308,7 @@ class JoinLabels(beam.PTransform):
             .with_output_types(RecordBatch)
             .with_outputs(FAILED, ORPHANS, STATS, LISTED, main="records")
         )
-        joined[ORPHANS].element_type = OrphanRow  # coded by OrphanRowCoder, not pickled
+        joined[ORPHANS].element_type = OrphanLines  # coded by OrphanLinesCoder, not pickled
         # The records and failures again, as one output of the join (not a Flatten of the two,
         # which the local runner materializes: every record coded and decoded once more).
         # Coded by ListedCoder where it is materialized (a RecordBatch as tuples, not pickled).
@@ -317,9 +326,10 @@ class JoinLabels(beam.PTransform):
 class WriteOrphans(beam.PTransform):
     """Writes orphan rows to <output_dir>/orphan_labels.jsonl; returns the summary section.
 
-    Never one list of all orphans: they are grouped by the chunk of table lines where their
-    key's first row is (a file and _ORPHAN_CHUNK_LINES of its lines: a group holds at most
-    the orphan rows of the keys first seen there), each group is sorted and written as a
+    Never one list of all orphans: they come in OrphanLines (a bucket's orphans of one chunk)
+    and are grouped by the chunk of table lines where their key's first row is (a file and
+    join._ORPHAN_CHUNK_LINES of its lines: a group holds at most the orphan rows of the keys
+    first seen there, in at most one element per join bucket), each group is sorted and written as a
     part, and one step appends the parts, in order, into the file (streamed, a block at a
     time; its side input is one path per chunk). The order is orphan_order's on every runner.
 
@@ -336,9 +346,12 @@ class WriteOrphans(beam.PTransform):
         spec, settings, path = self._spec, self._settings, self._path
         parts = (
             joined[ORPHANS]
-            | "ByChunk" >> beam.Map(lambda o: (orphan_chunk(o), (o.order(), o.to_json())))
-            | "GroupByChunk" >> beam.GroupByKey()  # ((source, chunk), [(order, json line)])
-            | "WriteParts" >> beam.Map(lambda kv: write_orphan_part(*kv, path))  # ((source, chunk), part)
+            | "ByChunk" >> beam.Map(lambda o: (o.chunk, o.lines))
+            | "GroupByChunk" >> beam.GroupByKey()  # ((source, chunk), [((order, json line), ...)])
+            | "WriteParts"
+            >> beam.Map(
+                lambda kv: write_orphan_part(kv[0], chain.from_iterable(kv[1]), path)
+            )  # (chunk, part)
         )
         once = joined[ORPHANS].pipeline | "Once" >> beam.Create([None])
         written = once | "Concatenate" >> beam.Map(
@@ -350,17 +363,6 @@ class WriteOrphans(beam.PTransform):
             pvalue.AsDict(counts),
             pvalue.AsSingleton(written),
         )
-
-
-# Table lines per orphan part (bounds a WriteOrphans group and the file's parts per file).
-_ORPHAN_CHUNK_LINES = 100_000
-
-
-def orphan_chunk(orphan: OrphanRow) -> tuple[str, int]:
-    """The part of orphan_labels.jsonl an orphan row is written in: its key's first row's
-    file and chunk of _ORPHAN_CHUNK_LINES lines."""
-    source, line = orphan.order()[0]
-    return source, line // _ORPHAN_CHUNK_LINES
 
 
 def write_orphan_part(chunk: tuple[str, int], lines: Iterable[tuple[tuple, str]], path: str) -> tuple:

@@ -23,6 +23,7 @@ from transforms.labels.rows import (
     JoinPart,
     JoinSettings,
     LabelRow,
+    OrphanLines,
     OrphanRow,
     TableSpec,
     _new_row,
@@ -400,6 +401,25 @@ def orphan_order(orphans: Iterable[OrphanRow]) -> list[OrphanRow]:
     for i, o in enumerate(orphans):
         first.setdefault(o.key, i)
     return sorted(orphans, key=lambda o: first[o.key])
+
+
+# Table lines per orphan part (bounds a WriteOrphans group and the file's parts per file).
+_ORPHAN_CHUNK_LINES = 100_000
+
+
+def orphan_chunk(orphan: OrphanRow) -> tuple[str, int]:
+    """The part of orphan_labels.jsonl an orphan row is written in: its key's first row's
+    file and chunk of _ORPHAN_CHUNK_LINES lines."""
+    source, line = orphan.order()[0]
+    return source, line // _ORPHAN_CHUNK_LINES
+
+
+def orphan_lines(orphans: Iterable[OrphanRow]) -> list[OrphanLines]:
+    """The orphans as OrphanLines, one per chunk they fall in (chunks in first-seen order)."""
+    chunks: dict[tuple[str, int], list[tuple[tuple, str]]] = {}
+    for o in orphans:
+        chunks.setdefault(orphan_chunk(o), []).append((o.order(), o.to_json()))
+    return [OrphanLines(chunk, tuple(lines)) for chunk, lines in chunks.items()]
 
 
 def label_summary(counts: Mapping[str, int], spec: TableSpec, settings: JoinSettings) -> dict:

@@ -237,6 +237,20 @@ class OrphanRow:
 
 
 @dataclasses.dataclass(frozen=True)
+class OrphanLines:
+    """Orphan rows of one join bucket whose keys start in one chunk of table lines, as lines
+    of orphan_labels.jsonl: the orphans travel a batch a bucket, not one element a row.
+
+    Attributes:
+      chunk: (file, chunk of lines) of the keys' first rows (join.orphan_chunk).
+      lines: (OrphanRow.order(), OrphanRow.to_json()) of each row.
+    """
+
+    chunk: tuple[str, int]
+    lines: tuple[tuple[tuple, str], ...]
+
+
+@dataclasses.dataclass(frozen=True)
 class LabelMap:
     """The classes of --label_map: names in id order, `names[i]` having id `first_id + i`.
 
