@@ -4,7 +4,8 @@ Writes a CSV of N rows (plus 1% orphan rows, or --orphans of them), generates N 
 listings inside the pipeline (no image files: the join only sees metadata; FileBatches, as
 ListImages emits them) and joins them on the local runner. Prints the table's rows/s (wall)
 and the pipeline's CPU time (every thread of the process: the steadier figure on a shared
-machine), and checks the join's counts (every image matched once, every orphan reported).
+machine), and checks the join's counts (every image matched once, every orphan written to
+orphan_labels.jsonl, as the pipeline writes it).
 
     python benchmarks/label_join.py --rows 1000000 --mode in_memory
 
@@ -25,8 +26,8 @@ import apache_beam as beam
 from apache_beam.options.pipeline_options import PipelineOptions
 
 from transforms.batching import CountImagesFn
-from transforms.labels.beam_table import JoinLabels, ReadLabels
-from transforms.labels.rows import JoinSettings, TableSpec
+from transforms.labels.beam_table import JoinLabels, ReadLabels, WriteOrphans
+from transforms.labels.rows import ORPHANS, ORPHANS_FILE, STATS, JoinSettings, TableSpec
 from transforms.records import BATCH_SIZE, FileBatch
 
 
@@ -87,9 +88,11 @@ def main() -> None:
             )
             joined = (files, rows) | "JoinLabels" >> JoinLabels("stem", JoinSettings())
             expected = {"rows": args.rows + orphans, "matched_rows": args.rows, "orphan_rows": orphans}
-            # As the pipeline does with them: listed images counted, orphans written.
+            # As the pipeline does with them: listed images counted, orphan_labels.jsonl written.
             _ = joined.listed | "CountListed" >> beam.CombineGlobally(CountImagesFn())
-            _ = joined.orphans | "Orphans" >> beam.combiners.Count.Globally()
+            _ = {ORPHANS: joined.orphans, STATS: joined.stats} | "WriteOrphans" >> WriteOrphans(
+                tmp, spec, JoinSettings()
+            )
             _ = (
                 joined.stats
                 | beam.CombinePerKey(sum)
@@ -97,6 +100,10 @@ def main() -> None:
                 | beam.Map(check_stats, expected)
             )
         seconds, cpu = time.perf_counter() - start, time.process_time() - cpu
+        with open(os.path.join(tmp, ORPHANS_FILE), encoding="utf-8") as f:
+            written = sum(1 for _ in f)
+        if written != orphans:
+            raise AssertionError(f"{written} orphan lines written, expected {orphans}")
     table_rows = args.rows + orphans
     print(
         f"rows={table_rows} images={args.rows} seconds={seconds:.1f} cpu={cpu:.1f} "
