@@ -349,9 +349,7 @@ def _usual_outcome(
     each is; None when there is no usual key."""
     if not at_image:
         return None
-    errors = [rows[6][i] for i in at_row]
-    labels = [rows[1][i] for i in at_row]
-    splits = [rows[2][i] for i in at_row]
+    errors, labels, splits = map(list, take((rows[6], rows[1], rows[2]), at_row))
     checked = _LabelCheck(settings)
     answers = {t: checked(t) for t in set(labels)}
     ok: list[bool] | None = None
@@ -359,7 +357,13 @@ def _usual_outcome(
         ok = [e is None and bool(t) and answers[t][1] is None for e, t in zip(errors, labels)]
     if any(answers[t][0] is not t for t in answers):
         labels = [answers[t][0] for t in labels]
-    if None in splits:
+    if None in splits and not settings.split_from_folders:  # _split_of without a row's split
+        splits = (
+            [DEFAULT_SPLIT] * len(splits)
+            if splits.count(None) == len(splits)
+            else [DEFAULT_SPLIT if split is None else split for split in splits]
+        )
+    elif None in splits:
         relpaths = files[2]
         resolved = []
         for n, (split, i) in enumerate(zip(splits, at_image)):
