@@ -735,3 +735,18 @@ def test_image_keys_are_image_key_of_each():
     assert normalize_keys(clean) == clean and normalize_keys(["./x"]) == ["x"]
     with pytest.raises(ValueError, match="--image_key"):
         image_keys(["a"], "path")
+
+
+@pytest.mark.parametrize(
+    "key, source",
+    [('k"é\n\t\x01\u2028', "s.csv"), ("서울/a\\b", "t.tsv"), ("bad\udc80name", "gs://b/t.csv")],
+)
+def test_orphan_line_is_json_dumps_of_its_fields(key, source):
+    """OrphanRow.to_json (built without a dict) is json.dumps of the fields, keys sorted;
+    undecodable bytes (surrogates) escaped."""
+    import json
+
+    o = OrphanRow(key, source, 12_345_678_901, "no image with this key")
+    fields = {"key": key, "line": o.line, "reason": o.reason, "source": source}
+    expected = json.dumps(fields, sort_keys=True, ensure_ascii="\udc80" in key)
+    assert o.to_json() == expected and json.loads(o.to_json()) == fields

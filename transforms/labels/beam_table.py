@@ -365,11 +365,14 @@ class WriteOrphans(beam.PTransform):
         )
 
 
+_FIRST = itemgetter(0)
+
+
 def write_orphan_part(chunk: tuple[str, int], lines: Iterable[tuple[tuple, str]], path: str) -> tuple:
     """Writes one chunk's orphan lines, sorted, beside `path`; returns (chunk, part path)."""
     digest = zlib.crc32(repr(chunk).encode("utf-8", "surrogateescape"))
     part = f"{path}.part-{digest:08x}-{chunk[1]:06d}"
-    text = "".join(line + "\n" for _, line in sorted(lines))
+    text = "".join(line + "\n" for _, line in sorted(lines, key=_FIRST))  # orders are unique
     with FileSystems.create(part) as f:
         f.write(text.encode("utf-8"))
     return chunk, part
