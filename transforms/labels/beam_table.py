@@ -2,8 +2,9 @@
 
 In: the table's files, FileBatches of images. Out: labelled RecordBatches, Failures,
 orphan_labels.jsonl (written in sorted parts, then concatenated) and the join's counts.
-Rows and images travel as column batches (LabelRows, KeyedFiles, JoinPart: a few tuples a
-batch, coded by beam_coders.py), never one object per row or image.
+Rows and images travel as column batches (LabelRows, KeyedFiles, JoinPart: coded by
+beam_coders.py as a few flat values a batch), never one object per row or image; orphan rows
+leave the join as OrphanLines batches (a bucket's orphans of one chunk of table lines).
 Bounds: each JoinLabels group is one key bucket (~1,000 images and rows, the bucket count
 comes from lifted counts); a BucketPartsFn holds at most _MAX_HELD items; each orphans
 group is one chunk of 100,000 table lines (one OrphanLines element per join bucket).
@@ -121,8 +122,10 @@ class BucketPartsFn(beam.DoFn):
     """KeyedFiles or LabelRows -> (bucket, JoinPart), gathered per bucket over the bundle.
 
     The batches are held as they come (up to _MAX_HELD images or rows) with the bucket of
-    each key; when that many are held, and at the end of the bundle, the held columns are
-    sorted by bucket once and cut into parts of up to BATCH_SIZE a bucket. So the shuffle
+    each key (a numpy array a batch: crc32 of each key, the modulo on the array); when that
+    many are held, and at the end of the bundle, the held buckets are sorted once (numpy,
+    stable), each held column is gathered in that order by one C call (itemgetter), and the
+    columns are cut into parts of up to BATCH_SIZE a bucket (join.bucket_parts). So the shuffle
     moves about one element per BATCH_SIZE items whatever the bucket count (cut batch by
     batch, parts would shrink to BATCH_SIZE / buckets items as the data, and so the bucket
     count, grows), and no object is made per image or row.
