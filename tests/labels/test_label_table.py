@@ -750,3 +750,32 @@ def test_orphan_line_is_json_dumps_of_its_fields(key, source):
     fields = {"key": key, "line": o.line, "reason": o.reason, "source": source}
     expected = json.dumps(fields, sort_keys=True, ensure_ascii="\udc80" in key)
     assert o.to_json() == expected and json.loads(o.to_json()) == fields
+
+
+@pytest.mark.parametrize(
+    "column, kind, how",
+    [
+        (("a/b.jpg", "서울/c.JPG", "bad\udc80name", ""), "text", "s"),
+        (("has\x00nul", "x"), "text", "t"),  # a NUL inside: coded as a tuple
+        (("only",), "text", "s"),
+        ((), "text", "t"),
+        ((0, 2**63 - 1, -5), "ints", "q"),
+        ((2**70, 1), "ints", "t"),  # past int64: coded as a tuple
+        ((("a",), ("b", "c"), ("a",), ()) * 3, "few", "d"),
+        ((None, None, None), "few", "="),
+        (tuple(f"k{i}" for i in range(100)), "few", "t"),  # many distinct: as a tuple
+        (((("w", 1),), (("w", 1.0),)), "any", "t"),  # 1 and 1.0 are equal, kept apart
+        (((), ()), "any", "="),
+    ],
+)
+def test_flat_columns_round_trip(column, kind, how):
+    """code_column/decode_column give back every column exactly (types too), each coded the
+    flat way when it can be."""
+    from transforms.labels.beam_coders import code_column, decode_column
+
+    coded = code_column(column, kind)
+    decoded = decode_column(coded, len(column))
+    assert coded[0] == how and decoded == column and type(decoded) is tuple
+    assert [type(v) for v in decoded] == [type(v) for v in column]
+    if kind == "any" and column[0]:
+        assert type(decoded[1][0][1]) is float
