@@ -165,7 +165,8 @@ def run_one(total: int, out: str, labels: str | None, clock: str, plan_only: boo
     shutil.rmtree(root, ignore_errors=True)
     os.makedirs(os.path.join(root, "unused"))
     # --input must hold an image in a class folder (the pre-flight checks); it is not listed.
-    with open(os.path.join(root, "unused", "unused.jpg"), "wb") as f:
+    name = generated_chunk(0, total, True)[0][1] if labels else "unused"  # with --labels: a key of the table
+    with open(os.path.join(root, "unused", name + ".jpg"), "wb") as f:
         f.write(tiny_jpeg())
     args = ["--input", root, "--output_dir", out, "--quiet", "--overwrite"]
     args += ["--splits", "train=0.9,validation=0.1", "--stratify"]

@@ -420,7 +420,9 @@ def test_join_labels_same_output_with_one_bucket_or_many(tmp_path, per_bucket):
             label="CheckRecords",
         )
         assert_that(joined.failed, equal_to(expected.failures), label="CheckFailed")
-        assert_that(joined.orphans, equal_to(expected.orphans), label="CheckOrphans")
+        orphans = [(o.order(), o.to_json()) for o in expected.orphans]
+        lines = joined.orphans | "Lines" >> beam.FlatMap(lambda o: o.lines)
+        assert_that(lines, equal_to(orphans), label="CheckOrphans")
         assert_that(
             joined.stats | beam.CombinePerKey(sum), equal_to(list(expected.stats.items())), label="CheckStats"
         )
@@ -536,18 +538,22 @@ def test_write_orphans_in_parts_keeps_the_order_of_one_sorted_list(tmp_path, mon
     one list sorted by orphan_order (a key's rows together, where its first row is)."""
     import json
 
-    import transforms.labels.beam_table as label_table
+    import transforms.labels.join as label_join
     from transforms.labels.beam_table import WriteOrphans
+    from transforms.labels.join import orphan_lines
     from transforms.labels.rows import ORPHANS, STATS
 
-    monkeypatch.setattr(label_table, "_ORPHAN_CHUNK_LINES", 3)  # many parts from a few rows
+    monkeypatch.setattr(label_join, "_ORPHAN_CHUNK_LINES", 3)  # many parts from a few rows
     rows = [LabelRow(f"k{i % 9}", ("a",), source=f"t{i % 2}.csv", line=i + 2) for i in range(40)]
     rows.append(LabelRow("", source="t0.csv", line=99, error="line 99 is not valid UTF-8"))
     result = join_bucket([_part(rows=rows)], JoinSettings())
     assert len(result.orphans) == 41
     spec = TableSpec(path="t*.csv", format="csv")
     with TestPipeline() as p:
-        orphans = p | "Orphans" >> beam.Create(list(reversed(result.orphans)))
+        # As the join sends them: a batch per bucket and chunk (here a few buckets).
+        batches = [b for i in range(0, 41, 7) for b in orphan_lines(result.orphans[::-1][i : i + 7])]
+        assert len(batches) > 10
+        orphans = p | "Orphans" >> beam.Create(batches)
         stats = p | "Stats" >> beam.Create(list(result.stats.items()))
         summary = {ORPHANS: orphans, STATS: stats} | WriteOrphans(str(tmp_path), spec, JoinSettings())
         assert_that(summary | beam.Map(lambda s: s["labels"]["orphan_rows"]), equal_to([41]))
@@ -729,3 +735,47 @@ def test_image_keys_are_image_key_of_each():
     assert normalize_keys(clean) == clean and normalize_keys(["./x"]) == ["x"]
     with pytest.raises(ValueError, match="--image_key"):
         image_keys(["a"], "path")
+
+
+@pytest.mark.parametrize(
+    "key, source",
+    [('k"é\n\t\x01\u2028', "s.csv"), ("서울/a\\b", "t.tsv"), ("bad\udc80name", "gs://b/t.csv")],
+)
+def test_orphan_line_is_json_dumps_of_its_fields(key, source):
+    """OrphanRow.to_json (built without a dict) is json.dumps of the fields, keys sorted;
+    undecodable bytes (surrogates) escaped."""
+    import json
+
+    o = OrphanRow(key, source, 12_345_678_901, "no image with this key")
+    fields = {"key": key, "line": o.line, "reason": o.reason, "source": source}
+    expected = json.dumps(fields, sort_keys=True, ensure_ascii="\udc80" in key)
+    assert o.to_json() == expected and json.loads(o.to_json()) == fields
+
+
+@pytest.mark.parametrize(
+    "column, kind, how",
+    [
+        (("a/b.jpg", "서울/c.JPG", "bad\udc80name", ""), "text", "s"),
+        (("has\x00nul", "x"), "text", "t"),  # a NUL inside: coded as a tuple
+        (("only",), "text", "s"),
+        ((), "text", "t"),
+        ((0, 2**63 - 1, -5), "ints", "q"),
+        ((2**70, 1), "ints", "t"),  # past int64: coded as a tuple
+        ((("a",), ("b", "c"), ("a",), ()) * 3, "few", "d"),
+        ((None, None, None), "few", "="),
+        (tuple(f"k{i}" for i in range(100)), "few", "t"),  # many distinct: as a tuple
+        (((("w", 1),), (("w", 1.0),)), "any", "t"),  # 1 and 1.0 are equal, kept apart
+        (((), ()), "any", "="),
+    ],
+)
+def test_flat_columns_round_trip(column, kind, how):
+    """code_column/decode_column give back every column exactly (types too), each coded the
+    flat way when it can be."""
+    from transforms.labels.beam_coders import code_column, decode_column
+
+    coded = code_column(column, kind)
+    decoded = decode_column(coded, len(column))
+    assert coded[0] == how and decoded == column and type(decoded) is tuple
+    assert [type(v) for v in decoded] == [type(v) for v in column]
+    if kind == "any" and column[0]:
+        assert type(decoded[1][0][1]) is float

@@ -1,9 +1,26 @@
-"""Coders of the labels-table batches that cross a shuffle: their columns, coded by Beam's
-compiled FastPrimitivesCoder (no pickling, no object per row)."""
+"""Coders of the labels-table batches that cross a shuffle: their columns coded flat, a
+few values a batch, never one coder call (or Python object) per row.
+
+In: LabelRows, KeyedFiles, JoinPart, OrphanRow, OrphanLines, and JoinedLabels.listed's items. Out: bytes.
+A batch is coded as a handful of flat columns (`code_column`), then the primitive coder codes
+that small tuple once:
+- a column of text (keys, paths, relpaths) as one UTF-8 blob of its values joined by NUL
+  (decoded with one split; a column holding a NUL itself is coded as a tuple);
+- a column of ints (sizes, lines) as one array of int64;
+- a column of few distinct values (labels, splits, sources, errors) as those values and one
+  array of their indices, or the value alone when all are equal;
+- the extras column as it is (packed when all empty: its numbers may be 1, 1.0 or True,
+  which are equal but not the same).
+Undecodable bytes of a file name (surrogates) go through the blobs as they are
+(surrogatepass); a batch the primitive coder still cannot code is pickled (coders.tagged).
+"""
 
 from __future__ import annotations
 
 import pickle
+import sys
+from array import array
+from operator import itemgetter
 
 from apache_beam import coders
 
@@ -16,66 +33,104 @@ from transforms.coders import (
     untagged,
 )
 from transforms.failures import Failure
-from transforms.labels.rows import JoinPart, KeyedFiles, LabelRows, OrphanRow
+from transforms.labels.rows import JoinPart, KeyedFiles, LabelRows, OrphanLines, OrphanRow
 from transforms.records import RecordBatch
 
-
-def _pack(column: tuple, default: object) -> tuple:
-    """A column whose values are all `default` as (default,); any other column as it is.
-
-    Only for columns of str or None values (and empty tuples), where equal means the same
-    value: a column of numbers is never packed (1, 1.0 and True are equal)."""
-    if len(column) > 1 and column.count(default) == len(column):
-        return (default,)
-    return column
+TEXT, INTS, FEW, ANY = "text", "ints", "few", "any"  # how each column is coded
+_SEP = "\x00"
+_LITTLE = sys.byteorder == "little"
+_FILE_KINDS = (TEXT, TEXT, TEXT, INTS)  # KeyedFiles: keys, paths, relpaths, sizes
+_ROW_KINDS = (TEXT, FEW, FEW, ANY, FEW, INTS, FEW)  # LabelRows' seven columns
 
 
-def _unpack(column: tuple, n: int) -> tuple:
-    return column * n if len(column) == 1 and n > 1 else column
+def _int_array(code: str, values: object) -> bytes:
+    a = array(code, values)
+    if not _LITTLE:
+        a.byteswap()
+    return a.tobytes()
 
 
-def _row_columns(batch: LabelRows) -> tuple:
-    """The columns as coded: splits, extras, sources and errors packed when all alike."""
-    keys, labels, splits, extras, sources, lines, errors = batch.columns()
-    source = sources[0] if sources else ""
-    return (
-        keys,
-        labels,
-        _pack(splits, None),
-        _pack(extras, ()),
-        _pack(sources, source),
-        lines,
-        _pack(errors, None),
-    )
+def _from_int_array(code: str, data: bytes) -> array:
+    a = array(code)
+    a.frombytes(data)
+    if not _LITTLE:
+        a.byteswap()
+    return a
 
 
-def _rows_of(t: tuple) -> LabelRows:
-    n = len(t[0])
-    return LabelRows(t[0], t[1], _unpack(t[2], n), _unpack(t[3], n), _unpack(t[4], n), t[5], _unpack(t[6], n))
+def code_column(column: tuple, kind: str) -> tuple:
+    """One column as a few flat values (see the module docstring); decode_column reverses it."""
+    n = len(column)
+    if n > 1 and kind in (FEW, ANY) and column.count(column[0]) == n:
+        first = column[0]
+        if kind == FEW or first == ():
+            return ("=", first)
+    if kind == TEXT and n:
+        try:
+            text = _SEP.join(column)
+        except TypeError:
+            return ("t", column)
+        if text.count(_SEP) == n - 1:
+            return ("s", text.encode("utf-8", "surrogatepass"))
+    elif kind == INTS:  # ints by construction (sizes, line numbers)
+        try:
+            return ("q", _int_array("q", column))
+        except (TypeError, OverflowError):
+            pass
+    elif kind == FEW and n > 1 and len(set(column[:64])) <= 16:  # few distinct, judged on a sample
+        distinct = dict.fromkeys(column)  # str, None or tuples of str: equal means the same
+        if len(distinct) < n // 2:
+            index = {value: i for i, value in enumerate(distinct)}
+            return ("d", tuple(distinct), _int_array("I", map(index.__getitem__, column)))
+    return ("t", column)
+
+
+def decode_column(coded: tuple, n: int) -> tuple:
+    """The column that code_column coded, `n` values long."""
+    how = coded[0]
+    if how == "s":
+        return tuple(coded[1].decode("utf-8", "surrogatepass").split(_SEP))
+    if how == "q":
+        return tuple(_from_int_array("q", coded[1]))
+    if how == "=":
+        return (coded[1],) * n
+    if how == "d":
+        indices = _from_int_array("I", coded[2])
+        return itemgetter(*indices)(coded[1]) if n > 1 else (coded[1][indices[0]],)
+    return coded[1]
+
+
+def _code(columns: tuple, kinds: tuple) -> tuple:
+    return (len(columns[0]) if columns else 0, *map(code_column, columns, kinds))
+
+
+def _decode(t: tuple) -> tuple:
+    n = t[0]
+    return tuple(decode_column(c, n) for c in t[1:])
 
 
 def encode_label_rows(batch: LabelRows) -> bytes:
-    return tagged(_row_columns(batch), batch)
+    return tagged(_code(batch.columns(), _ROW_KINDS), batch)
 
 
 def decode_label_rows(data: bytes) -> LabelRows:
-    return untagged(data, _rows_of)
+    return untagged(data, lambda t: LabelRows(*_decode(t)))
 
 
 def encode_keyed_files(files: KeyedFiles) -> bytes:
-    return tagged(files.columns(), files)
+    return tagged(_code(files.columns(), _FILE_KINDS), files)
 
 
 def decode_keyed_files(data: bytes) -> KeyedFiles:
-    return untagged(data, lambda t: KeyedFiles(*t))
+    return untagged(data, lambda t: KeyedFiles(*_decode(t)))
 
 
 def encode_join_part(part: JoinPart) -> bytes:
-    return tagged((part.files.columns(), _row_columns(part.rows)), part)
+    return tagged((_code(part.files.columns(), _FILE_KINDS), _code(part.rows.columns(), _ROW_KINDS)), part)
 
 
 def decode_join_part(data: bytes) -> JoinPart:
-    return untagged(data, lambda t: JoinPart(KeyedFiles(*t[0]), _rows_of(t[1])))
+    return untagged(data, lambda t: JoinPart(KeyedFiles(*_decode(t[0])), LabelRows(*_decode(t[1]))))
 
 
 def _estimated_size(columns: tuple) -> int:
@@ -149,10 +204,34 @@ class OrphanRowCoder(TupleCoder):
     _type, _encode, _decode = OrphanRow, encode_orphan, decode_orphan
 
 
+def encode_orphan_lines(o: OrphanLines) -> bytes:
+    return tagged((o.chunk, o.lines), o)
+
+
+def decode_orphan_lines(data: bytes) -> OrphanLines:
+    return untagged(data, lambda t: OrphanLines(*t))
+
+
+def estimate_orphan_lines(o: OrphanLines) -> int:
+    return 8 + len(o.lines) * (len(tagged(o.lines[0], o.lines[0])) if o.lines else 0)
+
+
+class OrphanLinesCoder(TupleCoder):
+    _type, _encode, _decode, _estimate = (
+        OrphanLines,
+        encode_orphan_lines,
+        decode_orphan_lines,
+        estimate_orphan_lines,
+    )
+
+
 coders.registry.register_coder(Listed, ListedCoder)
 
 
 coders.registry.register_coder(OrphanRow, OrphanRowCoder)
+
+
+coders.registry.register_coder(OrphanLines, OrphanLinesCoder)
 
 
 coders.registry.register_coder(LabelRows, LabelRowsCoder)

@@ -2,21 +2,24 @@
 
 In: the table's files, FileBatches of images. Out: labelled RecordBatches, Failures,
 orphan_labels.jsonl (written in sorted parts, then concatenated) and the join's counts.
-Rows and images travel as column batches (LabelRows, KeyedFiles, JoinPart: a few tuples a
-batch, coded by beam_coders.py), never one object per row or image.
+Rows and images travel as column batches (LabelRows, KeyedFiles, JoinPart: coded by
+beam_coders.py as a few flat values a batch), never one object per row or image; orphan rows
+leave the join as OrphanLines batches (a bucket's orphans of one chunk of table lines).
 Bounds: each JoinLabels group is one key bucket (~1,000 images and rows, the bucket count
 comes from lifted counts); a BucketPartsFn holds at most _MAX_HELD items; each orphans
-group is one chunk of 100,000 table lines.
+group is one chunk of 100,000 table lines (one OrphanLines element per join bucket).
 """
 
 from __future__ import annotations
 
-import bisect
 import dataclasses
 import zlib
 from collections.abc import Iterable, Iterator, Mapping
+from itertools import chain
+from operator import itemgetter
 
 import apache_beam as beam
+import numpy as np
 from apache_beam import pvalue
 from apache_beam.io import fileio
 from apache_beam.io.filesystem import CompressionTypes
@@ -28,7 +31,14 @@ from transforms.batching import CountImagesFn, group_size
 from transforms.failures import FAILED
 from transforms.labels.beam_coders import Listed
 from transforms.labels.columns import image_keys, iter_row_batches
-from transforms.labels.join import bucket_count, buckets_of, join_bucket, label_summary
+from transforms.labels.join import (
+    bucket_array,
+    bucket_count,
+    bucket_parts,
+    join_bucket,
+    label_summary,
+    orphan_lines,
+)
 from transforms.labels.rows import (
     _MAX_HELD,
     DUPLICATE_POLICIES,
@@ -43,7 +53,7 @@ from transforms.labels.rows import (
     JoinSettings,
     KeyedFiles,
     LabelRows,
-    OrphanRow,
+    OrphanLines,
     TableError,
     TableSpec,
 )
@@ -112,8 +122,10 @@ class BucketPartsFn(beam.DoFn):
     """KeyedFiles or LabelRows -> (bucket, JoinPart), gathered per bucket over the bundle.
 
     The batches are held as they come (up to _MAX_HELD images or rows) with the bucket of
-    each key; when that many are held, and at the end of the bundle, the held columns are
-    sorted by bucket once and cut into parts of up to BATCH_SIZE a bucket. So the shuffle
+    each key (a numpy array a batch: crc32 of each key, the modulo on the array); when that
+    many are held, and at the end of the bundle, the held buckets are sorted once (numpy,
+    stable), each held column is gathered in that order by one C call (itemgetter), and the
+    columns are cut into parts of up to BATCH_SIZE a bucket (join.bucket_parts). So the shuffle
     moves about one element per BATCH_SIZE items whatever the bucket count (cut batch by
     batch, parts would shrink to BATCH_SIZE / buckets items as the data, and so the bucket
     count, grows), and no object is made per image or row.
@@ -126,7 +138,8 @@ class BucketPartsFn(beam.DoFn):
 
     def start_bundle(self) -> None:
         self._columns: list[list] | None = None  # the held batches' columns, concatenated
-        self._buckets: list[int] = []  # the bucket of each held item
+        self._buckets: list[np.ndarray] = []  # the bucket of each held item, an array a batch
+        self._held = 0
         self._rows = False  # the held batches are LabelRows (else KeyedFiles)
 
     def process(
@@ -138,8 +151,9 @@ class BucketPartsFn(beam.DoFn):
             self._columns, self._rows = [[] for _ in columns], type(batch) is LabelRows
         for held, values in zip(self._columns, columns):
             held.extend(values)
-        self._buckets.extend(buckets_of(columns[0], buckets))
-        if len(self._buckets) >= _MAX_HELD:
+        self._buckets.append(bucket_array(columns[0], buckets))
+        self._held += len(batch)
+        if self._held >= _MAX_HELD:
             yield from self._take()
 
     def finish_bundle(self) -> Iterator:
@@ -147,31 +161,22 @@ class BucketPartsFn(beam.DoFn):
             yield GlobalWindows.windowed_value(part)
 
     def _take(self) -> Iterator[tuple[int, JoinPart]]:
-        """Every held item, in parts: by bucket, up to BATCH_SIZE a part."""
-        held, buckets = self._columns, self._buckets
-        if not buckets:
+        """Every held item, in parts: by bucket, up to BATCH_SIZE a part (one stable sort of
+        the held buckets, each column gathered in that order by one C call)."""
+        held = self._columns
+        if not self._held:
             return
-        self._columns, self._buckets = [[] for _ in held], []
-        order = sorted(range(len(buckets)), key=buckets.__getitem__)
-        ordered = [buckets[i] for i in order]
-        columns = [
-            tuple(column) if _alike(column) else tuple(map(column.__getitem__, order)) for column in held
-        ]
+        order, parts = bucket_parts(np.concatenate(self._buckets), BATCH_SIZE)
+        self._columns, self._buckets, self._held = [[] for _ in held], [], 0
+        if len(order) == 1:
+            columns = [tuple(column) for column in held]
+        else:
+            gather = itemgetter(*order)
+            columns = [gather(column) for column in held]
         make = LabelRows if self._rows else KeyedFiles
-        start = 0
-        while start < len(ordered):
-            end = min(bisect.bisect_right(ordered, ordered[start], start), start + BATCH_SIZE)
+        for bucket, start, end in parts:
             cut = make(*(column[start:end] for column in columns))
-            yield ordered[start], JoinPart(rows=cut) if self._rows else JoinPart(files=cut)
-            start = end
-
-
-def _alike(column: list) -> bool:
-    """Whether a column holds one value throughout (no split, no extras, no error, one source:
-    the usual table), so it need not be reordered. Only str, None and () are compared: among
-    numbers, equal values may differ in type (1, 1.0, True)."""
-    first = column[0]
-    return (first is None or first == () or type(first) is str) and column.count(first) == len(column)
+            yield bucket, JoinPart(rows=cut) if self._rows else JoinPart(files=cut)
 
 
 class JoinLabelsFn(beam.DoFn):
@@ -212,8 +217,8 @@ class JoinLabelsFn(beam.DoFn):
         for failure in result.failures:
             yield pvalue.TaggedOutput(FAILED, failure)
             yield pvalue.TaggedOutput(LISTED, failure)
-        for orphan in result.orphans:
-            yield pvalue.TaggedOutput(ORPHANS, orphan)
+        for lines in orphan_lines(result.orphans):  # a batch per chunk of table lines
+            yield pvalue.TaggedOutput(ORPHANS, lines)
         for item in result.stats.items():
             yield pvalue.TaggedOutput(STATS, item)
 
@@ -233,7 +238,8 @@ class JoinedLabels:
       failed: Failures of images without a usable label.
       listed: every image taken into the conversion (all but those skipped as unlabeled):
         the RecordBatches and the Failures (count them with batching.CountImagesFn).
-      orphans: OrphanRows.
+      orphans: OrphanLines (the orphan rows as orphan_labels.jsonl lines, a batch per bucket
+        and chunk of table lines).
       stats: (count name, n) pairs, summed into summary.json's "labels" section.
     """
 
@@ -305,7 +311,7 @@ class JoinLabels(beam.PTransform):
             .with_output_types(RecordBatch)
             .with_outputs(FAILED, ORPHANS, STATS, LISTED, main="records")
         )
-        joined[ORPHANS].element_type = OrphanRow  # coded by OrphanRowCoder, not pickled
+        joined[ORPHANS].element_type = OrphanLines  # coded by OrphanLinesCoder, not pickled
         # The records and failures again, as one output of the join (not a Flatten of the two,
         # which the local runner materializes: every record coded and decoded once more).
         # Coded by ListedCoder where it is materialized (a RecordBatch as tuples, not pickled).
@@ -323,9 +329,10 @@ class JoinLabels(beam.PTransform):
 class WriteOrphans(beam.PTransform):
     """Writes orphan rows to <output_dir>/orphan_labels.jsonl; returns the summary section.
 
-    Never one list of all orphans: they are grouped by the chunk of table lines where their
-    key's first row is (a file and _ORPHAN_CHUNK_LINES of its lines: a group holds at most
-    the orphan rows of the keys first seen there), each group is sorted and written as a
+    Never one list of all orphans: they come in OrphanLines (a bucket's orphans of one chunk)
+    and are grouped by the chunk of table lines where their key's first row is (a file and
+    join._ORPHAN_CHUNK_LINES of its lines: a group holds at most the orphan rows of the keys
+    first seen there, in at most one element per join bucket), each group is sorted and written as a
     part, and one step appends the parts, in order, into the file (streamed, a block at a
     time; its side input is one path per chunk). The order is orphan_order's on every runner.
 
@@ -342,9 +349,12 @@ class WriteOrphans(beam.PTransform):
         spec, settings, path = self._spec, self._settings, self._path
         parts = (
             joined[ORPHANS]
-            | "ByChunk" >> beam.Map(lambda o: (orphan_chunk(o), (o.order(), o.to_json())))
-            | "GroupByChunk" >> beam.GroupByKey()  # ((source, chunk), [(order, json line)])
-            | "WriteParts" >> beam.Map(lambda kv: write_orphan_part(*kv, path))  # ((source, chunk), part)
+            | "ByChunk" >> beam.Map(lambda o: (o.chunk, o.lines))
+            | "GroupByChunk" >> beam.GroupByKey()  # ((source, chunk), [((order, json line), ...)])
+            | "WriteParts"
+            >> beam.Map(
+                lambda kv: write_orphan_part(kv[0], chain.from_iterable(kv[1]), path)
+            )  # (chunk, part)
         )
         once = joined[ORPHANS].pipeline | "Once" >> beam.Create([None])
         written = once | "Concatenate" >> beam.Map(
@@ -358,22 +368,14 @@ class WriteOrphans(beam.PTransform):
         )
 
 
-# Table lines per orphan part (bounds a WriteOrphans group and the file's parts per file).
-_ORPHAN_CHUNK_LINES = 100_000
-
-
-def orphan_chunk(orphan: OrphanRow) -> tuple[str, int]:
-    """The part of orphan_labels.jsonl an orphan row is written in: its key's first row's
-    file and chunk of _ORPHAN_CHUNK_LINES lines."""
-    source, line = orphan.order()[0]
-    return source, line // _ORPHAN_CHUNK_LINES
+_FIRST = itemgetter(0)
 
 
 def write_orphan_part(chunk: tuple[str, int], lines: Iterable[tuple[tuple, str]], path: str) -> tuple:
     """Writes one chunk's orphan lines, sorted, beside `path`; returns (chunk, part path)."""
     digest = zlib.crc32(repr(chunk).encode("utf-8", "surrogateescape"))
     part = f"{path}.part-{digest:08x}-{chunk[1]:06d}"
-    text = "".join(line + "\n" for _, line in sorted(lines))
+    text = "".join(line + "\n" for _, line in sorted(lines, key=_FIRST))  # orders are unique
     with FileSystems.create(part) as f:
         f.write(text.encode("utf-8"))
     return chunk, part

@@ -12,6 +12,8 @@ import zlib
 from collections.abc import Iterable, Mapping, Sequence
 from operator import methodcaller
 
+import numpy as np
+
 from transforms.failures import Failure
 from transforms.labels.folders import DEFAULT_SPLIT
 from transforms.labels.rows import (
@@ -21,6 +23,7 @@ from transforms.labels.rows import (
     JoinPart,
     JoinSettings,
     LabelRow,
+    OrphanLines,
     OrphanRow,
     TableSpec,
     _new_row,
@@ -223,6 +226,26 @@ def buckets_of(keys: Iterable[str], buckets: int) -> map:
     return map(buckets.__rmod__, map(zlib.crc32, map(_KEY_BYTES, keys)))
 
 
+def bucket_array(keys: Iterable[str], buckets: int) -> np.ndarray:
+    """bucket_of of each key, for a column at once (crc32 per key, the modulo on the array)."""
+    hashes = np.fromiter(map(zlib.crc32, map(_KEY_BYTES, keys)), dtype=np.int64)
+    return hashes % buckets
+
+
+def bucket_parts(buckets: np.ndarray, size: int) -> tuple[list[int], list[tuple[int, int, int]]]:
+    """The positions of items ordered by bucket (stable: a bucket's items keep their order),
+    and the parts to cut from that order: (bucket, start, end), up to `size` items each."""
+    order = np.argsort(buckets, kind="stable")
+    ordered = buckets[order]
+    starts = np.flatnonzero(np.diff(ordered)) + 1
+    bounds = [0, *starts.tolist(), len(ordered)]
+    parts = []
+    for start, end in zip(bounds, bounds[1:]):
+        bucket = int(ordered[start])
+        parts += [(bucket, cut, min(cut + size, end)) for cut in range(start, end, size)]
+    return order.tolist(), parts
+
+
 def take(columns: Iterable[Sequence], indices: Sequence[int]) -> tuple[tuple, ...]:
     """The values at `indices` of each column."""
     return tuple(tuple(map(column.__getitem__, indices)) for column in columns)
@@ -326,9 +349,7 @@ def _usual_outcome(
     each is; None when there is no usual key."""
     if not at_image:
         return None
-    errors = [rows[6][i] for i in at_row]
-    labels = [rows[1][i] for i in at_row]
-    splits = [rows[2][i] for i in at_row]
+    errors, labels, splits = map(list, take((rows[6], rows[1], rows[2]), at_row))
     checked = _LabelCheck(settings)
     answers = {t: checked(t) for t in set(labels)}
     ok: list[bool] | None = None
@@ -336,7 +357,13 @@ def _usual_outcome(
         ok = [e is None and bool(t) and answers[t][1] is None for e, t in zip(errors, labels)]
     if any(answers[t][0] is not t for t in answers):
         labels = [answers[t][0] for t in labels]
-    if None in splits:
+    if None in splits and not settings.split_from_folders:  # _split_of without a row's split
+        splits = (
+            [DEFAULT_SPLIT] * len(splits)
+            if splits.count(None) == len(splits)
+            else [DEFAULT_SPLIT if split is None else split for split in splits]
+        )
+    elif None in splits:
         relpaths = files[2]
         resolved = []
         for n, (split, i) in enumerate(zip(splits, at_image)):
@@ -378,6 +405,25 @@ def orphan_order(orphans: Iterable[OrphanRow]) -> list[OrphanRow]:
     for i, o in enumerate(orphans):
         first.setdefault(o.key, i)
     return sorted(orphans, key=lambda o: first[o.key])
+
+
+# Table lines per orphan part (bounds a WriteOrphans group and the file's parts per file).
+_ORPHAN_CHUNK_LINES = 100_000
+
+
+def orphan_chunk(orphan: OrphanRow) -> tuple[str, int]:
+    """The part of orphan_labels.jsonl an orphan row is written in: its key's first row's
+    file and chunk of _ORPHAN_CHUNK_LINES lines."""
+    source, line = orphan.order()[0]
+    return source, line // _ORPHAN_CHUNK_LINES
+
+
+def orphan_lines(orphans: Iterable[OrphanRow]) -> list[OrphanLines]:
+    """The orphans as OrphanLines, one per chunk they fall in (chunks in first-seen order)."""
+    chunks: dict[tuple[str, int], list[tuple[tuple, str]]] = {}
+    for o in orphans:
+        chunks.setdefault(orphan_chunk(o), []).append((o.order(), o.to_json()))
+    return [OrphanLines(chunk, tuple(lines)) for chunk, lines in chunks.items()]
 
 
 def label_summary(counts: Mapping[str, int], spec: TableSpec, settings: JoinSettings) -> dict:

@@ -209,6 +209,10 @@ class JoinPart:
         return len(self.files) + len(self.rows)
 
 
+_ORPHAN_JSON = '{"key": %s, "line": %d, "reason": %s, "source": %s}'
+_json_str = json.encoder.encode_basestring  # json.dumps of a str, ensure_ascii=False
+
+
 @dataclasses.dataclass(frozen=True)
 class OrphanRow:
     """A table row that no listed image matched (or that could not be parsed)."""
@@ -222,11 +226,13 @@ class OrphanRow:
     first: tuple[str, int] = dataclasses.field(default=("", 0), compare=False, repr=False)
 
     def to_json(self) -> str:
-        fields = {"key": self.key, "line": self.line, "reason": self.reason, "source": self.source}
-        text = json.dumps(fields, ensure_ascii=False, sort_keys=True)
+        """The row's line of orphan_labels.jsonl: json.dumps of its fields, keys sorted (the
+        strings encoded by json's own encoder, without building a dict per row)."""
+        text = _ORPHAN_JSON % (_json_str(self.key), self.line, _json_str(self.reason), _json_str(self.source))
         try:
             text.encode("utf-8")
         except UnicodeEncodeError:  # undecodable bytes of a file name: escaped
+            fields = {"key": self.key, "line": self.line, "reason": self.reason, "source": self.source}
             text = json.dumps(fields, sort_keys=True)
         return text
 
@@ -234,6 +240,20 @@ class OrphanRow:
         """Where the row goes in orphan_labels.jsonl (the order of orphan_order)."""
         first = self.first if self.first[0] else (self.source, self.line)
         return first, self.source, self.line, self.key, self.reason
+
+
+@dataclasses.dataclass(frozen=True)
+class OrphanLines:
+    """Orphan rows of one join bucket whose keys start in one chunk of table lines, as lines
+    of orphan_labels.jsonl: the orphans travel a batch a bucket, not one element a row.
+
+    Attributes:
+      chunk: (file, chunk of lines) of the keys' first rows (join.orphan_chunk).
+      lines: (OrphanRow.order(), OrphanRow.to_json()) of each row.
+    """
+
+    chunk: tuple[str, int]
+    lines: tuple[tuple[tuple, str], ...]
 
 
 @dataclasses.dataclass(frozen=True)
