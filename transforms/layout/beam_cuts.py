@@ -78,8 +78,13 @@ class SegmentTotalsFn(beam.CombineFn):
             for segment, n in collections.Counter(segments).items():
                 cuts.add_totals(acc, segment, n, count=n)
         else:
-            for segment, weight in zip(segments, self._order.weights(batch)):
-                cuts.add_totals(acc, segment, weight)
+            index: dict[str, int] = {}
+            codes = np.fromiter((index.setdefault(s, len(index)) for s in segments), np.int64, len(segments))
+            weights = np.asarray(self._order.weights(batch), dtype=np.int64)
+            counts = np.bincount(codes, minlength=len(index)).tolist()
+            sums = np.bincount(codes, weights=weights, minlength=len(index))  # exact below 2**53
+            for segment, n, weight in zip(index, counts, sums.astype(np.int64).tolist()):
+                cuts.add_totals(acc, segment, weight, count=n)
         return acc
 
     def merge_accumulators(self, accs: Iterable[dict]) -> dict:
@@ -138,13 +143,22 @@ class CountBucketsFn(beam.DoFn):
             self._bits, self._totals = _layout_bits(self._order, totals), totals
         order, table, get = self._order, self._table, self._bits.get
         segments = order.segments(batch)
-        bits = np.fromiter((get(s, 0) for s in segments), np.int64, len(segments))
-        if not bits.any():
+        index: dict[str, int] = {}
+        codes = np.fromiter((index.setdefault(s, len(index)) for s in segments), np.int64, len(segments))
+        names = list(index)
+        seg_bits = np.array([get(s, 0) for s in names], dtype=np.int64)
+        if not seg_bits.any():
             return
-        buckets = cuts.buckets_of(order.hashes(batch), bits)
-        for seg, b, bucket, weight in zip(segments, bits.tolist(), buckets, order.weights_of(batch)):
-            if b:
-                cuts.add_totals(table.setdefault(seg, {}), bucket, weight)
+        hashes = order.hashes(batch)
+        weights = np.asarray(order.weights_of(batch), dtype=np.int64)
+        for code in np.flatnonzero(seg_bits).tolist():
+            mine = np.flatnonzero(codes == code)
+            buckets, at = np.unique(cuts.bucket_array(hashes[mine], int(seg_bits[code])), return_inverse=True)
+            counts = np.bincount(at, minlength=len(buckets)).tolist()
+            sums = np.bincount(at, weights=weights[mine], minlength=len(buckets))  # exact below 2**53
+            seg_table = table.setdefault(names[code], {})
+            for bucket, n, weight in zip(buckets.tolist(), counts, sums.astype(np.int64).tolist()):
+                cuts.add_totals(seg_table, bucket, weight, count=n)
 
     def finish_bundle(self) -> Iterator:
         if self._table:
@@ -229,24 +243,32 @@ class KeyPartsFn(beam.DoFn):
             self._plans, self._sides = _Plans(self._order, totals, table), (totals, table)
         get = self._plans.get
         segments = self._order.segments(batch)
-        plans = [get(s) for s in segments]
-        bits = np.fromiter((p.bits for p in plans), np.int64, len(plans))
-        buckets = cuts.buckets_of(self._order.hashes(batch), bits) if bits.any() else [0] * len(plans)
-        direct: list[int] = []
-        parts: list[int] = []
-        straddling: dict[tuple[str, int], list[int]] = {}
-        for i, (plan, bucket) in enumerate(zip(plans, buckets)):
-            part = plan.locate(bucket)
-            if part is None:
-                straddling.setdefault((segments[i], bucket), []).append(i)
-            else:
-                direct.append(i)
-                parts.append(part)
-        if direct:
-            yield Located(tuple(parts), batch if len(direct) == len(batch) else batch.take(direct))
-        for key, indices in straddling.items():
-            for item in self._straddling.add(key, batch.take(indices)):
-                yield pvalue.TaggedOutput(_STRADDLING, item)
+        # Per segment of the batch, not per record: its plan, and its part when it is one bucket.
+        index: dict[str, int] = {}
+        codes = np.fromiter((index.setdefault(s, len(index)) for s in segments), np.int64, len(segments))
+        names = list(index)
+        plans = [get(s) for s in names]
+        parts = np.array([p.whole_part() for p in plans], dtype=np.int64)[codes]
+        buckets = np.zeros(len(segments), dtype=np.uint64)
+        bucketed = np.flatnonzero(parts == cuts.BUCKETED)
+        if bucketed.size:  # segments with bucket bits: each record's part is its bucket's
+            hashes = self._order.hashes(batch)
+            for code in np.unique(codes[bucketed]).tolist():
+                mine = bucketed[codes[bucketed] == code]
+                buckets[mine] = cuts.bucket_array(hashes[mine], plans[code].bits)
+                parts[mine] = plans[code].parts_of_buckets(buckets[mine])
+        direct = np.flatnonzero(parts >= 0)
+        if direct.size:
+            whole = direct.size == len(segments)
+            yield Located(tuple(parts[direct].tolist()), batch if whole else batch.take(direct.tolist()))
+        if direct.size < len(segments):
+            straddling: dict[tuple[str, int], list[int]] = {}
+            at = np.flatnonzero(parts == cuts.STRADDLES)
+            for i, code, bucket in zip(at.tolist(), codes[at].tolist(), buckets[at].tolist()):
+                straddling.setdefault((names[code], bucket), []).append(i)
+            for key, indices in straddling.items():
+                for item in self._straddling.add(key, batch.take(indices)):
+                    yield pvalue.TaggedOutput(_STRADDLING, item)
 
     def finish_bundle(self) -> Iterator:
         for item in self._straddling.drain():

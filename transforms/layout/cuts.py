@@ -42,6 +42,10 @@ T = TypeVar("T")
 _HASH_BITS = 64
 _MAX_BUCKET_BITS = 40
 
+# SegmentPlan.whole_part / parts_of_buckets: the records' bucket holds a cut (grouped and
+# resolved), or the segment has bucket bits (each record's part is its bucket's).
+STRADDLES, BUCKETED = -1, -2
+
 
 def hash64(*parts: str) -> int:
     """A seeded 64-bit hash, the same on every platform and Python (sha256's first 8 bytes)."""
@@ -80,6 +84,11 @@ def buckets_of(hashes: np.ndarray, bits: np.ndarray) -> list[int]:
     """bucket_of for arrays: each hash's top `bits` bits (0 where bits is 0)."""
     shift = np.where(bits > 0, _HASH_BITS - bits, 0).astype(np.uint64)
     return np.where(bits > 0, hashes >> shift, 0).tolist()
+
+
+def bucket_array(hashes: np.ndarray, bits: int) -> np.ndarray:
+    """Each hash's top `bits` bits (bits > 0), as a uint64 array."""
+    return hashes >> np.uint64(_HASH_BITS - bits)
 
 
 def bucket_of(hash_value: int, bits: int) -> int:
@@ -145,6 +154,7 @@ class SegmentPlan(Generic[T]):
     weights: tuple[int, ...] = ()
     total: int = 0
     _located: dict = dataclasses.field(default_factory=dict, compare=False, repr=False)
+    _arrays: list = dataclasses.field(default_factory=list, compare=False, repr=False)
 
     def bucket_range(self, bucket: int) -> tuple[int, int]:
         """(weight before the bucket, the bucket's weight)."""
@@ -162,6 +172,27 @@ class SegmentPlan(Generic[T]):
             return located[bucket]
         part = located[bucket] = self._locate(bucket)
         return part
+
+    def whole_part(self) -> int:
+        """The part of every record when the segment is one bucket (bits 0): a part, or
+        STRADDLES when that bucket holds a cut; BUCKETED when the segment has bucket bits."""
+        if self.bits:
+            return BUCKETED
+        part = self.locate(0)
+        return STRADDLES if part is None else part
+
+    def parts_of_buckets(self, buckets: np.ndarray) -> np.ndarray:
+        """`locate` for an array of this segment's buckets (uint64): each bucket's part, or
+        STRADDLES. The table's parts are computed once a plan; then a binary search a record."""
+        if not self._arrays:
+            located = [self.locate(b) for b in self.starts]
+            self._arrays.append(np.array(self.starts, dtype=np.uint64))
+            self._arrays.append(np.array([STRADDLES if p is None else p for p in located], dtype=np.int64))
+        starts, parts = self._arrays
+        if not len(starts):
+            return np.full(len(buckets), STRADDLES, dtype=np.int64)
+        at = np.minimum(np.searchsorted(starts, buckets), len(starts) - 1)
+        return np.where(starts[at] == buckets, parts[at], STRADDLES)
 
     def _locate(self, bucket: int) -> int | None:
         start, weight = self.bucket_range(bucket)
