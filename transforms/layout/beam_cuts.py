@@ -21,7 +21,7 @@ from apache_beam import pvalue
 from apache_beam.transforms.window import GlobalWindows
 
 from transforms import coders
-from transforms.batching import BatchGather, group_size
+from transforms.batching import KeyedGather, group_size
 from transforms.coders import SideDict, record_batch_fields
 from transforms.layout import cuts
 from transforms.layout.plan import _STRADDLING, with_hashes
@@ -226,7 +226,7 @@ KeyedBatch = tuple[tuple[str, int], RecordBatch]
 class KeyPartsFn(beam.DoFn):
     """RecordBatch -> (parts, RecordBatch) of its records whose bucket lies in one part (one
     element per input batch, no record moved); ((segment, bucket), RecordBatch) on the
-    STRADDLING output for the others, gathered per key over the bundle (batching.BatchGather:
+    STRADDLING output for the others, gathered per key over the bundle (batching.KeyedGather:
     at most 50,000 records held).
     """
 
@@ -234,7 +234,7 @@ class KeyPartsFn(beam.DoFn):
         self._order = order
 
     def start_bundle(self) -> None:
-        self._straddling = BatchGather()
+        self._straddling = KeyedGather()
         self._plans: _Plans | None = None
         self._sides: tuple = ()
 
@@ -262,13 +262,10 @@ class KeyPartsFn(beam.DoFn):
             whole = direct.size == len(segments)
             yield Located(tuple(parts[direct].tolist()), batch if whole else batch.take(direct.tolist()))
         if direct.size < len(segments):
-            straddling: dict[tuple[str, int], list[int]] = {}
             at = np.flatnonzero(parts == cuts.STRADDLES)
-            for i, code, bucket in zip(at.tolist(), codes[at].tolist(), buckets[at].tolist()):
-                straddling.setdefault((names[code], bucket), []).append(i)
-            for key, indices in straddling.items():
-                for item in self._straddling.add(key, batch.take(indices)):
-                    yield pvalue.TaggedOutput(_STRADDLING, item)
+            keys = zip(map(names.__getitem__, codes[at].tolist()), buckets[at].tolist())
+            for item in self._straddling.add(batch.take(at.tolist()), keys):
+                yield pvalue.TaggedOutput(_STRADDLING, item)
 
     def finish_bundle(self) -> Iterator:
         for item in self._straddling.drain():
