@@ -33,6 +33,7 @@ from transforms.layout.beam_cuts import (
     splits_of,
 )
 from transforms.layout.plan import (
+    _FINE_BITS,
     DEFAULT_SEED,
     _cumulative,
     _shard_layout,
@@ -200,6 +201,7 @@ class PlanShards(beam.PTransform):
             hash_column=SHUFFLE_HASH,
             weights=record_sizes,
             layout=_shard_layout(self._target, self._num),
+            fine_bits=_FINE_BITS,
         )
         return (
             records

@@ -51,6 +51,17 @@ class Order:
     weights: Callable[[RecordBatch], Sequence[int]] | None  # None: every record weighs 1
     # (segment, count, weight) -> (bucket bits, part function), from the totals alone
     layout: Callable[[str, int, int], tuple[int, Callable[[int], int]]]
+    # One pass (SegmentSummaryFn) when set: the totals and each segment's bucket counts at
+    # this fixed resolution from one combiner, the bucket table coarsened from them, and
+    # every segment's bucket bits capped at it. For few segments (splits) only: the
+    # combiner holds up to 2**fine_bits buckets a segment. None: totals, then a count at
+    # the bits the totals give (CountBucketsFn), for any number of segments (classes).
+    fine_bits: int | None = None
+
+    def bits_and_part(self, segment: str, count: int, weight: int) -> tuple[int, Callable[[int], int]]:
+        """The segment's bucket bits (capped at fine_bits) and part function, from its totals."""
+        bits, part = self.layout(segment, count, weight)
+        return (min(bits, self.fine_bits) if self.fine_bits else bits), part
 
     def hashes(self, batch: RecordBatch) -> np.ndarray:
         return cuts.hash_columns(with_hashes(batch, self.seed).hashes)[self.hash_column]
@@ -94,6 +105,74 @@ class SegmentTotalsFn(beam.CombineFn):
         return acc
 
 
+class SegmentSummaryFn(beam.CombineFn):
+    """RecordBatches -> (totals, {segment: bucket histogram at order.fine_bits}) in one pass.
+
+    The totals are SegmentTotalsFn's; the histograms (cuts.Histogram: sorted distinct
+    buckets with their counts and weights) need no totals first, so no stage re-reads the
+    records to count buckets. Bounded by the resolution: at most 2**fine_bits entries a
+    segment (65,536 for shard planning: 1.5 MB a split), plus up to 64 batches' worth of
+    entries not yet merged; only for few segments (splits).
+    """
+
+    _MERGE_EVERY = 64  # per-batch histograms held a segment before they are merged
+
+    def __init__(self, order: Order):
+        if not order.fine_bits:
+            raise ValueError("SegmentSummaryFn needs an Order with fine_bits")
+        self._order = order
+        self._totals = SegmentTotalsFn(order)
+
+    def create_accumulator(self) -> tuple[dict, dict]:
+        return {}, {}
+
+    def add_input(self, acc: tuple[dict, dict], batch: RecordBatch) -> tuple[dict, dict]:
+        totals, hists = acc
+        self._totals.add_input(totals, batch)
+        order = self._order
+        segments = order.segments(batch)
+        index: dict[str, int] = {}
+        codes = np.fromiter((index.setdefault(s, len(index)) for s in segments), np.int64, len(segments))
+        fine = cuts.bucket_array(order.hashes(batch), order.fine_bits)
+        weights = np.asarray(order.weights_of(batch), dtype=np.int64)
+        ones = np.ones(len(segments), dtype=np.int64)
+        for code, seg in enumerate(index):
+            mine = slice(None) if len(index) == 1 else codes == code
+            parts = hists.setdefault(seg, [])
+            parts.append(cuts.histogram(fine[mine], ones[mine], weights[mine]))
+            if len(parts) >= self._MERGE_EVERY:
+                hists[seg] = [cuts.merge_histograms(parts)]
+        return acc
+
+    def merge_accumulators(self, accs: Iterable[tuple[dict, dict]]) -> tuple[dict, dict]:
+        accs = list(accs)
+        hists: dict[str, list] = {}
+        for _, acc_hists in accs:
+            for seg, parts in acc_hists.items():
+                hists.setdefault(seg, []).extend(parts)
+        merged = {seg: [cuts.merge_histograms(parts)] for seg, parts in hists.items()}
+        return cuts.merge_totals(totals for totals, _ in accs), merged
+
+    def extract_output(self, acc: tuple[dict, dict]) -> tuple[dict, dict]:
+        totals, hists = acc
+        return totals, {seg: cuts.merge_histograms(parts) for seg, parts in hists.items()}
+
+
+def _summary_totals(summary: tuple[dict, dict]) -> SideDict:
+    return SideDict(summary[0])
+
+
+def _summary_table(summary: tuple[dict, dict], order: Order) -> SideDict:
+    """The bucket table of a summary: each segment's histogram coarsened to its bucket bits."""
+    totals, hists = summary
+    table = {}
+    for seg, (count, weight) in totals.items():
+        bits = order.bits_and_part(seg, count, weight)[0]
+        if bits:
+            table[seg] = cuts.coarsen(hists[seg], order.fine_bits, bits)
+    return SideDict(table)
+
+
 class _Plans:
     """Each segment's SegmentPlan, built on first use from the totals and bucket table.
 
@@ -112,7 +191,7 @@ class _Plans:
             count, weight = self._totals[segment]
             plan = self._one_bucket.get((count, weight))
             if plan is None:
-                bits, part = self._order.layout(segment, count, weight)
+                bits, part = self._order.bits_and_part(segment, count, weight)
                 plan = cuts.segment_plan(bits, part, weight, self._table.get(segment, {}))
                 if not bits:
                     self._one_bucket[count, weight] = plan
@@ -121,7 +200,7 @@ class _Plans:
 
 
 def _layout_bits(order: Order, totals: dict) -> dict[str, int]:
-    return {seg: order.layout(seg, count, weight)[0] for seg, (count, weight) in totals.items()}
+    return {seg: order.bits_and_part(seg, count, weight)[0] for seg, (count, weight) in totals.items()}
 
 
 class CountBucketsFn(beam.DoFn):
@@ -322,19 +401,30 @@ class CutOrder(beam.PTransform):
 
     def expand(self, records: beam.PCollection[RecordBatch]) -> beam.PCollection[Located]:
         order = self._order
-        totals = pvalue.AsSingleton(
-            records
-            | "Totals" >> beam.CombineGlobally(SegmentTotalsFn(order)).without_defaults()
-            | "TotalsSide" >> beam.Map(SideDict).with_output_types(SideDict),
-            default_value={},
-        )
-        table = pvalue.AsSingleton(
-            records
-            | "CountBuckets" >> beam.ParDo(CountBucketsFn(order), totals)  # a partial table per bundle
-            | "BucketTable" >> beam.CombineGlobally(MergeBucketTablesFn()).without_defaults()
-            | "BucketTableSide" >> beam.Map(SideDict).with_output_types(SideDict),
-            default_value={},
-        )
+        if order.fine_bits:  # one pass: totals and fine bucket counts, the table coarsened from them
+            summary = records | "Summary" >> beam.CombineGlobally(SegmentSummaryFn(order)).without_defaults()
+            totals = pvalue.AsSingleton(
+                summary | "TotalsSide" >> beam.Map(_summary_totals).with_output_types(SideDict),
+                default_value={},
+            )
+            table = pvalue.AsSingleton(
+                summary | "BucketTableSide" >> beam.Map(_summary_table, order).with_output_types(SideDict),
+                default_value={},
+            )
+        else:  # two passes: the totals give each segment's bucket bits, then buckets are counted
+            totals = pvalue.AsSingleton(
+                records
+                | "Totals" >> beam.CombineGlobally(SegmentTotalsFn(order)).without_defaults()
+                | "TotalsSide" >> beam.Map(SideDict).with_output_types(SideDict),
+                default_value={},
+            )
+            table = pvalue.AsSingleton(
+                records
+                | "CountBuckets" >> beam.ParDo(CountBucketsFn(order), totals)  # a partial table per bundle
+                | "BucketTable" >> beam.CombineGlobally(MergeBucketTablesFn()).without_defaults()
+                | "BucketTableSide" >> beam.Map(SideDict).with_output_types(SideDict),
+                default_value={},
+            )
         keyed = records | "KeyParts" >> beam.ParDo(KeyPartsFn(order), totals, table).with_output_types(
             Located
         ).with_outputs(_STRADDLING, main="parts")

@@ -281,3 +281,36 @@ def split_part(count: int, cumulative: tuple[float, ...]) -> Callable[[int], int
         return last
 
     return part
+
+
+# A bucket histogram: (sorted distinct buckets uint64, count int64, weight int64) arrays.
+Histogram = tuple[np.ndarray, np.ndarray, np.ndarray]
+
+
+def histogram(buckets: np.ndarray, counts: np.ndarray, weights: np.ndarray) -> Histogram:
+    """Sums (count, weight) per distinct bucket, exactly (integer sums), buckets sorted."""
+    if not len(buckets):
+        return np.zeros(0, np.uint64), np.zeros(0, np.int64), np.zeros(0, np.int64)
+    order = np.argsort(buckets, kind="stable")
+    buckets = buckets[order]
+    starts = np.flatnonzero(np.concatenate(([True], buckets[1:] != buckets[:-1])))
+    return (
+        buckets[starts],
+        np.add.reduceat(counts[order], starts),
+        np.add.reduceat(weights[order], starts),
+    )
+
+
+def merge_histograms(parts: Iterable[Histogram]) -> Histogram:
+    """One histogram of several (the sums of equal buckets)."""
+    parts = list(parts)
+    if len(parts) == 1:
+        return parts[0]
+    return histogram(*(np.concatenate([p[i] for p in parts]) for i in range(3)))
+
+
+def coarsen(hist: Histogram, fine_bits: int, bits: int) -> dict[int, tuple[int, int]]:
+    """A histogram of `fine_bits` buckets as a bucket table of `bits` (<= fine_bits) buckets:
+    {bucket: (count, weight)} (the same table a count at `bits` would give)."""
+    buckets, counts, weights = histogram(hist[0] >> np.uint64(fine_bits - bits), hist[1], hist[2])
+    return dict(zip(buckets.tolist(), zip(counts.tolist(), weights.tolist())))
