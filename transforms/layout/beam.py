@@ -175,7 +175,9 @@ class PlanShards(beam.PTransform):
 
     The shards are those of `plan_shards` on the whole split. Totals per split (count,
     estimated bytes) give the shard count and a hash-bucket resolution of about 8 buckets a
-    shard; the bucket table's prefix sums place every bucket that lies inside one shard,
+    shard (capped at 2**16 buckets a split: the totals and the bucket counts come from one
+    pass over the records, a 16-bit histogram a split coarsened to those bits, so past
+    8,192 shards a split a bucket is 1/65,536 of it); the bucket table's prefix sums place every bucket that lies inside one shard,
     and a straddling bucket is grouped and sorted to place its records exactly (CutOrder).
     Then one group per (split, shard): the largest group is one shard's metadata
     (ImageRecords, a few hundred bytes each), whatever the number of images.

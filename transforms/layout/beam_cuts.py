@@ -3,9 +3,9 @@
 RecordBatches (with their seeded hashes, plan.with_hashes) in; Located out: each batch with
 every record's part (a split index for AssignSplits, a shard for PlanShards). The arithmetic is
 transforms/layout/cuts.py; this module is its Beam shell: totals per segment and the bucket
-table from lifted combiners (side inputs of small ints, SideDicts sized without a walk), the
-records of a bucket inside one part placed where they are, and only a straddling bucket
-grouped. Every group's size goes to a Beam distribution metric (batching.group_size).
+table from lifted combiners (side inputs of small ints, SideDicts sized without a walk; for
+few segments both from one pass, SegmentSummaryFn), the records of a bucket inside one part
+placed where they are, and only a straddling bucket grouped. Every group's size goes to a Beam distribution metric (batching.group_size).
 """
 
 from __future__ import annotations
@@ -387,9 +387,11 @@ def _same(element: object) -> object:
 class CutOrder(beam.PTransform):
     """RecordBatches -> (parts, RecordBatch): every record with its exact part.
 
-    Two lifted combiners give the totals per segment (one entry per split or class) and the
-    bucket table (see MergeBucketTablesFn); both are side inputs of a few small ints per
-    segment or bucket, materialized once. Records of a bucket inside one part get it at once
+    Lifted combiners give the totals per segment (one entry per split or class) and the
+    bucket table: with `order.fine_bits`, one pass (SegmentSummaryFn: at most 2**fine_bits
+    buckets a segment, coarsened to the bits of each segment's totals); without, the totals
+    then a count of buckets at those bits (CountBucketsFn, MergeBucketTablesFn). Both are
+    side inputs of a few small ints per segment or bucket, materialized once. Records of a bucket inside one part get it at once
     (no move); a straddling bucket is grouped (one bucket's records: the only group here)
     and resolved. The records must carry their seeded hashes (plan.with_hashes).
     """

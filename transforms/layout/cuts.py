@@ -12,7 +12,9 @@ the same parts from bounded pieces instead:
 2. Each segment's hash range is cut into 2**bits buckets (the top bits of the hash), with
    `bits` chosen from the totals (`bucket_bits`): about 8 buckets a shard, or up to ~512
    records a bucket for splits. A combiner counts (count, weight) per (segment, bucket)
-   for the segments that have more than one bucket: the *bucket table*. Its size follows
+   for the segments that have more than one bucket: the *bucket table*. For few segments
+   (shard planning) the same combiner as the totals counts them at a fixed fine resolution
+   (`histogram`), coarsened to `bits` afterwards (`coarsen`): the same table, one pass. Its size follows
    the number of shards (8 entries a shard), or for splits one entry per ~256-512 records
    of the classes above 512 records; it holds small ints only.
 3. Prefix sums over the table give each bucket's starting weight. A bucket whose whole
