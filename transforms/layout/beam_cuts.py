@@ -206,42 +206,57 @@ def _layout_bits(order: Order, totals: dict) -> dict[str, int]:
 class CountBucketsFn(beam.DoFn):
     """RecordBatches -> one partial bucket table per bundle (see MergeBucketTablesFn).
 
-    Only segments with bucket bits (from the totals side input) are counted.
+    Only segments with bucket bits (from the totals side input) are counted. Each bucket is
+    keyed by its segment's number in the bundle (top 24 bits) and its bucket (40 bits at
+    most), counted with numpy (cuts.histogram) every 64 batches and at the end of the
+    bundle: the DoFn holds one histogram of the bundle's buckets plus 64 batches' keys.
     """
+
+    _MERGE_EVERY = 64
 
     def __init__(self, order: Order):
         self._order = order
 
     def start_bundle(self) -> None:
-        self._table: dict = {}
+        self._segments: dict[str, int] = {}
+        self._pending: list[cuts.Histogram] = []
         self._bits: dict[str, int] | None = None
         self._totals: dict | None = None
 
     def process(self, batch: RecordBatch, totals: dict) -> None:
         if self._bits is None or self._totals is not totals:
             self._bits, self._totals = _layout_bits(self._order, totals), totals
-        order, table, get = self._order, self._table, self._bits.get
+        order, get, number = self._order, self._bits.get, self._segments.setdefault
         segments = order.segments(batch)
-        index: dict[str, int] = {}
-        codes = np.fromiter((index.setdefault(s, len(index)) for s in segments), np.int64, len(segments))
-        names = list(index)
-        seg_bits = np.array([get(s, 0) for s in names], dtype=np.int64)
-        if not seg_bits.any():
+        bits = np.fromiter((get(s, 0) for s in segments), np.int64, len(segments))
+        counted = np.flatnonzero(bits)
+        if not counted.size:
             return
-        hashes = order.hashes(batch)
-        weights = np.asarray(order.weights_of(batch), dtype=np.int64)
-        for code in np.flatnonzero(seg_bits).tolist():
-            mine = np.flatnonzero(codes == code)
-            buckets, at = np.unique(cuts.bucket_array(hashes[mine], int(seg_bits[code])), return_inverse=True)
-            counts = np.bincount(at, minlength=len(buckets)).tolist()
-            sums = np.bincount(at, weights=weights[mine], minlength=len(buckets))  # exact below 2**53
-            seg_table = table.setdefault(names[code], {})
-            for bucket, n, weight in zip(buckets.tolist(), counts, sums.astype(np.int64).tolist()):
-                cuts.add_totals(seg_table, bucket, weight, count=n)
+        ids = np.fromiter(
+            (number(segments[i], len(self._segments)) for i in counted.tolist()), np.uint64, counted.size
+        )
+        shift = (cuts._HASH_BITS - bits[counted]).astype(np.uint64)
+        keys = (ids << np.uint64(_BUCKET_KEY_BITS)) | (order.hashes(batch)[counted] >> shift)
+        weights = np.asarray(order.weights_of(batch), dtype=np.int64)[counted]
+        self._pending.append(cuts.histogram(keys, np.ones(counted.size, dtype=np.int64), weights))
+        if len(self._pending) >= self._MERGE_EVERY:
+            self._pending = [cuts.merge_histograms(self._pending)]
 
     def finish_bundle(self) -> Iterator:
-        if self._table:
-            yield GlobalWindows.windowed_value(self._table)
+        if not self._pending:
+            return
+        keys, counts, weights = cuts.merge_histograms(self._pending)
+        names = list(self._segments)
+        table: dict = {}
+        mask = (1 << _BUCKET_KEY_BITS) - 1
+        for key, n, weight in zip(keys.tolist(), counts.tolist(), weights.tolist()):
+            table.setdefault(names[key >> _BUCKET_KEY_BITS], {})[key & mask] = [n, weight]
+        self._pending = []
+        yield GlobalWindows.windowed_value(table)
+
+
+# CountBucketsFn's keys: a segment's number in the bundle above its bucket (at most 40 bits).
+_BUCKET_KEY_BITS = 40
 
 
 class MergeBucketTablesFn(beam.CombineFn):
