@@ -86,8 +86,14 @@ class SegmentTotalsFn(beam.CombineFn):
     def add_input(self, acc: dict, batch: RecordBatch) -> dict:
         segments = self._order.segments(batch)
         if self._order.weights is None:
+            get = acc.get
             for segment, n in collections.Counter(segments).items():
-                cuts.add_totals(acc, segment, n, count=n)
+                entry = get(segment)
+                if entry is None:
+                    acc[segment] = [n, n]
+                else:
+                    entry[0] += n
+                    entry[1] += n
         else:
             index: dict[str, int] = {}
             codes = np.fromiter((index.setdefault(s, len(index)) for s in segments), np.int64, len(segments))
