@@ -7,6 +7,7 @@ from collections.abc import Callable, Iterable, Iterator
 from typing import Any, TypeVar
 
 import apache_beam as beam
+import numpy as np
 from apache_beam.metrics import Metrics
 from apache_beam.transforms.window import GlobalWindows
 
@@ -94,40 +95,43 @@ def key_batch(batch: RecordBatch, key: Callable[[ImageRecord], str]) -> list[tup
     return [(k, batch.take(indices)) for k, indices in groups.items()]
 
 
-class BatchGather:
-    """RecordBatches gathered per key over a bundle, sent as (key, RecordBatch) parts.
+class KeyedGather:
+    """RecordBatches with a key per record, held over a bundle and sent as (key, RecordBatch)
+    parts: one part per key each time the held records are flushed.
 
-    A key's part is sent when it holds BATCH_SIZE records or more, or at the end of the
-    bundle, or all parts at once when `max_held` records are held: the shuffle moves about
-    one element per BATCH_SIZE records whatever the key count, and a DoFn holds at most
-    `max_held` records (plus the batch being added).
+    A flush (when `max_held` records are held, and at the end of the bundle: `drain`) joins
+    the held batches once, orders their records by key with one stable numpy sort of int
+    codes, and cuts that into one RecordBatch per key: the work per record is a few C
+    gathers, whatever the number of keys, and the shuffle moves one element per key a
+    flush. A DoFn holds at most `max_held` records (plus the batch being added); a part is
+    at most that many records, and a key's records keep their order of arrival.
     """
 
     def __init__(self, max_held: int = 50 * BATCH_SIZE):
-        self._parts: dict = {}
-        self._counts: dict = {}
+        self._batches: list[RecordBatch] = []
+        self._codes: list[np.ndarray] = []
+        self._keys: dict = {}
         self._held = 0
         self._max_held = max_held
 
-    def add(self, key: Any, batch: RecordBatch) -> Iterator[tuple[Any, RecordBatch]]:
-        """Adds `batch` under `key`; yields the parts that are due."""
-        parts = self._parts.get(key)
-        if parts is None:
-            parts = self._parts[key] = []
-        parts.append(batch)
-        count = self._counts[key] = self._counts.get(key, 0) + len(batch)
+    def add(self, batch: RecordBatch, keys: Iterable[Any]) -> Iterator[tuple[Any, RecordBatch]]:
+        """Holds `batch`, whose record i goes under keys[i]; yields the parts of a flush when one is due."""
+        code = self._keys.setdefault
+        self._codes.append(np.fromiter((code(k, len(self._keys)) for k in keys), np.int64, len(batch)))
+        self._batches.append(batch)
         self._held += len(batch)
-        if count >= BATCH_SIZE:
-            yield self._take(key)
-        elif self._held >= self._max_held:
+        if self._held >= self._max_held:
             yield from self.drain()
 
     def drain(self) -> Iterator[tuple[Any, RecordBatch]]:
-        """Every held part, in key order (a stable order for the same bundle)."""
-        for key in sorted(self._parts):
-            yield self._take(key)
-
-    def _take(self, key: Any) -> tuple[Any, RecordBatch]:
-        parts = self._parts.pop(key)
-        self._held -= self._counts.pop(key)
-        return key, RecordBatch.concat(parts)
+        """Every held record, one part per key, keys in order of first arrival (stable for a bundle)."""
+        if not self._batches:
+            return
+        batch, codes, names = RecordBatch.concat(self._batches), np.concatenate(self._codes), list(self._keys)
+        self._batches, self._codes, self._keys, self._held = [], [], {}, 0
+        order = np.argsort(codes, kind="stable")
+        codes = codes[order]
+        ordered = batch if len(names) == 1 else batch.take(order.tolist())
+        cuts_at = [0, *(np.flatnonzero(np.diff(codes)) + 1).tolist(), len(codes)]
+        for start, stop in zip(cuts_at, cuts_at[1:]):
+            yield names[codes[start]], ordered.slice(start, stop) if len(names) > 1 else ordered

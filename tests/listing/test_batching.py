@@ -9,7 +9,7 @@ from apache_beam.testing.test_pipeline import TestPipeline
 from apache_beam.testing.util import assert_that, equal_to
 
 from transforms import progress
-from transforms.batching import chunked, key_batch
+from transforms.batching import KeyedGather, chunked, key_batch
 from transforms.failures import FAILED
 from transforms.labels.beam import LabelFromFolders
 from transforms.layout.beam import AssignSplits, PlanShards
@@ -213,3 +213,23 @@ def test_bucket_listing_batches_per_bundle_and_counts_every_image():
         assert tally.snapshot()[0] == n
     finally:
         progress.unregister("batching-bucket")
+
+
+def test_keyed_gather_sends_one_part_per_key_a_flush_in_arrival_order():
+    def batch(start, n):
+        return RecordBatch(
+            tuple(ImageRecord(f"/in/{i}", f"c/{i}", i, ("c",)) for i in range(start, start + n))
+        )
+
+    gather = KeyedGather(max_held=10)
+    # 4 records held: nothing due; the next 6 make 10 and flush every key at once.
+    assert list(gather.add(batch(0, 4), ["b", "a", "b", "a"])) == []
+    flushed = list(gather.add(batch(4, 6), ["a", "c", "b", "a", "c", "c"]))
+    assert [(k, [r.size for r in part.records]) for k, part in flushed] == [
+        ("b", [0, 2, 6]),
+        ("a", [1, 3, 4, 7]),
+        ("c", [5, 8, 9]),
+    ]
+    assert list(gather.drain()) == []  # nothing held after a flush
+    assert [(k, len(p)) for k, p in gather.add(batch(10, 3), [("s", 1)] * 3)] == []
+    assert [(k, len(p)) for k, p in gather.drain()] == [(("s", 1), 3)]

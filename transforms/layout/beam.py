@@ -18,10 +18,9 @@ from __future__ import annotations
 from collections.abc import Iterable, Iterator, Sequence
 
 import apache_beam as beam
-import numpy as np
 from apache_beam.transforms.window import GlobalWindows
 
-from transforms.batching import BatchGather, group_size
+from transforms.batching import KeyedGather, group_size
 from transforms.layout import cuts
 from transforms.layout.beam_cuts import (
     SHUFFLE_HASH,
@@ -34,6 +33,7 @@ from transforms.layout.beam_cuts import (
     splits_of,
 )
 from transforms.layout.plan import (
+    _FINE_BITS,
     DEFAULT_SEED,
     _cumulative,
     _shard_layout,
@@ -140,25 +140,14 @@ class AssignSplits(beam.PTransform):
 
 class KeyShardsFn(beam.DoFn):
     """(shard indexes, RecordBatch) -> ((split, shard), RecordBatch), gathered per key over the
-    bundle (batching.BatchGather: at most 50,000 records held)."""
+    bundle (batching.KeyedGather: at most 50,000 records held, one part per shard a flush)."""
 
     def start_bundle(self) -> None:
-        self._gather = BatchGather()
+        self._gather = KeyedGather()
 
     def process(self, located: Located) -> Iterator[KeyedBatch]:
         parts, batch = located
-        # Sorted by (split, shard) once, then cut into runs: one gather of the columns, not one a key.
-        names = sorted(set(batch.splits))
-        code = {name: i for i, name in enumerate(names)}
-        keys = np.fromiter((code[s] for s in batch.splits), np.int64, len(batch)) << 32
-        keys |= np.asarray(parts, dtype=np.int64)
-        order = np.argsort(keys, kind="stable")
-        keys = keys[order]
-        ordered = batch.take(order.tolist())
-        cuts_at = [0, *(np.flatnonzero(np.diff(keys)) + 1).tolist(), len(batch)]
-        for start, stop in zip(cuts_at, cuts_at[1:]):
-            key = (names[int(keys[start]) >> 32], int(keys[start]) & 0xFFFFFFFF)
-            yield from self._gather.add(key, ordered.slice(start, stop))
+        yield from self._gather.add(batch, zip(batch.splits, parts))
 
     def finish_bundle(self) -> Iterator:
         for item in self._gather.drain():
@@ -186,7 +175,9 @@ class PlanShards(beam.PTransform):
 
     The shards are those of `plan_shards` on the whole split. Totals per split (count,
     estimated bytes) give the shard count and a hash-bucket resolution of about 8 buckets a
-    shard; the bucket table's prefix sums place every bucket that lies inside one shard,
+    shard (capped at 2**16 buckets a split: the totals and the bucket counts come from one
+    pass over the records, a 16-bit histogram a split coarsened to those bits, so past
+    8,192 shards a split a bucket is 1/65,536 of it); the bucket table's prefix sums place every bucket that lies inside one shard,
     and a straddling bucket is grouped and sorted to place its records exactly (CutOrder).
     Then one group per (split, shard): the largest group is one shard's metadata
     (ImageRecords, a few hundred bytes each), whatever the number of images.
@@ -212,6 +203,7 @@ class PlanShards(beam.PTransform):
             hash_column=SHUFFLE_HASH,
             weights=record_sizes,
             layout=_shard_layout(self._target, self._num),
+            fine_bits=_FINE_BITS,
         )
         return (
             records

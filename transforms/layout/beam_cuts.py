@@ -3,9 +3,9 @@
 RecordBatches (with their seeded hashes, plan.with_hashes) in; Located out: each batch with
 every record's part (a split index for AssignSplits, a shard for PlanShards). The arithmetic is
 transforms/layout/cuts.py; this module is its Beam shell: totals per segment and the bucket
-table from lifted combiners (side inputs of small ints, SideDicts sized without a walk), the
-records of a bucket inside one part placed where they are, and only a straddling bucket
-grouped. Every group's size goes to a Beam distribution metric (batching.group_size).
+table from lifted combiners (side inputs of small ints, SideDicts sized without a walk; for
+few segments both from one pass, SegmentSummaryFn), the records of a bucket inside one part
+placed where they are, and only a straddling bucket grouped. Every group's size goes to a Beam distribution metric (batching.group_size).
 """
 
 from __future__ import annotations
@@ -21,7 +21,7 @@ from apache_beam import pvalue
 from apache_beam.transforms.window import GlobalWindows
 
 from transforms import coders
-from transforms.batching import BatchGather, group_size
+from transforms.batching import KeyedGather, group_size
 from transforms.coders import SideDict, record_batch_fields
 from transforms.layout import cuts
 from transforms.layout.plan import _STRADDLING, with_hashes
@@ -51,6 +51,17 @@ class Order:
     weights: Callable[[RecordBatch], Sequence[int]] | None  # None: every record weighs 1
     # (segment, count, weight) -> (bucket bits, part function), from the totals alone
     layout: Callable[[str, int, int], tuple[int, Callable[[int], int]]]
+    # One pass (SegmentSummaryFn) when set: the totals and each segment's bucket counts at
+    # this fixed resolution from one combiner, the bucket table coarsened from them, and
+    # every segment's bucket bits capped at it. For few segments (splits) only: the
+    # combiner holds up to 2**fine_bits buckets a segment. None: totals, then a count at
+    # the bits the totals give (CountBucketsFn), for any number of segments (classes).
+    fine_bits: int | None = None
+
+    def bits_and_part(self, segment: str, count: int, weight: int) -> tuple[int, Callable[[int], int]]:
+        """The segment's bucket bits (capped at fine_bits) and part function, from its totals."""
+        bits, part = self.layout(segment, count, weight)
+        return (min(bits, self.fine_bits) if self.fine_bits else bits), part
 
     def hashes(self, batch: RecordBatch) -> np.ndarray:
         return cuts.hash_columns(with_hashes(batch, self.seed).hashes)[self.hash_column]
@@ -75,11 +86,22 @@ class SegmentTotalsFn(beam.CombineFn):
     def add_input(self, acc: dict, batch: RecordBatch) -> dict:
         segments = self._order.segments(batch)
         if self._order.weights is None:
+            get = acc.get
             for segment, n in collections.Counter(segments).items():
-                cuts.add_totals(acc, segment, n, count=n)
+                entry = get(segment)
+                if entry is None:
+                    acc[segment] = [n, n]
+                else:
+                    entry[0] += n
+                    entry[1] += n
         else:
-            for segment, weight in zip(segments, self._order.weights(batch)):
-                cuts.add_totals(acc, segment, weight)
+            index: dict[str, int] = {}
+            codes = np.fromiter((index.setdefault(s, len(index)) for s in segments), np.int64, len(segments))
+            weights = np.asarray(self._order.weights(batch), dtype=np.int64)
+            counts = np.bincount(codes, minlength=len(index)).tolist()
+            sums = np.bincount(codes, weights=weights, minlength=len(index))  # exact below 2**53
+            for segment, n, weight in zip(index, counts, sums.astype(np.int64).tolist()):
+                cuts.add_totals(acc, segment, weight, count=n)
         return acc
 
     def merge_accumulators(self, accs: Iterable[dict]) -> dict:
@@ -87,6 +109,74 @@ class SegmentTotalsFn(beam.CombineFn):
 
     def extract_output(self, acc: dict) -> dict:
         return acc
+
+
+class SegmentSummaryFn(beam.CombineFn):
+    """RecordBatches -> (totals, {segment: bucket histogram at order.fine_bits}) in one pass.
+
+    The totals are SegmentTotalsFn's; the histograms (cuts.Histogram: sorted distinct
+    buckets with their counts and weights) need no totals first, so no stage re-reads the
+    records to count buckets. Bounded by the resolution: at most 2**fine_bits entries a
+    segment (65,536 for shard planning: 1.5 MB a split), plus up to 64 batches' worth of
+    entries not yet merged; only for few segments (splits).
+    """
+
+    _MERGE_EVERY = 64  # per-batch histograms held a segment before they are merged
+
+    def __init__(self, order: Order):
+        if not order.fine_bits:
+            raise ValueError("SegmentSummaryFn needs an Order with fine_bits")
+        self._order = order
+        self._totals = SegmentTotalsFn(order)
+
+    def create_accumulator(self) -> tuple[dict, dict]:
+        return {}, {}
+
+    def add_input(self, acc: tuple[dict, dict], batch: RecordBatch) -> tuple[dict, dict]:
+        totals, hists = acc
+        self._totals.add_input(totals, batch)
+        order = self._order
+        segments = order.segments(batch)
+        index: dict[str, int] = {}
+        codes = np.fromiter((index.setdefault(s, len(index)) for s in segments), np.int64, len(segments))
+        fine = cuts.bucket_array(order.hashes(batch), order.fine_bits)
+        weights = np.asarray(order.weights_of(batch), dtype=np.int64)
+        ones = np.ones(len(segments), dtype=np.int64)
+        for code, seg in enumerate(index):
+            mine = slice(None) if len(index) == 1 else codes == code
+            parts = hists.setdefault(seg, [])
+            parts.append(cuts.histogram(fine[mine], ones[mine], weights[mine]))
+            if len(parts) >= self._MERGE_EVERY:
+                hists[seg] = [cuts.merge_histograms(parts)]
+        return acc
+
+    def merge_accumulators(self, accs: Iterable[tuple[dict, dict]]) -> tuple[dict, dict]:
+        accs = list(accs)
+        hists: dict[str, list] = {}
+        for _, acc_hists in accs:
+            for seg, parts in acc_hists.items():
+                hists.setdefault(seg, []).extend(parts)
+        merged = {seg: [cuts.merge_histograms(parts)] for seg, parts in hists.items()}
+        return cuts.merge_totals(totals for totals, _ in accs), merged
+
+    def extract_output(self, acc: tuple[dict, dict]) -> tuple[dict, dict]:
+        totals, hists = acc
+        return totals, {seg: cuts.merge_histograms(parts) for seg, parts in hists.items()}
+
+
+def _summary_totals(summary: tuple[dict, dict]) -> SideDict:
+    return SideDict(summary[0])
+
+
+def _summary_table(summary: tuple[dict, dict], order: Order) -> SideDict:
+    """The bucket table of a summary: each segment's histogram coarsened to its bucket bits."""
+    totals, hists = summary
+    table = {}
+    for seg, (count, weight) in totals.items():
+        bits = order.bits_and_part(seg, count, weight)[0]
+        if bits:
+            table[seg] = cuts.coarsen(hists[seg], order.fine_bits, bits)
+    return SideDict(table)
 
 
 class _Plans:
@@ -107,7 +197,7 @@ class _Plans:
             count, weight = self._totals[segment]
             plan = self._one_bucket.get((count, weight))
             if plan is None:
-                bits, part = self._order.layout(segment, count, weight)
+                bits, part = self._order.bits_and_part(segment, count, weight)
                 plan = cuts.segment_plan(bits, part, weight, self._table.get(segment, {}))
                 if not bits:
                     self._one_bucket[count, weight] = plan
@@ -116,39 +206,63 @@ class _Plans:
 
 
 def _layout_bits(order: Order, totals: dict) -> dict[str, int]:
-    return {seg: order.layout(seg, count, weight)[0] for seg, (count, weight) in totals.items()}
+    return {seg: order.bits_and_part(seg, count, weight)[0] for seg, (count, weight) in totals.items()}
 
 
 class CountBucketsFn(beam.DoFn):
     """RecordBatches -> one partial bucket table per bundle (see MergeBucketTablesFn).
 
-    Only segments with bucket bits (from the totals side input) are counted.
+    Only segments with bucket bits (from the totals side input) are counted. Each bucket is
+    keyed by its segment's number in the bundle (top 24 bits) and its bucket (40 bits at
+    most), counted with numpy (cuts.histogram) every 64 batches and at the end of the
+    bundle: the DoFn holds one histogram of the bundle's buckets plus 64 batches' keys.
     """
+
+    _MERGE_EVERY = 64
 
     def __init__(self, order: Order):
         self._order = order
 
     def start_bundle(self) -> None:
-        self._table: dict = {}
+        self._segments: dict[str, int] = {}
+        self._pending: list[cuts.Histogram] = []
         self._bits: dict[str, int] | None = None
         self._totals: dict | None = None
 
     def process(self, batch: RecordBatch, totals: dict) -> None:
         if self._bits is None or self._totals is not totals:
             self._bits, self._totals = _layout_bits(self._order, totals), totals
-        order, table, get = self._order, self._table, self._bits.get
+        order, get, number = self._order, self._bits.get, self._segments.setdefault
         segments = order.segments(batch)
         bits = np.fromiter((get(s, 0) for s in segments), np.int64, len(segments))
-        if not bits.any():
+        counted = np.flatnonzero(bits)
+        if not counted.size:
             return
-        buckets = cuts.buckets_of(order.hashes(batch), bits)
-        for seg, b, bucket, weight in zip(segments, bits.tolist(), buckets, order.weights_of(batch)):
-            if b:
-                cuts.add_totals(table.setdefault(seg, {}), bucket, weight)
+        ids = np.fromiter(
+            (number(segments[i], len(self._segments)) for i in counted.tolist()), np.uint64, counted.size
+        )
+        shift = (cuts._HASH_BITS - bits[counted]).astype(np.uint64)
+        keys = (ids << np.uint64(_BUCKET_KEY_BITS)) | (order.hashes(batch)[counted] >> shift)
+        weights = np.asarray(order.weights_of(batch), dtype=np.int64)[counted]
+        self._pending.append(cuts.histogram(keys, np.ones(counted.size, dtype=np.int64), weights))
+        if len(self._pending) >= self._MERGE_EVERY:
+            self._pending = [cuts.merge_histograms(self._pending)]
 
     def finish_bundle(self) -> Iterator:
-        if self._table:
-            yield GlobalWindows.windowed_value(self._table)
+        if not self._pending:
+            return
+        keys, counts, weights = cuts.merge_histograms(self._pending)
+        names = list(self._segments)
+        table: dict = {}
+        mask = (1 << _BUCKET_KEY_BITS) - 1
+        for key, n, weight in zip(keys.tolist(), counts.tolist(), weights.tolist()):
+            table.setdefault(names[key >> _BUCKET_KEY_BITS], {})[key & mask] = [n, weight]
+        self._pending = []
+        yield GlobalWindows.windowed_value(table)
+
+
+# CountBucketsFn's keys: a segment's number in the bundle above its bucket (at most 40 bits).
+_BUCKET_KEY_BITS = 40
 
 
 class MergeBucketTablesFn(beam.CombineFn):
@@ -212,7 +326,7 @@ KeyedBatch = tuple[tuple[str, int], RecordBatch]
 class KeyPartsFn(beam.DoFn):
     """RecordBatch -> (parts, RecordBatch) of its records whose bucket lies in one part (one
     element per input batch, no record moved); ((segment, bucket), RecordBatch) on the
-    STRADDLING output for the others, gathered per key over the bundle (batching.BatchGather:
+    STRADDLING output for the others, gathered per key over the bundle (batching.KeyedGather:
     at most 50,000 records held).
     """
 
@@ -220,7 +334,7 @@ class KeyPartsFn(beam.DoFn):
         self._order = order
 
     def start_bundle(self) -> None:
-        self._straddling = BatchGather()
+        self._straddling = KeyedGather()
         self._plans: _Plans | None = None
         self._sides: tuple = ()
 
@@ -229,23 +343,28 @@ class KeyPartsFn(beam.DoFn):
             self._plans, self._sides = _Plans(self._order, totals, table), (totals, table)
         get = self._plans.get
         segments = self._order.segments(batch)
-        plans = [get(s) for s in segments]
-        bits = np.fromiter((p.bits for p in plans), np.int64, len(plans))
-        buckets = cuts.buckets_of(self._order.hashes(batch), bits) if bits.any() else [0] * len(plans)
-        direct: list[int] = []
-        parts: list[int] = []
-        straddling: dict[tuple[str, int], list[int]] = {}
-        for i, (plan, bucket) in enumerate(zip(plans, buckets)):
-            part = plan.locate(bucket)
-            if part is None:
-                straddling.setdefault((segments[i], bucket), []).append(i)
-            else:
-                direct.append(i)
-                parts.append(part)
-        if direct:
-            yield Located(tuple(parts), batch if len(direct) == len(batch) else batch.take(direct))
-        for key, indices in straddling.items():
-            for item in self._straddling.add(key, batch.take(indices)):
+        # Per segment of the batch, not per record: its plan, and its part when it is one bucket.
+        index: dict[str, int] = {}
+        codes = np.fromiter((index.setdefault(s, len(index)) for s in segments), np.int64, len(segments))
+        names = list(index)
+        plans = [get(s) for s in names]
+        parts = np.array([p.whole_part() for p in plans], dtype=np.int64)[codes]
+        buckets = np.zeros(len(segments), dtype=np.uint64)
+        bucketed = np.flatnonzero(parts == cuts.BUCKETED)
+        if bucketed.size:  # segments with bucket bits: each record's part is its bucket's
+            hashes = self._order.hashes(batch)
+            for code in np.unique(codes[bucketed]).tolist():
+                mine = bucketed[codes[bucketed] == code]
+                buckets[mine] = cuts.bucket_array(hashes[mine], plans[code].bits)
+                parts[mine] = plans[code].parts_of_buckets(buckets[mine])
+        direct = np.flatnonzero(parts >= 0)
+        if direct.size:
+            whole = direct.size == len(segments)
+            yield Located(tuple(parts[direct].tolist()), batch if whole else batch.take(direct.tolist()))
+        if direct.size < len(segments):
+            at = np.flatnonzero(parts == cuts.STRADDLES)
+            keys = zip(map(names.__getitem__, codes[at].tolist()), buckets[at].tolist())
+            for item in self._straddling.add(batch.take(at.tolist()), keys):
                 yield pvalue.TaggedOutput(_STRADDLING, item)
 
     def finish_bundle(self) -> Iterator:
@@ -289,9 +408,11 @@ def _same(element: object) -> object:
 class CutOrder(beam.PTransform):
     """RecordBatches -> (parts, RecordBatch): every record with its exact part.
 
-    Two lifted combiners give the totals per segment (one entry per split or class) and the
-    bucket table (see MergeBucketTablesFn); both are side inputs of a few small ints per
-    segment or bucket, materialized once. Records of a bucket inside one part get it at once
+    Lifted combiners give the totals per segment (one entry per split or class) and the
+    bucket table: with `order.fine_bits`, one pass (SegmentSummaryFn: at most 2**fine_bits
+    buckets a segment, coarsened to the bits of each segment's totals); without, the totals
+    then a count of buckets at those bits (CountBucketsFn, MergeBucketTablesFn). Both are
+    side inputs of a few small ints per segment or bucket, materialized once. Records of a bucket inside one part get it at once
     (no move); a straddling bucket is grouped (one bucket's records: the only group here)
     and resolved. The records must carry their seeded hashes (plan.with_hashes).
     """
@@ -303,19 +424,30 @@ class CutOrder(beam.PTransform):
 
     def expand(self, records: beam.PCollection[RecordBatch]) -> beam.PCollection[Located]:
         order = self._order
-        totals = pvalue.AsSingleton(
-            records
-            | "Totals" >> beam.CombineGlobally(SegmentTotalsFn(order)).without_defaults()
-            | "TotalsSide" >> beam.Map(SideDict).with_output_types(SideDict),
-            default_value={},
-        )
-        table = pvalue.AsSingleton(
-            records
-            | "CountBuckets" >> beam.ParDo(CountBucketsFn(order), totals)  # a partial table per bundle
-            | "BucketTable" >> beam.CombineGlobally(MergeBucketTablesFn()).without_defaults()
-            | "BucketTableSide" >> beam.Map(SideDict).with_output_types(SideDict),
-            default_value={},
-        )
+        if order.fine_bits:  # one pass: totals and fine bucket counts, the table coarsened from them
+            summary = records | "Summary" >> beam.CombineGlobally(SegmentSummaryFn(order)).without_defaults()
+            totals = pvalue.AsSingleton(
+                summary | "TotalsSide" >> beam.Map(_summary_totals).with_output_types(SideDict),
+                default_value={},
+            )
+            table = pvalue.AsSingleton(
+                summary | "BucketTableSide" >> beam.Map(_summary_table, order).with_output_types(SideDict),
+                default_value={},
+            )
+        else:  # two passes: the totals give each segment's bucket bits, then buckets are counted
+            totals = pvalue.AsSingleton(
+                records
+                | "Totals" >> beam.CombineGlobally(SegmentTotalsFn(order)).without_defaults()
+                | "TotalsSide" >> beam.Map(SideDict).with_output_types(SideDict),
+                default_value={},
+            )
+            table = pvalue.AsSingleton(
+                records
+                | "CountBuckets" >> beam.ParDo(CountBucketsFn(order), totals)  # a partial table per bundle
+                | "BucketTable" >> beam.CombineGlobally(MergeBucketTablesFn()).without_defaults()
+                | "BucketTableSide" >> beam.Map(SideDict).with_output_types(SideDict),
+                default_value={},
+            )
         keyed = records | "KeyParts" >> beam.ParDo(KeyPartsFn(order), totals, table).with_output_types(
             Located
         ).with_outputs(_STRADDLING, main="parts")

@@ -12,7 +12,9 @@ the same parts from bounded pieces instead:
 2. Each segment's hash range is cut into 2**bits buckets (the top bits of the hash), with
    `bits` chosen from the totals (`bucket_bits`): about 8 buckets a shard, or up to ~512
    records a bucket for splits. A combiner counts (count, weight) per (segment, bucket)
-   for the segments that have more than one bucket: the *bucket table*. Its size follows
+   for the segments that have more than one bucket: the *bucket table*. For few segments
+   (shard planning) the same combiner as the totals counts them at a fixed fine resolution
+   (`histogram`), coarsened to `bits` afterwards (`coarsen`): the same table, one pass. Its size follows
    the number of shards (8 entries a shard), or for splits one entry per ~256-512 records
    of the classes above 512 records; it holds small ints only.
 3. Prefix sums over the table give each bucket's starting weight. A bucket whose whole
@@ -41,6 +43,10 @@ T = TypeVar("T")
 
 _HASH_BITS = 64
 _MAX_BUCKET_BITS = 40
+
+# SegmentPlan.whole_part / parts_of_buckets: the records' bucket holds a cut (grouped and
+# resolved), or the segment has bucket bits (each record's part is its bucket's).
+STRADDLES, BUCKETED = -1, -2
 
 
 def hash64(*parts: str) -> int:
@@ -80,6 +86,11 @@ def buckets_of(hashes: np.ndarray, bits: np.ndarray) -> list[int]:
     """bucket_of for arrays: each hash's top `bits` bits (0 where bits is 0)."""
     shift = np.where(bits > 0, _HASH_BITS - bits, 0).astype(np.uint64)
     return np.where(bits > 0, hashes >> shift, 0).tolist()
+
+
+def bucket_array(hashes: np.ndarray, bits: int) -> np.ndarray:
+    """Each hash's top `bits` bits (bits > 0), as a uint64 array."""
+    return hashes >> np.uint64(_HASH_BITS - bits)
 
 
 def bucket_of(hash_value: int, bits: int) -> int:
@@ -145,6 +156,7 @@ class SegmentPlan(Generic[T]):
     weights: tuple[int, ...] = ()
     total: int = 0
     _located: dict = dataclasses.field(default_factory=dict, compare=False, repr=False)
+    _arrays: list = dataclasses.field(default_factory=list, compare=False, repr=False)
 
     def bucket_range(self, bucket: int) -> tuple[int, int]:
         """(weight before the bucket, the bucket's weight)."""
@@ -162,6 +174,27 @@ class SegmentPlan(Generic[T]):
             return located[bucket]
         part = located[bucket] = self._locate(bucket)
         return part
+
+    def whole_part(self) -> int:
+        """The part of every record when the segment is one bucket (bits 0): a part, or
+        STRADDLES when that bucket holds a cut; BUCKETED when the segment has bucket bits."""
+        if self.bits:
+            return BUCKETED
+        part = self.locate(0)
+        return STRADDLES if part is None else part
+
+    def parts_of_buckets(self, buckets: np.ndarray) -> np.ndarray:
+        """`locate` for an array of this segment's buckets (uint64): each bucket's part, or
+        STRADDLES. The table's parts are computed once a plan; then a binary search a record."""
+        if not self._arrays:
+            located = [self.locate(b) for b in self.starts]
+            self._arrays.append(np.array(self.starts, dtype=np.uint64))
+            self._arrays.append(np.array([STRADDLES if p is None else p for p in located], dtype=np.int64))
+        starts, parts = self._arrays
+        if not len(starts):
+            return np.full(len(buckets), STRADDLES, dtype=np.int64)
+        at = np.minimum(np.searchsorted(starts, buckets), len(starts) - 1)
+        return np.where(starts[at] == buckets, parts[at], STRADDLES)
 
     def _locate(self, bucket: int) -> int | None:
         start, weight = self.bucket_range(bucket)
@@ -250,3 +283,36 @@ def split_part(count: int, cumulative: tuple[float, ...]) -> Callable[[int], int
         return last
 
     return part
+
+
+# A bucket histogram: (sorted distinct buckets uint64, count int64, weight int64) arrays.
+Histogram = tuple[np.ndarray, np.ndarray, np.ndarray]
+
+
+def histogram(buckets: np.ndarray, counts: np.ndarray, weights: np.ndarray) -> Histogram:
+    """Sums (count, weight) per distinct bucket, exactly (integer sums), buckets sorted."""
+    if not len(buckets):
+        return np.zeros(0, np.uint64), np.zeros(0, np.int64), np.zeros(0, np.int64)
+    order = np.argsort(buckets, kind="stable")
+    buckets = buckets[order]
+    starts = np.flatnonzero(np.concatenate(([True], buckets[1:] != buckets[:-1])))
+    return (
+        buckets[starts],
+        np.add.reduceat(counts[order], starts),
+        np.add.reduceat(weights[order], starts),
+    )
+
+
+def merge_histograms(parts: Iterable[Histogram]) -> Histogram:
+    """One histogram of several (the sums of equal buckets)."""
+    parts = list(parts)
+    if len(parts) == 1:
+        return parts[0]
+    return histogram(*(np.concatenate([p[i] for p in parts]) for i in range(3)))
+
+
+def coarsen(hist: Histogram, fine_bits: int, bits: int) -> dict[int, tuple[int, int]]:
+    """A histogram of `fine_bits` buckets as a bucket table of `bits` (<= fine_bits) buckets:
+    {bucket: (count, weight)} (the same table a count at `bits` would give)."""
+    buckets, counts, weights = histogram(hist[0] >> np.uint64(fine_bits - bits), hist[1], hist[2])
+    return dict(zip(buckets.tolist(), zip(counts.tolist(), weights.tolist())))

@@ -31,6 +31,13 @@ _RECORD_OVERHEAD = 250
 _BUCKETS_PER_SHARD = 8
 
 
+# Bucket bits of the one-pass bucket counts of shard planning (CutOrder with fine_bits):
+# 65,536 buckets a split, coarsened to ~8 a shard. Up to 8,192 shards a split (~9 M images of
+# ~120 KB at 128 MB a shard) that is the same table as a count at the bits the totals give;
+# past that a bucket holds 1/65,536 of the split (the straddling group grows past 1/8 shard).
+_FINE_BITS = 16
+
+
 # Records per hash bucket of a class above this size (stratified splits): the largest
 # straddling group is about this, the bucket table one entry per 256-512 records of such classes.
 _SPLIT_BUCKET = 512
