@@ -122,7 +122,7 @@ def build_pipeline(
     elif estimate_with:
         to_plan = records | "EstimateSizes" >> EstimateSizes(estimate_with)  # RecordBatch, size = estimate
     tasks = to_plan | "PlanShards" >> PlanShards(
-        opts.seed, target_bytes, opts.num_shards or None
+        opts.seed, target_bytes, opts.num_shards or None, opts.max_records_per_shard or None
     )  # ShardTask (one shard's ImageRecords in write order; one group per (split, shard))
     shards = tasks | "WriteShards" >> WriteShards(
         output_dir,

@@ -56,6 +56,17 @@ def test_convert_reads_back_with_tensorflow(image_tree, tmp_path):
     assert by_name["dog house/d.PNG"]["channels"] == 1
 
 
+def test_max_records_per_shard_cuts_shards_of_small_images(image_tree, tmp_path):
+    out = tmp_path / "out"
+    summary = _convert(["--input", str(image_tree), "--output_dir", str(out), "--max_records_per_shard", "2"])
+    shards = sorted(p.name for p in out.glob("train-*.tfrecord"))
+    assert shards == [f"train-{i:05d}-of-00003.tfrecord" for i in range(3)]
+    assert summary["written"] == 6 and len(read_records(out)) == 6
+    import tensorflow as tf
+
+    assert [sum(1 for _ in tf.data.TFRecordDataset(str(out / name))) for name in shards] == [2, 2, 2]
+
+
 def test_label_offset_and_splits_and_rerun_refused(image_tree, tmp_path):
     out = tmp_path / "out"
     summary = _convert(
@@ -89,6 +100,10 @@ def test_label_offset_and_splits_and_rerun_refused(image_tree, tmp_path):
         (["--input", "{tmp}/empty", "--output_dir", "{tmp}/o", "--ouput_dir", "x"], "unrecognized arguments"),
         (["--input", "{tmp}/empty", "--output_dir", "{tmp}/o", "--splits", "train=2"], "sum to"),
         (["--input", "{tmp}/empty", "--output_dir", "{tmp}/o", "--shard_size_mb", "abc"], "invalid float"),
+        (
+            ["--input", "{tmp}/imgs", "--output_dir", "{tmp}/o", "--max_records_per_shard", "-1"],
+            "0 (no limit)",
+        ),
         (["--input", "{tmp}/empty"], "--output_dir is required"),
         (["--input", "{tmp}/imgs", "--output_dir", "/proc/img2tfrecord-out"], "not writable"),
     ],

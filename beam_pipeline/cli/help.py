@@ -46,7 +46,18 @@ GROUPS: tuple[tuple[str, tuple[str, ...]], ...] = (
             "label_offset",
         ),
     ),
-    ("splits and shards", ("splits", "split_column", "stratify", "seed", "shard_size_mb", "num_shards")),
+    (
+        "splits and shards",
+        (
+            "splits",
+            "split_column",
+            "stratify",
+            "seed",
+            "shard_size_mb",
+            "max_records_per_shard",
+            "num_shards",
+        ),
+    ),
     (
         "images and schema",
         (

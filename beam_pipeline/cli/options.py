@@ -22,7 +22,12 @@ from transforms.labels.rows import (
     TableSpec,
 )
 from transforms.labels.table import detect_format, parse_extra_columns
-from transforms.layout.plan import DEFAULT_SEED, DEFAULT_SHARD_SIZE_MB, parse_split_ratios
+from transforms.layout.plan import (
+    DEFAULT_MAX_RECORDS_PER_SHARD,
+    DEFAULT_SEED,
+    DEFAULT_SHARD_SIZE_MB,
+    parse_split_ratios,
+)
 from transforms.writing.shard import COMPRESSIONS
 
 # Above this fraction of failed images the job fails rather than publish the dataset.
@@ -63,6 +68,13 @@ class ConvertOptions(PipelineOptions):
         )
         parser.add_argument(
             "--num_shards", type=int, default=0, help="Shards per split; overrides --shard_size_mb."
+        )
+        parser.add_argument(
+            "--max_records_per_shard",
+            type=int,
+            default=DEFAULT_MAX_RECORDS_PER_SHARD,
+            help="With --shard_size_mb: at most this many images a shard (shards of tiny images "
+            "are smaller than the size; bounds what one worker holds). 0: no limit.",
         )
         parser.add_argument(
             "--compression",
@@ -182,6 +194,8 @@ def validate(opts: ConvertOptions) -> None:
         raise UserError("--output_dir is required (see `img2tfrecord convert --help`)")
     if opts.shard_size_mb <= 0:
         raise UserError("--shard_size_mb must be positive")
+    if opts.max_records_per_shard < 0:
+        raise UserError("--max_records_per_shard must be 0 (no limit) or positive")
     if opts.num_shards < 0:
         raise UserError("--num_shards must be 0 (size-based) or positive")
     if opts.max_pixels <= 0:

@@ -107,20 +107,24 @@ def _skewed(n, classes=5):
     ]
 
 
-@pytest.mark.parametrize("target, num", [(200_000, None), (None, 7), (None, 5000)])
-def test_plan_shards_transform_equals_sorting_each_split_whole(target, num):
+@pytest.mark.parametrize(
+    "target, num, most", [(200_000, None, None), (None, 7, None), (None, 5000, None), (2_000_000, None, 90)]
+)
+def test_plan_shards_transform_equals_sorting_each_split_whole(target, num, most):
     """Cuts inside hash buckets (resolved in a group) and between them give the reference plan."""
     records = _skewed(3000)
     expected = [
         (split, tuple(r.relpath for r in shard))
         for split in ("train", "validation")
-        for shard in plan_shards([r for r in records if r.split == split], 11, target, num)
+        for shard in plan_shards([r for r in records if r.split == split], 11, target, num, most)
     ]
     if num == 7:  # exact when a shard is much bigger than any record
         assert len([e for e in expected if e[0] == "train"]) == 7
+    if most:  # small records reach the cap before the size
+        assert max(len(rels) for _, rels in expected) == most
     with TestPipeline() as p:
         batches = [RecordBatch(tuple(records[i : i + 250])) for i in range(0, len(records), 250)]
-        tasks = p | beam.Create(batches) | PlanShards(seed=11, target_bytes=target, num_shards=num)
+        tasks = p | beam.Create(batches) | PlanShards(11, target, num, most)
         # Shard indexes may skip a number (a record bigger than the target): compare in order.
         shape = tasks | beam.Map(lambda t: (t.split, t.index, tuple(r.relpath for r in t.records)))
         ordered = (
@@ -129,6 +133,17 @@ def test_plan_shards_transform_equals_sorting_each_split_whole(target, num):
             | beam.Map(lambda ts: [(s, rels) for s, _, rels in sorted(ts, key=lambda t: (t[0], t[1]))])
         )
         assert_that(ordered, equal_to([expected]))
+
+
+def test_a_shard_of_tiny_images_holds_at_most_max_records():
+    """The cap bounds a shard by records where the size would not: 1,000 records of ~300 bytes."""
+    records = [ImageRecord(f"/in/c/{i}.png", f"c/{i}.png", 40 + i % 7, ("c",)) for i in range(1000)]
+    assert [len(s) for s in plan_shards(records, 5, 128 << 20)] == [1000]
+    capped = plan_shards(records, 5, 128 << 20, None, 300)
+    assert [len(s) for s in capped] == [300, 300, 300, 100]
+    assert [r for s in capped for r in s] == plan_shards(records, 5, 128 << 20)[0]  # the same order
+    # --num_shards is exact: no cap.
+    assert [len(s) for s in plan_shards(records, 5, None, 2, 300)] == [500, 500]
 
 
 def test_stratified_cuts_inside_big_classes_equal_the_whole_class_sorted():

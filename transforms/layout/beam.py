@@ -38,8 +38,9 @@ from transforms.layout.plan import (
     _cumulative,
     _shard_layout,
     _split_layout,
-    record_sizes,
+    planning_weights,
     split_indexes,
+    weight_floor,
     with_hashes,
 )
 from transforms.records import BATCH_SIZE, RecordBatch, ShardTask
@@ -185,15 +186,26 @@ class PlanShards(beam.PTransform):
     With `target_bytes` every shard but the last is within one record of the target at any
     shard size (so within 10% once a shard holds more than ~10 images of similar size; a
     single image larger than the target makes a shard of its own), and the last is at most
-    one record over it. With `num_shards`, exactly that many shards unless one image weighs
-    more than a shard (or there are fewer images than shards).
+    one record over it. With `max_records` too, no shard holds more than that many records:
+    a record weighs at least target // max_records + 1 bytes in the plan (plan.weight_floor),
+    so a shard of images smaller than that holds up to `max_records` of them and fewer bytes
+    than the target. That bounds the largest group (and what a writer holds) by a number of
+    records, whatever the image sizes. With `num_shards`, exactly that many shards unless
+    one image weighs more than a shard (or there are fewer images than shards); no cap.
     """
 
-    def __init__(self, seed: int, target_bytes: int | None, num_shards: int | None):
+    def __init__(
+        self,
+        seed: int,
+        target_bytes: int | None,
+        num_shards: int | None,
+        max_records: int | None = None,
+    ):
         super().__init__()
         if not target_bytes and not num_shards:
             raise ValueError("PlanShards needs target_bytes or num_shards")
         self._seed, self._target, self._num = seed, target_bytes, num_shards
+        self._floor = 0 if num_shards else weight_floor(target_bytes, max_records)
 
     def expand(self, records: beam.PCollection[RecordBatch]) -> beam.PCollection[ShardTask]:
         seed = self._seed
@@ -201,7 +213,7 @@ class PlanShards(beam.PTransform):
             seed=seed,
             segments=splits_of,
             hash_column=SHUFFLE_HASH,
-            weights=record_sizes,
+            weights=planning_weights(self._floor),
             layout=_shard_layout(self._target, self._num),
             fine_bits=_FINE_BITS,
         )

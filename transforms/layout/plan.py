@@ -19,6 +19,10 @@ DEFAULT_SEED = 42
 
 
 DEFAULT_SHARD_SIZE_MB = 128
+# Records a shard holds at most with --shard_size_mb (as WebDataset's ShardWriter caps
+# `maxcount`): a 128 MB shard of 600-byte images would otherwise hold ~150,000 records, all
+# in one group and one writer's hands. Images above ~13 KB never meet it at 128 MB.
+DEFAULT_MAX_RECORDS_PER_SHARD = 10_000
 
 
 # Bytes a record adds to the file's own size besides its path and labels: feature keys,
@@ -157,29 +161,58 @@ def record_sizes(batch: RecordBatch) -> list[int]:
     ]
 
 
+def weight_floor(target_bytes: int | None, max_records: int | None) -> int:
+    """The least planning weight of a record, so that no shard of `target_bytes` holds more
+    than `max_records` records (0: no floor; only with a target and a cap).
+
+    A shard holds the records whose middle byte lies in a range of `target_bytes`; with every
+    record weighing at least target // max_records + 1, their middles lie that far apart, so
+    fewer than target / floor < max_records + 1 of them fit. Only records smaller than the
+    floor (tiny images: ~13 KB at the defaults) weigh more than their estimated bytes.
+    """
+    if not target_bytes or not max_records:
+        return 0
+    return target_bytes // max_records + 1
+
+
+def planning_weights(floor: int) -> Callable[[RecordBatch], list[int]]:
+    """record_sizes of a batch, each raised to `floor` (weight_floor)."""
+    if not floor:
+        return record_sizes
+    return lambda batch: [max(w, floor) for w in record_sizes(batch)]
+
+
 def plan_shards(
     records: Iterable[ImageRecord],
     seed: int,
     target_bytes: int | None = None,
     num_shards: int | None = None,
+    max_records: int | None = None,
 ) -> list[list[ImageRecord]]:
     """Shuffles one split's records and cuts them into shards (the whole split sorted at once).
 
     Shard k holds the records whose middle byte (in shuffled order) falls in its range:
     with `target_bytes` the range [k * target, (k + 1) * target), so every shard but the
     last is within one record of the target and the last at most one record over it;
-    with `num_shards`, `num_shards` equal ranges of the total. Empty shards are dropped.
-    This is the reference that PlanShards matches without gathering a split (tested).
+    with `num_shards`, `num_shards` equal ranges of the total. With `target_bytes` and
+    `max_records`, a record weighs at least weight_floor (so a shard of tiny images holds
+    at most `max_records` of them). Empty shards are dropped. This is the reference that
+    PlanShards matches without gathering a split (tested).
     """
     ordered = list(records)
     if not ordered:
         return []
     if not num_shards and (not target_bytes or target_bytes <= 0):
         raise ValueError("plan_shards needs target_bytes or num_shards")
-    total = sum(record_size(r) for r in ordered)
+    floor = 0 if num_shards else weight_floor(target_bytes, max_records)
+
+    def weight(record: ImageRecord) -> int:
+        return max(record_size(record), floor)
+
+    total = sum(map(weight, ordered))
     part = cuts.shard_part(total, target_bytes, num_shards, len(ordered))
     shards: dict[int, list[ImageRecord]] = {}
-    for index, record in cuts.resolve_bucket(ordered, 0, part, lambda r: shuffle_key(r, seed), record_size):
+    for index, record in cuts.resolve_bucket(ordered, 0, part, lambda r: shuffle_key(r, seed), weight):
         shards.setdefault(index, []).append(record)
     return [shards[i] for i in sorted(shards)]
 
