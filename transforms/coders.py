@@ -116,10 +116,12 @@ def decode_record_batch(data: bytes) -> RecordBatch:
 
 
 def estimate_shard_task(task: ShardTask) -> int:
-    batch = task.batch
-    return _estimated_columns(
-        len(batch), tuple(column[0] for column in batch.columns()) if len(batch) else ()
-    )
+    return _estimated_columns(len(task.batch), _first_row(task.batch.columns()))
+
+
+def _first_row(columns: tuple) -> tuple:
+    """The first value of each column (empty for an empty batch)."""
+    return tuple(column[0] for column in columns) if columns[0] else ()
 
 
 def _estimated_columns(n: int, first_row: tuple) -> int:
@@ -131,14 +133,12 @@ def _estimated_columns(n: int, first_row: tuple) -> int:
 
 
 def estimate_file_batch(batch: FileBatch) -> int:
-    n = len(batch)
-    return _estimated_columns(n, (batch.paths[0], batch.relpaths[0], batch.sizes[0]) if n else ())
+    return _estimated_columns(len(batch), _first_row(batch.columns()))
 
 
 def estimate_record_batch(batch: RecordBatch) -> int:
-    n = len(batch)
-    row = tuple(column[0] for column in batch.columns()) if n else ()
-    return _estimated_columns(n, row) + (len(batch.hashes) if batch.hashes else 0)
+    hashes = len(batch.hashes) if batch.hashes else 0
+    return _estimated_columns(len(batch), _first_row(batch.columns())) + hashes
 
 
 class TupleCoder(coders.Coder):
