@@ -280,7 +280,8 @@ class ShardTask:
     `ShardTask(split, index, batch)` takes a RecordBatch (its seeded hashes are dropped: a
     shard is written in its planned order and needs none); `ShardTask(split, index,
     records)` a sequence of ImageRecord (tests, code that builds a few). A shard is cut by
-    bytes, so one of tiny images holds up to ~200,000 records: held as columns (one tuple
+    bytes and holds at most --max_records_per_shard records (10,000 by default; without
+    that cap a 128 MB shard of tiny images would hold ~150,000): held as columns (one tuple
     per field) it costs the runner its strings and ints, not one ImageRecord object (and,
     once pickled, its `__dict__`) per image. `records` builds the objects (not kept: each
     use builds them again); `iter_records` builds them one at a time. Immutable by
