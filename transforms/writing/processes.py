@@ -21,8 +21,9 @@ which the main process reads while it waits and forwards to the run's Progress.
 
 Memory (what a worker holds does not follow the dataset): on local runs the workers are
 forked before the run (`prestart`), so they share none of the runner's growing buffers; a
-worker gets at most PART_RECORDS records at a time where a shard can be split (a shard is
-cut by bytes, so one of tiny images holds ~200,000 records); parts are pickled as they are
+worker gets at most PART_RECORDS records at a time where a shard can be split (a shard of
+tiny images holds up to --max_records_per_shard records: 10,000 by default, ~150,000 at
+128 MB without that cap); parts are pickled as they are
 handed over, as columns (`dump_task`). Per image, a worker holds the columns of its
 current part only (write_shard builds each record object as it writes that image); the
 runner, the columns of the shards that Beam hands WriteShardFn (a round of them).
@@ -81,7 +82,8 @@ def set_malloc_thresholds(mmap_threshold: int, trim_threshold: int | None = None
 
 
 # Records a worker gets at once, where a shard can be written in parts and joined: a shard
-# of tiny images holds ~200,000 records (128 MB of 633-byte JPEGs), and a worker holding its
+# of tiny images may hold more (~150,000 at 128 MB of 633-byte JPEGs, with a larger or no
+# --max_records_per_shard), and a worker holding its
 # part as objects (~500 bytes a record) would follow the shard's record count.
 PART_RECORDS = 10_000
 

@@ -210,7 +210,7 @@ def write_shard(
         return lambda: encode_image_chunks(record, data(), class_index, settings)
 
     # The records are built from the task's columns as they are consumed: a part holds up
-    # to PART_RECORDS of them (processes.py), a shard written whole up to ~200,000 tiny ones.
+    # to PART_RECORDS of them (processes.py), a shard written whole up to --max_records_per_shard.
     records = task.iter_records()
     paths = task.batch.paths
     # Read here, by read_bytes: each file is opened once, `hint_ahead` images early (OpenAhead).
