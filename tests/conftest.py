@@ -12,6 +12,10 @@ import pytest
 from PIL import Image
 
 os.environ.setdefault("TF_CPP_MIN_LOG_LEVEL", "2")
+# The test processes run Beam pipelines (gRPC started) and then start CLIs with `subprocess`:
+# gRPC's fork handlers off, as the CLI has them, before anything imports gRPC (why:
+# beam_pipeline/__init__.py `without_grpc_fork_handlers`; importing it would import gRPC).
+os.environ.setdefault("GRPC_ENABLE_FORK_SUPPORT", "false")
 
 
 # Files next to the shards of every finished (uncompressed, slim) dataset.
