@@ -17,7 +17,11 @@ the snapshots are printed, the one with the highest RSS in detail:
   size in bytes per listed image;
 - the state servicer (side inputs, committed for the whole run);
 - how many of our records are alive as Python objects (ImageFile, ImageRecord, and the
-  records inside ShardTasks).
+  records inside ShardTasks);
+- RSS by fused stage: at its first bundle's start, its highest while its bundles ran, and
+  at its end, for the stages that raised it most (the runner's peak is inside a stage: the
+  stage's input and output are held as encoded bytes, as protobuf copies on the in-memory
+  data plane, and as the bytes the SDK side reads, all at once).
 
 Snapshots walk the collector's objects (a fraction of a second at 100,000 images) with
 the runner paused, so the run is slower than a plain one. They are taken in the runner's
@@ -221,6 +225,7 @@ def main(argv: list[str] | None = None) -> int:
         last = rss_bytes()
         while not done.wait(0.02):
             now = rss_bytes()
+            _STAGES.peak(now)
             if now >= last + STEP_BYTES:
                 last = now
                 wanted.set()
@@ -245,6 +250,7 @@ def main(argv: list[str] | None = None) -> int:
     thread.join()
     shutil.rmtree(out, ignore_errors=True)
     _report(base, snaps, args.images)
+    _STAGES.report()
     if traced[1] is not None:
         print(f"\nPython's allocations alive at the highest traced snapshot (RSS {traced[0]:.0f} MB):")
         stats = traced[1].statistics("traceback")
@@ -255,16 +261,57 @@ def main(argv: list[str] | None = None) -> int:
     return 0
 
 
+class _StageRss:
+    """RSS (bytes) per fused stage: [at its start, highest while it ran, at its end]."""
+
+    def __init__(self) -> None:
+        self.rss: dict[str, list[int]] = {}
+        self._current: list[int] | None = None
+
+    def enter(self, stage: str) -> None:
+        now = rss_bytes()
+        self._current = self.rss.setdefault(stage, [now, now, now])
+        self._current[1] = max(self._current[1], now)
+
+    def peak(self, now: int) -> None:
+        current = self._current  # read once: the runner's thread may swap it
+        if current is not None and now > current[1]:
+            current[1] = now
+
+    def leave(self) -> None:
+        current, self._current = self._current, None
+        if current is not None:
+            current[2] = rss_bytes()
+            current[1] = max(current[1], current[2])
+
+    def report(self, top: int = 6) -> None:
+        print(f"\nRSS by fused stage (MB; the {top} that rose most above their start; start peak end):")
+        rises = sorted(self.rss.items(), key=lambda kv: kv[1][1] - kv[1][0], reverse=True)
+        for stage, (start, peak, end) in rises[:top]:
+            steps = [
+                part.replace("ref_AppliedPTransform_", "").strip("()+")
+                for part in stage.split(")+(")
+                if "/" in part or "ref_AppliedPTransform_" in part
+            ]
+            name = " + ".join(step for step in steps if step)
+            print(f"  {start / MB:6.0f} {peak / MB:6.0f} {end / MB:6.0f}  {name[:110]}")
+
+
+_STAGES = _StageRss()
+
+
 @contextlib.contextmanager
 def _safe_points(hook):
     """Calls `hook()` in the runner's thread after every bundle and before every wait for the writers."""
     execute = fn_runner.FnApiRunner._execute_bundle
     real_futures = processes.futures
 
-    def execute_bundle(self, *a, **k):
+    def execute_bundle(self, context, bundle_context, *a, **k):
+        _STAGES.enter(bundle_context.stage.name)
         try:
-            return execute(self, *a, **k)
+            return execute(self, context, bundle_context, *a, **k)
         finally:
+            _STAGES.leave()
             hook()
 
     class _Futures:

@@ -22,7 +22,7 @@ from apache_beam.transforms.window import GlobalWindows
 
 from transforms import coders
 from transforms.batching import KeyedGather, group_size
-from transforms.coders import SideDict, record_batch_fields
+from transforms.coders import SideDict, record_batch_fields, record_batch_from_fields
 from transforms.layout import cuts
 from transforms.layout.plan import _STRADDLING, with_hashes
 from transforms.records import RecordBatch
@@ -311,7 +311,7 @@ def _encode_located(located: Located) -> bytes:
 
 
 def _decode_located(data: bytes) -> Located:
-    return coders.untagged(data, lambda t: Located(t[0], RecordBatch.from_columns(*t[1:])))
+    return coders.untagged(data, lambda t: Located(t[0], record_batch_from_fields(t[1:])))
 
 
 class LocatedCoder(coders.TupleCoder):
