@@ -54,7 +54,10 @@ if "grpc" not in sys.modules and started_as_cli(sys.orig_argv):
 # (apache_beam.io.gcp), Parquet's pyarrow (apache_beam.io.parquetio, apache_beam.typehints) and
 # the Dataflow API client (apache_beam.runners.dataflow): ~0.2 s of CPU at every start
 # (benchmarks/README.md). Beam imports each of them under `try: ... except ImportError`, and
-# the IO or runner that needs it then reports itself unavailable.
+# the IO or runner that needs it then reports itself unavailable. Not listed: anything a
+# local run uses, or that Beam imports without such a guard or next to something it uses
+# (oauth2client.crypt, whose pyasn1 and rsa cost ~0.1 s: apitools imports it unguarded, and
+# apache_beam.utils.retry would then lose its HttpError and GoogleAPICallError checks).
 SKIPPED_BY_LOCAL_RUNS = (
     "bson",
     "pymongo",

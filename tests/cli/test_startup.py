@@ -151,6 +151,8 @@ import sys
 {set_argv}import beam_pipeline
 skipped = [name for name in beam_pipeline.SKIPPED_BY_LOCAL_RUNS if name in sys.modules]
 print(" ".join(skipped) or "-")
+from apache_beam.utils import retry  # what a local run does use: gs:// and its retries
+print(retry.HttpError is not None, retry.GoogleAPICallError is not None, "apache_beam.io.gcp.gcsio" in sys.modules)
 import pymongo, google.cloud.bigquery  # afterwards they import as usual
 print(pymongo.__name__, google.cloud.bigquery.__name__)
 """
@@ -179,7 +181,7 @@ def test_runner_named(argv, runner):
 
 def test_a_local_cli_run_leaves_out_beams_unused_imports_and_they_still_import_later():
     lines, stderr = _loaded_with(["python", "-m", "beam_pipeline", "convert", "--input", "x"])
-    assert lines == ["-", "pymongo google.cloud.bigquery"]
+    assert lines == ["-", "True True True", "pymongo google.cloud.bigquery"]
     assert "bson" not in stderr  # Beam's "Could not find a compatible bson package" muted
     assert stderr == ""
 
@@ -190,6 +192,7 @@ def test_a_local_cli_run_leaves_out_beams_unused_imports_and_they_still_import_l
 )
 def test_programs_and_other_runners_import_beam_whole(orig_argv):
     lines, _ = _loaded_with(orig_argv)
+    assert lines[1] == "True True True"
     assert set(lines[0].split()) >= {"pymongo", "bson", "google.cloud.bigquery", "google.cloud.dataflow"}
 
 
