@@ -1,6 +1,8 @@
 """img2tfrecord: options, pipeline assembly and entry points."""
 
+import contextlib
 import gc
+import logging
 import os
 import sys
 
@@ -47,6 +49,80 @@ def without_grpc_fork_handlers(environ=os.environ) -> None:
 if "grpc" not in sys.modules and started_as_cli(sys.orig_argv):
     without_grpc_fork_handlers()
 
+# What `import apache_beam` loads for IOs and runners that a local run never uses: MongoDB's
+# client (apache_beam.io.mongodbio), Pub/Sub and BigQuery with its Storage API
+# (apache_beam.io.gcp), Parquet's pyarrow (apache_beam.io.parquetio, apache_beam.typehints) and
+# the Dataflow API client (apache_beam.runners.dataflow): ~0.2 s of CPU at every start
+# (benchmarks/README.md). Beam imports each of them under `try: ... except ImportError`, and
+# the IO or runner that needs it then reports itself unavailable. Not listed: anything a
+# local run uses, or that Beam imports without such a guard or next to something it uses
+# (oauth2client.crypt, whose pyasn1 and rsa cost ~0.1 s: apitools imports it unguarded, and
+# apache_beam.utils.retry would then lose its HttpError and GoogleAPICallError checks).
+SKIPPED_BY_LOCAL_RUNS = (
+    "bson",
+    "pymongo",
+    "google.cloud.pubsub",
+    "google.cloud.pubsub_v1",
+    "google.cloud.bigquery",
+    "google.cloud.bigquery_storage_v1",
+    "google.cloud.dataflow",
+    "pyarrow",
+)
+
+# Beam's loggers that announce, at import, an optional package they did not find.
+_ANNOUNCE_MISSING = ("apache_beam.io.mongodbio",)
+
+# The runner names that mean the local runner (beam_pipeline/cli/local_runner.py runs it).
+LOCAL_RUNNERS = (None, "DirectRunner", "directrunner", "direct", "FnApiRunner")
+
+
+def runner_named(argv: list[str]) -> str | None:
+    """The value of the last `--runner` flag in `argv` (Beam's argparse keeps the last), or None."""
+    runner = None
+    for i, arg in enumerate(argv):
+        if arg == "--runner" and i + 1 < len(argv):
+            runner = argv[i + 1]
+        elif arg.startswith("--runner="):
+            runner = arg.split("=", 1)[1]
+    return runner
+
+
+@contextlib.contextmanager
+def imports_skipped(names: tuple[str, ...]):
+    """While in the block, importing any of `names` (or a module under it) raises ImportError,
+    as if it were not installed; afterwards each imports as usual.
+
+    A `None` in sys.modules is Python's own way to make an import fail
+    (https://docs.python.org/3/reference/import.html#the-module-cache). Names already
+    imported are left alone. Beam's warning that it found no MongoDB driver is muted for
+    the block.
+    """
+    added = [name for name in names if name not in sys.modules]
+    loggers = [logging.getLogger(name) for name in _ANNOUNCE_MISSING]
+    muted = [logger for logger in loggers if not logger.disabled]
+    for name in added:
+        sys.modules[name] = None
+    for logger in muted:
+        logger.disabled = True
+    try:
+        yield
+    finally:
+        for logger in muted:
+            logger.disabled = False
+        for name in added:
+            if name in sys.modules and sys.modules[name] is None:
+                del sys.modules[name]
+
+
+def skips_unused_imports(argv: list[str]) -> bool:
+    """True if the process runs the CLI (`argv`: sys.orig_argv) with the local runner: Beam's
+    import may then leave out SKIPPED_BY_LOCAL_RUNS. A program that imports this package, and
+    a run on another runner (Dataflow's needs its API client), import Beam whole."""
+    return started_as_cli(argv) and runner_named(argv) in LOCAL_RUNNERS
+
+
+_skipped = SKIPPED_BY_LOCAL_RUNS if skips_unused_imports(sys.orig_argv) else ()
+
 # Importing Beam creates about a million long-lived objects and almost no garbage: the
 # collector's passes over them during and after the import are pure cost (about 0.15 s of
 # CPU at every start). Collection pauses for the import, and what it created is frozen
@@ -54,7 +130,8 @@ if "grpc" not in sys.modules and started_as_cli(sys.orig_argv):
 _collecting = gc.isenabled()
 gc.disable()
 try:
-    import apache_beam  # noqa: F401 - the bulk of the start-up
+    with imports_skipped(_skipped):
+        import apache_beam  # noqa: F401 - the bulk of the start-up
 
     from beam_pipeline.readers.dataset import load_dataset, parse_spec
 finally:

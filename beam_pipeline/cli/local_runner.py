@@ -14,6 +14,7 @@ from apache_beam.options.pipeline_options import (
 )
 from apache_beam.runners.worker import statesampler
 
+from beam_pipeline import LOCAL_RUNNERS
 from beam_pipeline.cli.options import (
     ConvertOptions,
 )
@@ -23,8 +24,6 @@ from transforms.writing.processes import default_processes, prestart, set_malloc
 # falls back to this one; naming it directly skips that.
 LOCAL_RUNNER = "FnApiRunner"
 
-
-_LOCAL_NAMES = {None, "DirectRunner", "directrunner", "direct", "FnApiRunner"}
 
 # glibc malloc in the runner's process: blocks from this size up get their own mapping.
 # The local runner holds PCollections between stages as encoded bytes, ~100-200 KB an
@@ -53,7 +52,7 @@ def local_defaults(options: PipelineOptions, argv: list[str]) -> None:
     blocks of this process are mapped apart from the heap (RUNNER_MMAP_THRESHOLD).
     """
     standard = options.view_as(StandardOptions)
-    if standard.runner not in _LOCAL_NAMES:
+    if standard.runner not in LOCAL_RUNNERS:
         return
     standard.runner = LOCAL_RUNNER
     set_malloc_thresholds(RUNNER_MMAP_THRESHOLD)

@@ -1,4 +1,5 @@
-"""Start-up costs of ours: the options' views made once, one OpenBLAS thread in the CLI."""
+"""Start-up costs of ours: the options' views made once, one OpenBLAS thread in the CLI, Beam's
+imports of IOs that a local run never uses left out."""
 
 from __future__ import annotations
 
@@ -13,10 +14,11 @@ import apache_beam as beam
 import pytest
 from apache_beam.options.pipeline_options import PipelineOptions, StandardOptions, TypeOptions
 
-from beam_pipeline import started_as_cli
+from beam_pipeline import runner_named, started_as_cli
 from beam_pipeline.cli.options import ConvertOptions
-from beam_pipeline.main import RunOptions
+from beam_pipeline.main import RunOptions, run
 from beam_pipeline.pipeline import build_pipeline
+from tests.conftest import read_records
 
 ARGV = ["--input", "/in", "--output_dir", "/out", "--runner", "FnApiRunner"]
 
@@ -142,3 +144,84 @@ def test_the_cli_process_forks_children_that_grpc_never_aborts():
     env = {k: v for k, v in os.environ.items() if k != "GRPC_ENABLE_FORK_SUPPORT"}
     out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, env=env, check=True)
     assert out.stdout.split() == ["0"], out.stderr[-2000:]
+
+
+_LOADED = """
+import sys
+{set_argv}import beam_pipeline
+skipped = [name for name in beam_pipeline.SKIPPED_BY_LOCAL_RUNS if name in sys.modules]
+print(" ".join(skipped) or "-")
+from apache_beam.utils import retry  # what a local run does use: gs:// and its retries
+print(retry.HttpError is not None, retry.GoogleAPICallError is not None, "apache_beam.io.gcp.gcsio" in sys.modules)
+import pymongo, google.cloud.bigquery  # afterwards they import as usual
+print(pymongo.__name__, google.cloud.bigquery.__name__)
+"""
+
+
+def _loaded_with(orig_argv: list[str] | None) -> tuple[list[str], str]:
+    """(Lines printed, stderr) of a fresh interpreter that imports the package with `orig_argv`."""
+    set_argv = f"sys.orig_argv = {orig_argv!r}\n" if orig_argv else ""
+    code = _LOADED.format(set_argv=set_argv)
+    out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, check=True)
+    return out.stdout.splitlines(), out.stderr
+
+
+@pytest.mark.parametrize(
+    "argv, runner",
+    [
+        (["--input", "x"], None),
+        (["--runner", "DataflowRunner", "--input", "x"], "DataflowRunner"),
+        (["--runner=direct", "--runner", "FnApiRunner"], "FnApiRunner"),
+        (["--runner"], None),
+    ],
+)
+def test_runner_named(argv, runner):
+    assert runner_named(argv) == runner
+
+
+def test_a_local_cli_run_leaves_out_beams_unused_imports_and_they_still_import_later():
+    lines, stderr = _loaded_with(["python", "-m", "beam_pipeline", "convert", "--input", "x"])
+    assert lines == ["-", "True True True", "pymongo google.cloud.bigquery"]
+    assert "bson" not in stderr  # Beam's "Could not find a compatible bson package" muted
+    assert stderr == ""
+
+
+@pytest.mark.parametrize(
+    "orig_argv",
+    [None, ["python", "-m", "beam_pipeline", "convert", "--runner", "DataflowRunner", "--input", "x"]],
+)
+def test_programs_and_other_runners_import_beam_whole(orig_argv):
+    lines, _ = _loaded_with(orig_argv)
+    assert lines[1] == "True True True"
+    assert set(lines[0].split()) >= {"pymongo", "bson", "google.cloud.bigquery", "google.cloud.dataflow"}
+
+
+def test_the_cli_converts_with_the_imports_left_out(image_tree, tmp_path):
+    # The default run in a fresh CLI process: the same records as an in-process run.
+    cli_out, lib_out = tmp_path / "cli", tmp_path / "lib"
+    argv = ["--input", str(image_tree), "--write_processes", "1"]
+    done = subprocess.run(
+        [
+            sys.executable,
+            "-X",
+            "importtime",
+            "-m",
+            "beam_pipeline",
+            "convert",
+            *argv,
+            "--output_dir",
+            str(cli_out),
+        ],
+        capture_output=True,
+        text=True,
+    )
+    assert done.returncode == 0, done.stderr[-2000:]
+    imported = {
+        line.rsplit("|", 1)[1].strip() for line in done.stderr.splitlines() if line.startswith("import time:")
+    }
+    assert not imported & {"pymongo.errors", "google.cloud.bigquery.client", "pyarrow.lib"}
+    run([*argv, "--output_dir", str(lib_out)], save_main_session=False)
+    cli_records, lib_records = read_records(cli_out), read_records(lib_out)
+    assert cli_records and cli_records == lib_records
+    for shard in sorted(cli_out.glob("*.tfrecord*")):
+        assert shard.read_bytes() == (lib_out / shard.name).read_bytes()
