@@ -1,0 +1,172 @@
+"""The join's key buckets (pure): items sorted by key hash, coded flat, cut into parts.
+
+In: LabelRows or KeyedFiles (the table's rows and the listed images, as columns). Out:
+HashedColumns, the same items sorted by the crc32 of their key with each column coded flat
+(code_column), and, once the bucket count is known, the parts of each bucket cut from them
+(cut_parts), still coded; the join decodes a part once (join_part).
+
+A key's bucket is the range its hash falls in, `crc32(key) * buckets >> 32` (as TFDS assigns
+shards from hashed keys), so items sorted by hash are sorted by bucket for any bucket count:
+they are hashed, sorted and coded where they are parsed or listed, before the counts exist
+(fused with the parse and the listing, no stage boundary between), and a bucket's part is a
+range of positions, cut from the coded columns by byte offsets. No Python object is made per
+row or image between the parse (or the listing) and the join.
+
+How a column is coded (code_column; decode_column reverses it):
+- a column of text (keys, paths, relpaths) as one UTF-8 blob of its values joined by NUL
+  (decoded with one split; a column holding a NUL itself is kept as a tuple);
+- a column of ints (sizes, lines) as one array of little-endian int64;
+- a column of few distinct values (labels, splits, sources, errors) as those values and one
+  array of their indices, or the value alone when all are equal;
+- anything else (the extras) as the tuple it is (packed when all empty: their numbers may be
+  1, 1.0 or True, which are equal but not the same).
+Undecodable bytes of a file name (surrogates) go through the blobs as they are (surrogatepass).
+"""
+
+from __future__ import annotations
+
+import zlib
+from collections.abc import Callable, Iterator, Sequence
+from operator import itemgetter, methodcaller
+
+import numpy as np
+
+from transforms.labels.rows import HashedColumns, JoinPart, KeyedFiles, LabelRows
+from transforms.records import BATCH_SIZE
+
+TEXT, INTS, FEW, ANY = "text", "ints", "few", "any"  # how each column is coded
+FILE_KINDS = (TEXT, TEXT, TEXT, INTS)  # KeyedFiles: keys, paths, relpaths, sizes
+ROW_KINDS = (TEXT, FEW, FEW, ANY, FEW, INTS, FEW)  # LabelRows' seven columns
+_SEP = "\x00"
+_INT64, _UINT32 = np.dtype("<i8"), np.dtype("<u4")
+_KEY_BYTES = methodcaller("encode", "utf-8", "surrogateescape")  # a key as hashed
+
+
+def code_column(column: Sequence, kind: str) -> tuple:
+    """One column as a few flat values (see the module docstring); decode_column reverses it."""
+    column = tuple(column)
+    n = len(column)
+    if n > 1 and kind in (FEW, ANY) and column.count(column[0]) == n:
+        first = column[0]
+        if kind == FEW or first == ():
+            return ("=", first)
+    if kind == TEXT and n:
+        try:
+            text = _SEP.join(column)
+        except TypeError:
+            return ("t", column)
+        if text.count(_SEP) == n - 1:
+            return ("s", text.encode("utf-8", "surrogatepass"))
+    elif kind == INTS:  # ints by construction (sizes, line numbers)
+        try:
+            return ("q", np.array(column, dtype=_INT64).tobytes())
+        except (TypeError, OverflowError, ValueError):
+            pass
+    elif kind == FEW and n > 1 and len(set(column[:64])) <= 16:  # few distinct, judged on a sample
+        distinct = dict.fromkeys(column)  # str, None or tuples of str: equal means the same
+        if len(distinct) < n // 2:
+            index = {value: i for i, value in enumerate(distinct)}
+            indices = np.fromiter(map(index.__getitem__, column), dtype=_UINT32, count=n)
+            return ("d", tuple(distinct), indices.tobytes())
+    return ("t", column)
+
+
+def decode_column(coded: tuple, n: int) -> tuple:
+    """The column that code_column coded, `n` values long."""
+    how = coded[0]
+    if how == "s":
+        return tuple(coded[1].decode("utf-8", "surrogatepass").split(_SEP))
+    if how == "q":
+        return tuple(np.frombuffer(coded[1], dtype=_INT64).tolist())
+    if how == "=":
+        return (coded[1],) * n
+    if how == "d":
+        indices = np.frombuffer(coded[2], dtype=_UINT32).tolist()
+        return itemgetter(*indices)(coded[1]) if n > 1 else (coded[1][indices[0]],)
+    return tuple(coded[1])
+
+
+def key_hash(key: str) -> int:
+    """The hash a join key is bucketed by: crc32 of its UTF-8 (the same on every worker;
+    undecodable bytes of a file name hashed as they were)."""
+    return zlib.crc32(_KEY_BYTES(key))
+
+
+def bucket_of(key: str, buckets: int) -> int:
+    """The join bucket of a key: the range of `buckets` equal ranges its hash falls in."""
+    return key_hash(key) * buckets >> 32
+
+
+def bucket_count(images: int, rows: int, per_bucket: int = BATCH_SIZE) -> int:
+    """Buckets of the join: enough that each holds about `per_bucket` images or rows."""
+    return max(1, -(-max(images, rows) // per_bucket))
+
+
+def hash_sorted(columns: Sequence[Sequence], rows: bool) -> HashedColumns:
+    """Items given as columns (LabelRows' or KeyedFiles', the keys first), sorted by the
+    hash of their key (stable: equal hashes keep their order) and coded.
+
+    One crc32 a key and one stable sort (numpy); each column gathered in that order by one
+    C call (itemgetter), then coded flat.
+    """
+    keys = columns[0]
+    n = len(keys)
+    hashes = np.fromiter(map(zlib.crc32, map(_KEY_BYTES, keys)), dtype=_UINT32, count=n)
+    order = np.argsort(hashes, kind="stable")
+    if n > 1:
+        gather = itemgetter(*order.tolist())
+        columns = [gather(column) for column in columns]
+    kinds = ROW_KINDS if rows else FILE_KINDS
+    return HashedColumns(rows, n, tuple(map(code_column, columns, kinds)), hashes[order].tobytes())
+
+
+def cut_parts(batch: HashedColumns, buckets: int, size: int) -> Iterator[tuple[int, HashedColumns]]:
+    """The parts of a hash-sorted batch for `buckets` buckets: (bucket, part), each part the
+    batch's items of one bucket (up to `size` of them), cut from the coded columns by
+    position: no item is decoded."""
+    n = batch.count
+    if not n:
+        return
+    hashes = np.frombuffer(batch.hashes, dtype=_UINT32).astype(np.uint64)
+    of = (hashes * np.uint64(buckets)) >> np.uint64(32)
+    starts = np.flatnonzero(np.diff(of)) + 1
+    bounds = [0, *starts.tolist(), n]
+    cutters = [_cutter(coded, n) for coded in batch.columns]
+    first = of[bounds[:-1]].tolist()
+    for bucket, start, end in zip(first, bounds, bounds[1:]):
+        for cut in range(start, end, size):
+            stop = min(cut + size, end)
+            yield bucket, HashedColumns(batch.rows, stop - cut, tuple(c(cut, stop) for c in cutters))
+
+
+def _cutter(coded: tuple, n: int) -> Callable[[int, int], tuple]:
+    """A function (start, stop) -> the coded column of those positions only."""
+    how = coded[0]
+    if how == "s":
+        blob = coded[1]
+        seps = np.flatnonzero(np.frombuffer(blob, dtype=np.uint8) == 0)
+        begins = [0, *(seps + 1).tolist()]
+        ends = [*seps.tolist(), len(blob)]
+        return lambda start, stop: ("s", blob[begins[start] : ends[stop - 1]])
+    if how == "q":
+        data = coded[1]
+        return lambda start, stop: ("q", data[8 * start : 8 * stop])
+    if how == "=":
+        return lambda start, stop: coded
+    if how == "d":
+        distinct, indices = coded[1], np.frombuffer(coded[2], dtype=_UINT32)
+
+        def cut_few(start: int, stop: int) -> tuple:
+            used, index = np.unique(indices[start:stop], return_inverse=True)
+            values = tuple(distinct[i] for i in used.tolist())  # only the part's own values
+            return ("d", values, index.astype(_UINT32).tobytes())
+
+        return cut_few
+    values = coded[1]
+    return lambda start, stop: ("t", tuple(values[start:stop]))
+
+
+def join_part(part: HashedColumns) -> JoinPart:
+    """A part's items decoded, as the JoinPart the join takes."""
+    columns = tuple(decode_column(coded, part.count) for coded in part.columns)
+    return JoinPart(rows=LabelRows(*columns)) if part.rows else JoinPart(files=KeyedFiles(*columns))
