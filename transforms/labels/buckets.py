@@ -19,7 +19,8 @@ How a column is coded (code_column; decode_column reverses it):
 - a column of few distinct values (labels, splits, sources, errors) as those values and one
   array of their indices, or the value alone when all are equal;
 - anything else (the extras) as the tuple it is (packed when all empty: their numbers may be
-  1, 1.0 or True, which are equal but not the same).
+  1, 1.0 or True, which are equal but not the same);
+- the images' paths, when each is one root followed by its relpath, as that root (hash_sorted).
 Undecodable bytes of a file name (surrogates) go through the blobs as they are (surrogatepass).
 """
 
@@ -106,18 +107,55 @@ def hash_sorted(columns: Sequence[Sequence], rows: bool) -> HashedColumns:
     """Items given as columns (LabelRows' or KeyedFiles', the keys first), sorted by the
     hash of their key (stable: equal hashes keep their order) and coded.
 
-    One crc32 a key and one stable sort (numpy); each column gathered in that order by one
-    C call (itemgetter), then coded flat.
+    One crc32 a key and one stable sort (numpy); a column of one value is not reordered, a
+    column of ints or of few distinct values is reordered as its numpy array, any other is
+    gathered in that order by one C call (itemgetter); the images' paths, when each is one
+    root followed by its relpath (a listing's usual case), are coded as that root alone.
     """
     keys = columns[0]
     n = len(keys)
     hashes = np.fromiter(map(zlib.crc32, map(_KEY_BYTES, keys)), dtype=_UINT32, count=n)
     order = np.argsort(hashes, kind="stable")
-    if n > 1:
-        gather = itemgetter(*order.tolist())
-        columns = [gather(column) for column in columns]
+    gather = itemgetter(*order.tolist()) if n > 1 else tuple
     kinds = ROW_KINDS if rows else FILE_KINDS
-    return HashedColumns(rows, n, tuple(map(code_column, columns, kinds)), hashes[order].tobytes())
+    coded = [_code_sorted(column, kind, order, gather) for column, kind in zip(columns, kinds)]
+    if not rows:
+        root = _root_of(columns[1], columns[2])
+        if root is not None:
+            coded[1] = ("r", root)
+    return HashedColumns(rows, n, tuple(coded), hashes[order].tobytes())
+
+
+def _code_sorted(column: Sequence, kind: str, order: np.ndarray, gather: Callable) -> tuple:
+    """code_column of the column reordered by `order` (gather: the same reordering)."""
+    n = len(column)
+    if n > 1 and kind in (FEW, ANY) and column.count(column[0]) == n and (kind == FEW or column[0] == ()):
+        return ("=", column[0])  # as code_column codes it, whatever the order
+    if kind == INTS:
+        try:
+            return ("q", np.array(column, dtype=_INT64)[order].tobytes())
+        except (TypeError, OverflowError, ValueError):
+            pass
+    elif kind == FEW:
+        coded = code_column(column, kind)
+        if coded[0] == "d":
+            return ("d", coded[1], np.frombuffer(coded[2], dtype=_UINT32)[order].tobytes())
+    return code_column(gather(column), kind)
+
+
+def _root_of(paths: Sequence[str], relpaths: Sequence[str]) -> str | None:
+    """The root that every path is followed by its relpath after, if there is one (checked
+    on the whole column at once: two joins and one comparison)."""
+    if not paths or not relpaths[0] or type(paths[0]) is not str or not paths[0].endswith(relpaths[0]):
+        return None
+    root = paths[0][: len(paths[0]) - len(relpaths[0])]
+    try:
+        joined = _SEP.join(paths)
+        if joined.count(_SEP) != len(paths) - 1 or joined != root + (_SEP + root).join(relpaths):
+            return None
+    except TypeError:
+        return None
+    return root
 
 
 def cut_parts(batch: HashedColumns, buckets: int, size: int) -> Iterator[tuple[int, HashedColumns]]:
@@ -151,7 +189,7 @@ def _cutter(coded: tuple, n: int) -> Callable[[int, int], tuple]:
     if how == "q":
         data = coded[1]
         return lambda start, stop: ("q", data[8 * start : 8 * stop])
-    if how == "=":
+    if how in ("=", "r"):
         return lambda start, stop: coded
     if how == "d":
         distinct, indices = coded[1], np.frombuffer(coded[2], dtype=_UINT32)
@@ -168,5 +206,13 @@ def _cutter(coded: tuple, n: int) -> Callable[[int, int], tuple]:
 
 def join_part(part: HashedColumns) -> JoinPart:
     """A part's items decoded, as the JoinPart the join takes."""
-    columns = tuple(decode_column(coded, part.count) for coded in part.columns)
-    return JoinPart(rows=LabelRows(*columns)) if part.rows else JoinPart(files=KeyedFiles(*columns))
+    n, coded = part.count, part.columns
+    if part.rows:
+        return JoinPart(rows=LabelRows(*(decode_column(c, n) for c in coded)))
+    keys, relpaths, sizes = (decode_column(coded[i], n) for i in (0, 2, 3))
+    if coded[1][0] == "r":  # each path is the root and its relpath
+        root = coded[1][1]
+        paths = tuple((root + (_SEP + root).join(relpaths)).split(_SEP)) if n else ()
+    else:
+        paths = decode_column(coded[1], n)
+    return JoinPart(files=KeyedFiles(keys, paths, relpaths, sizes))
