@@ -127,19 +127,31 @@ def hash_sorted(columns: Sequence[Sequence], rows: bool) -> HashedColumns:
 
 
 def _code_sorted(column: Sequence, kind: str, order: np.ndarray, gather: Callable) -> tuple:
-    """code_column of the column reordered by `order` (gather: the same reordering)."""
+    """code_column of the column reordered by `order` (gather: the same reordering).
+
+    Values are read in the order they are held (a random order of a large column's objects
+    misses the CPU's caches on each): a text column is coded whole, and its values' bytes,
+    split apart, are reordered and joined again; ints and the indices of few distinct values
+    (judged on the whole column) are reordered as numpy arrays.
+    """
     n = len(column)
     if n > 1 and kind in (FEW, ANY) and column.count(column[0]) == n and (kind == FEW or column[0] == ()):
         return ("=", column[0])  # as code_column codes it, whatever the order
-    if kind == INTS:
+    if kind == TEXT and n > 1:
+        coded = code_column(column, kind)
+        if coded[0] == "s":
+            return ("s", b"\x00".join(gather(coded[1].split(b"\x00"))))
+    elif kind == INTS:
         try:
             return ("q", np.array(column, dtype=_INT64)[order].tobytes())
         except (TypeError, OverflowError, ValueError):
             pass
-    elif kind == FEW:
-        coded = code_column(column, kind)
-        if coded[0] == "d":
-            return ("d", coded[1], np.frombuffer(coded[2], dtype=_UINT32)[order].tobytes())
+    elif kind == FEW and n > 1:
+        distinct = dict.fromkeys(column)  # str, None or tuples of str: equal means the same
+        if len(distinct) <= n // 2:
+            index = {value: i for i, value in enumerate(distinct)}
+            indices = np.fromiter(map(index.__getitem__, column), dtype=_UINT32, count=n)
+            return ("d", tuple(distinct), indices[order].tobytes())
     return code_column(gather(column), kind)
 
 
