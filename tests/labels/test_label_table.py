@@ -800,18 +800,25 @@ def test_flat_columns_round_trip(column, kind, how):
             assert decode_column(cut(start, stop), stop - start) == column[start:stop], (start, stop)
 
 
-def test_cut_parts_are_the_buckets_of_the_hash_sorted_items():
+@pytest.mark.parametrize("key", ["키{}-{}", "id{:03d}{:04d}"])  # keys of many lengths; of one length
+def test_cut_parts_are_the_buckets_of_the_hash_sorted_items(key):
     """hash_sorted + cut_parts: each bucket's items (a hash range), in hash order, up to the
     part size, every column decoded as it was, for any bucket count."""
+    from transforms.labels.beam_table import key_files
     from transforms.labels.buckets import bucket_of, cut_parts, hash_sorted, join_part
 
     rows = [
         LabelRow(
-            f"키{i % 37}-{i}", (f"c{i % 3}",), "train" if i % 4 else None, (("w", i / 2),), f"t{i % 2}.csv", i
+            key.format(i % 37, i),
+            (f"c{i % 3}",),
+            "train" if i % 4 else None,
+            (("w", i / 2),),
+            f"t{i % 2}.csv",
+            i,
         )
         for i in range(300)
     ]
-    rows.append(LabelRow("bad\udcff", error="column 'w' is empty", source="t.csv", line=999))
+    rows.append(LabelRow("bad\udcff" if "-" in key else "id9999999", error="bad", source="t.csv", line=999))
     batch = hash_sorted(LabelRows.of(rows).columns(), True)
     for buckets in (1, 2, 7, 1000):
         parts = list(cut_parts(batch, buckets, 40))
@@ -820,3 +827,15 @@ def test_cut_parts_are_the_buckets_of_the_hash_sorted_items():
         assert sorted(r for _, r in got) == sorted(rows)
         assert all(bucket_of(r.key, buckets) == b for b, r in got)
         assert [b for b, _ in got] == sorted(b for b, _ in got)  # bucket order
+    names = [key.format(i % 37, i) for i in range(99)]
+    images = [ImageFile(f"/r/{i % 5}/{name}.jpg", f"{i % 5}/{name}.jpg", i) for i, name in enumerate(names)]
+    files = hash_sorted(key_files(FileBatch(images), "stem").columns(), False)
+    assert files.columns[1] == ("r", "/r/")  # each path is the root and its relpath
+    for buckets in (1, 5):
+        got = [
+            (b, f)
+            for b, p in cut_parts(files, buckets, 10)
+            for f in map(join_part(p).files.file, range(len(p)))
+        ]
+        assert sorted((f for _, f in got), key=str) == sorted(images, key=str)
+        assert all(bucket_of(image_key(f.relpath), buckets) == b for b, f in got)

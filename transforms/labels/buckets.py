@@ -140,7 +140,7 @@ def _code_sorted(column: Sequence, kind: str, order: np.ndarray, gather: Callabl
     if kind == TEXT and n > 1:
         coded = code_column(column, kind)
         if coded[0] == "s":
-            return ("s", b"\x00".join(gather(coded[1].split(b"\x00"))))
+            return ("s", _reordered_blob(coded[1], n, order, gather))
     elif kind == INTS:
         try:
             return ("q", np.array(column, dtype=_INT64)[order].tobytes())
@@ -153,6 +153,18 @@ def _code_sorted(column: Sequence, kind: str, order: np.ndarray, gather: Callabl
             indices = np.fromiter(map(index.__getitem__, column), dtype=_UINT32, count=n)
             return ("d", tuple(distinct), indices[order].tobytes())
     return code_column(gather(column), kind)
+
+
+def _reordered_blob(blob: bytes, n: int, order: np.ndarray, gather: Callable) -> bytes:
+    """A blob of n values joined by NUL (no NUL inside one), its values reordered: as rows
+    of a numpy array when every value has the same length (ids often have), else split,
+    gathered and joined again."""
+    width = blob.find(b"\x00") + 1  # one value and its NUL
+    if width and (len(blob) + 1) == n * width:
+        table = np.frombuffer(blob + b"\x00", dtype=np.uint8).reshape(n, width)
+        if not table[:, -1].any():  # every NUL at the end of a row: every value is that long
+            return table[order].tobytes()[:-1]
+    return b"\x00".join(gather(blob.split(b"\x00")))
 
 
 def _root_of(paths: Sequence[str], relpaths: Sequence[str]) -> str | None:
