@@ -501,7 +501,10 @@ def _sorted_and_cut(batches, images: int, rows: int, per_bucket: int) -> list:
     held = [out for batch in batches for out in sort.process(batch)]
     held += [w.value for w in sort.finish_bundle()]
     cut = BucketPartsFn(per_bucket)
-    return [(b, join_part(part)) for batch in held for b, part in cut.process(batch, images, rows)]
+    cut.start_bundle()
+    sent = [out for batch in held for out in cut.process(batch, images, rows)]
+    sent += [w.value for w in cut.finish_bundle()]
+    return [(b, join_part(part)) for b, part in sent]
 
 
 def test_bucket_parts_are_gathered_over_the_bundle():
@@ -839,3 +842,40 @@ def test_cut_parts_are_the_buckets_of_the_hash_sorted_items(key):
         ]
         assert sorted((f for _, f in got), key=str) == sorted(images, key=str)
         assert all(bucket_of(image_key(f.relpath), buckets) == b for b, f in got)
+
+
+def test_bucket_parts_join_the_cuts_of_several_batches():
+    """A bucket's cuts of the bundle's sorted batches go out as one part (up to BATCH_SIZE),
+    their columns joined whatever way each batch coded them (one value, few values, roots)."""
+    from transforms.labels.beam_table import BucketPartsFn, key_files
+    from transforms.labels.buckets import bucket_of, hash_sorted, join_part
+
+    rows = [
+        LabelRow(
+            f"k{i}", (f"c{i % 3}",), None if i < 600 else f"s{i % 2}", (), "t.csv" if i < 900 else "u.csv", i
+        )
+        for i in range(1200)
+    ]
+    rows[5] = rows[5]._replace(extras=(("w", 1.0),))
+    images = [ImageFile(f"/{'ab'[i // 600]}/k{i}.jpg", f"k{i}.jpg", i) for i in range(1200)]
+    for side in ("rows", "images"):
+        if side == "rows":
+            batches = [
+                hash_sorted(LabelRows.of(rows[i : i + 300]).columns(), True) for i in range(0, 1200, 300)
+            ]
+        else:
+            chunks = [FileBatch(images[i : i + 300]) for i in range(0, 1200, 300)]
+            batches = [hash_sorted(key_files(chunk, "stem").columns(), False) for chunk in chunks]
+        fn = BucketPartsFn(per_bucket=600)  # 2 buckets
+        fn.start_bundle()
+        sent = [out for batch in batches for out in fn.process(batch, 0, 1200)]
+        sent += [w.value for w in fn.finish_bundle()]
+        assert sorted(b for b, _ in sent) == [0, 1] and all(len(p) <= BATCH_SIZE for _, p in sent), side
+        parts = [(b, join_part(p)) for b, p in sent]
+        if side == "rows":
+            assert sorted(r for _, p in parts for r in p.rows.rows) == sorted(rows)
+            assert all(bucket_of(r.key, 2) == b for b, p in parts for r in p.rows.rows)
+        else:
+            got = [(b, p.files.file(i)) for b, p in parts for i in range(len(p.files))]
+            assert sorted((f for _, f in got), key=str) == sorted(images, key=str)
+            assert all(bucket_of(image_key(f.relpath), 2) == b for b, f in got)

@@ -29,7 +29,7 @@ from apache_beam.transforms.window import GlobalWindows
 from transforms.batching import CountImagesFn, group_size
 from transforms.failures import FAILED
 from transforms.labels.beam_coders import Listed
-from transforms.labels.buckets import bucket_count, cut_parts, hash_sorted, join_part
+from transforms.labels.buckets import bucket_count, concat_parts, cut_parts, hash_sorted, join_part
 from transforms.labels.columns import image_keys, iter_row_batches
 from transforms.labels.join import (
     join_bucket,
@@ -151,18 +151,44 @@ class HashSortFn(beam.DoFn):
 
 
 class BucketPartsFn(beam.DoFn):
-    """HashedColumns -> (bucket, part): the batch cut into each bucket's items, up to
-    BATCH_SIZE a part, by position (buckets.cut_parts: a bucket is a range of hashes, so a
-    hash-sorted batch holds each bucket's items together). No item is decoded.
+    """HashedColumns -> (bucket, part): each batch cut into each bucket's items by position
+    (buckets.cut_parts: a bucket is a range of hashes, so a hash-sorted batch holds each
+    bucket's items together; no item is decoded), a bucket's cuts of the bundle's batches
+    joined into parts of up to BATCH_SIZE (buckets.concat_parts, still coded). So the
+    shuffle moves about one element per BATCH_SIZE items, not one per bucket and batch.
 
-    Bounds: a part holds at most BATCH_SIZE items; nothing is held across elements.
+    Bounds: it holds at most _MAX_HELD items (coded, a few dozen bytes each) before it sends
+    every part it has; a part holds at most BATCH_SIZE items.
     """
 
     def __init__(self, per_bucket: int):
         self._per_bucket = per_bucket
 
+    def start_bundle(self) -> None:
+        self._pending: dict[int, list[HashedColumns]] = {}  # bucket -> its cuts not yet sent
+        self._counts: dict[int, int] = {}
+        self._held = 0
+
     def process(self, batch: HashedColumns, images: int, rows: int) -> Iterator[tuple[int, HashedColumns]]:
-        yield from cut_parts(batch, bucket_count(images, rows, self._per_bucket), BATCH_SIZE)
+        pending, counts = self._pending, self._counts
+        for bucket, cut in cut_parts(batch, bucket_count(images, rows, self._per_bucket), BATCH_SIZE):
+            if counts.get(bucket, 0) + len(cut) > BATCH_SIZE:
+                yield bucket, concat_parts(pending.pop(bucket))
+                self._held -= counts.pop(bucket)
+            pending.setdefault(bucket, []).append(cut)
+            counts[bucket] = counts.get(bucket, 0) + len(cut)
+            self._held += len(cut)
+        if self._held >= _MAX_HELD:
+            yield from self._take()
+
+    def finish_bundle(self) -> Iterator:
+        for part in self._take():
+            yield GlobalWindows.windowed_value(part)
+
+    def _take(self) -> Iterator[tuple[int, HashedColumns]]:
+        pending, self._pending, self._counts, self._held = self._pending, {}, {}, 0
+        for bucket in sorted(pending):
+            yield bucket, concat_parts(pending[bucket])
 
 
 class JoinLabelsFn(beam.DoFn):

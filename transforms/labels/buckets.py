@@ -228,6 +228,46 @@ def _cutter(coded: tuple, n: int) -> Callable[[int, int], tuple]:
     return lambda start, stop: ("t", tuple(values[start:stop]))
 
 
+def concat_parts(parts: Sequence[HashedColumns]) -> HashedColumns:
+    """Parts of one side (rows or images) as one part, their columns still coded: blobs and
+    arrays joined, few-value columns merged (their values once, the indices remapped); a
+    column coded differently in the parts is decoded and kept as its values."""
+    if len(parts) == 1:
+        return parts[0]
+    columns = []
+    for i in range(len(parts[0].columns)):
+        coded = [p.columns[i] for p in parts]
+        hows = {c[0] for c in coded}
+        if hows == {"s"}:
+            columns.append(("s", b"\x00".join(c[1] for c in coded)))
+        elif hows == {"q"}:
+            columns.append(("q", b"".join(c[1] for c in coded)))
+        elif len(hows) == 1 and hows <= {"=", "r"} and all(c == coded[0] for c in coded):
+            columns.append(coded[0])  # one value (or one root) throughout
+        elif hows <= {"=", "d"}:  # few values (only FEW columns are coded "d"; "=" extras are all ())
+            columns.append(_merged_few(coded, [p.count for p in parts]))
+        elif i == 1 and not parts[0].rows:  # paths, some coded as their root
+            columns.append(("t", tuple(path for p in parts for path in join_part(p).files.paths)))
+        else:
+            columns.append(("t", tuple(v for c, p in zip(coded, parts) for v in decode_column(c, p.count))))
+    return HashedColumns(parts[0].rows, sum(p.count for p in parts), tuple(columns))
+
+
+def _merged_few(coded: Sequence[tuple], counts: Sequence[int]) -> tuple:
+    """Columns coded "=" or "d" as one "d" column: each distinct value once."""
+    values: dict = {}
+    indices = []
+    for c, n in zip(coded, counts):
+        if c[0] == "=":
+            indices.append(np.full(n, values.setdefault(c[1], len(values)), dtype=_UINT32))
+        else:
+            remap = np.fromiter(
+                (values.setdefault(v, len(values)) for v in c[1]), dtype=_UINT32, count=len(c[1])
+            )
+            indices.append(remap[np.frombuffer(c[2], dtype=_UINT32)])
+    return ("d", tuple(values), np.concatenate(indices).tobytes())
+
+
 def join_part(part: HashedColumns) -> JoinPart:
     """A part's items decoded, as the JoinPart the join takes."""
     n, coded = part.count, part.columns
