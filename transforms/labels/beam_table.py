@@ -2,12 +2,14 @@
 
 In: the table's files, FileBatches of images. Out: labelled RecordBatches, Failures,
 orphan_labels.jsonl (written in sorted parts, then concatenated) and the join's counts.
-Rows and images travel as column batches (LabelRows, KeyedFiles, JoinPart: coded by
-beam_coders.py as a few flat values a batch), never one object per row or image; orphan rows
-leave the join as OrphanLines batches (a bucket's orphans of one chunk of table lines).
-Bounds: each JoinLabels group is one key bucket (~1,000 images and rows, the bucket count
-comes from lifted counts); a BucketPartsFn holds at most _MAX_HELD items; each orphans
-group is one chunk of 100,000 table lines (one OrphanLines element per join bucket).
+Rows and images travel as column batches (LabelRows, KeyedFiles), are sorted by key hash
+and coded where they are parsed and listed (HashedColumns, buckets.py), and cross the
+shuffle as a bucket's parts cut from those by position: never one object per row or image;
+orphan rows leave the join as OrphanLines batches (a bucket's orphans of one chunk of table
+lines). Bounds: each JoinLabels group is one key bucket (~1,000 images and ~1,000 rows, the
+bucket count comes from lifted counts); a HashSortFn holds at most _MAX_HELD items (their
+columns), a BucketPartsFn at most _MAX_HELD coded items; each orphans group is one chunk of
+100,000 table lines (one OrphanLines element per join bucket).
 """
 
 from __future__ import annotations
@@ -192,7 +194,7 @@ class BucketPartsFn(beam.DoFn):
 
 
 class JoinLabelsFn(beam.DoFn):
-    """(bucket, [JoinPart]) -> RecordBatches of the labelled images (BATCH_SIZE each, and
+    """(bucket, [HashedColumns]) -> RecordBatches of the labelled images (BATCH_SIZE each, and
     the bundle's remainder at its end); FAILED, ORPHANS and STATS (summed over the bucket)
     as tagged outputs, and LISTED: each RecordBatch and Failure again."""
 
@@ -265,9 +267,10 @@ class JoinedLabels:
 class JoinLabels(beam.PTransform):
     """Joins listed images with table rows by image key (any table size).
 
-    Images and rows are shuffled in column batches by bucket (a hash of the key modulo a
+    Images and rows are sorted by the hash of their key where they are listed and parsed,
+    then shuffled in coded column parts by bucket (the range of the 32-bit hash, out of a
     count that grows with the data: `per_bucket` images or rows a bucket, from counts taken
-    first), then each bucket is joined on its columns (join_bucket).
+    meanwhile), and each bucket is joined on its columns (join_bucket).
 
     Bounds: a GroupByBucket group holds one bucket's images and rows (~`per_bucket` of each
     when keys are spread; all of a key's rows and images are in its bucket, so one key with

@@ -70,7 +70,8 @@ STAT_NAMES = (
 )
 
 
-# Items a HashSortFn holds at most before it sends them, sorted and coded (bounds its memory).
+# Items a HashSortFn (as columns) or a BucketPartsFn (coded) holds at most before it sends
+# them (bounds their memory).
 _MAX_HELD = 100 * BATCH_SIZE
 
 
@@ -200,7 +201,8 @@ class KeyedFiles:
 
 @dataclasses.dataclass(frozen=True)
 class JoinPart:
-    """Images and table rows of one join bucket, travelling as one element of the shuffle."""
+    """Images and table rows of one join bucket, as join_bucket takes them (decoded from
+    the shuffle's HashedColumns by buckets.join_part)."""
 
     files: KeyedFiles = KeyedFiles()
     rows: LabelRows = LabelRows()
@@ -222,7 +224,7 @@ class HashedColumns:
       rows: the columns are LabelRows' (else KeyedFiles').
       count: the number of rows or images.
       columns: each column coded by buckets.code_column, in LabelRows' or KeyedFiles' order.
-      hashes: the crc32 of each item's key, ascending, as little-endian uint32 bytes (b"" in
+      hashes: the crc32 of each item's key (buckets.key_hash), ascending, as little-endian uint32 bytes (b"" in
         a part cut for one bucket, which needs them no more).
     """
 
