@@ -159,8 +159,8 @@ class BucketPartsFn(beam.DoFn):
     joined into parts of up to BATCH_SIZE (buckets.concat_parts, still coded). So the
     shuffle moves about one element per BATCH_SIZE items, not one per bucket and batch.
 
-    Bounds: it holds at most _MAX_HELD items (coded, a few dozen bytes each) before it sends
-    every part it has; a part holds at most BATCH_SIZE items.
+    Bounds: once it holds _MAX_HELD items (coded, a few dozen bytes each; at most one batch
+    more) it sends every part it has; a part holds at most BATCH_SIZE items.
     """
 
     def __init__(self, per_bucket: int):
