@@ -14,9 +14,10 @@ from beam_pipeline.cli.options import ConvertOptions, is_job_label, route_labels
 from transforms.batching import CountImagesFn, chunked
 from transforms.labels.beam_coders import JoinPartCoder, LabelRowsCoder
 from transforms.labels.beam_table import JoinLabels, ReadLabels
+from transforms.labels.buckets import bucket_count
 from transforms.labels.classes import class_index_for
 from transforms.labels.columns import iter_row_batches, rows_of
-from transforms.labels.join import bucket_count, join_bucket, join_key, orphan_order, resolve_rows
+from transforms.labels.join import join_bucket, join_key, orphan_order, resolve_rows
 from transforms.labels.rows import (
     JoinPart,
     JoinSettings,
@@ -338,7 +339,7 @@ def _mixed_join_input() -> tuple[list[ImageFile], list[LabelRow]]:
 @pytest.mark.parametrize("unlabeled", ["fail", "keep", "skip"])
 def test_join_bucket_is_the_same_whatever_the_bucket_count(unlabeled):
     """join_bucket over 1 bucket and over 1..many: the same records, failures, orphans, stats."""
-    from transforms.labels.join import bucket_of
+    from transforms.labels.buckets import bucket_of
 
     images, rows = _mixed_join_input()
     settings = JoinSettings(unlabeled=unlabeled)
@@ -490,47 +491,56 @@ def test_join_labels_with_an_empty_table(tmp_path):
         )
 
 
-def test_bucket_parts_are_gathered_over_the_bundle():
-    """Parts fill up to BATCH_SIZE across batches (not one tiny part per batch and bucket)."""
-    from transforms.labels.beam_table import BucketPartsFn, key_files
-    from transforms.labels.join import bucket_of
+def _sorted_and_cut(batches, images: int, rows: int, per_bucket: int) -> list:
+    """HashSortFn over one bundle of `batches`, then BucketPartsFn: [(bucket, JoinPart)]."""
+    from transforms.labels.beam_table import BucketPartsFn, HashSortFn
+    from transforms.labels.buckets import join_part
 
-    images = [ImageFile(f"/d/img{i:05d}.jpg", f"img{i:05d}.jpg", 1) for i in range(5 * BATCH_SIZE)]
-    fn = BucketPartsFn(per_bucket=2 * BATCH_SIZE)  # 3 buckets
-    fn.start_bundle()
-    sent = [
-        out
-        for chunk in chunked(images)
-        for out in fn.process(key_files(FileBatch(chunk), "stem"), len(images), 10)
-    ]
-    sent += [w.value for w in fn.finish_bundle()]
+    sort = HashSortFn()
+    sort.start_bundle()
+    held = [out for batch in batches for out in sort.process(batch)]
+    held += [w.value for w in sort.finish_bundle()]
+    cut = BucketPartsFn(per_bucket)
+    cut.start_bundle()
+    sent = [out for batch in held for out in cut.process(batch, images, rows)]
+    sent += [w.value for w in cut.finish_bundle()]
+    return [(b, join_part(part)) for b, part in sent]
+
+
+def test_bucket_parts_are_gathered_over_the_bundle():
+    """Parts fill up to BATCH_SIZE across batches (not one tiny part per batch and bucket),
+    each item in the bucket of its key's hash range, none lost or decoded differently."""
+    from transforms.labels.beam_table import key_files
+    from transforms.labels.buckets import bucket_of
+
+    images = [ImageFile(f"/d/img{i:05d}.jpg", f"img{i:05d}.jpg", i) for i in range(5 * BATCH_SIZE)]
+    batches = [key_files(FileBatch(chunk), "stem") for chunk in chunked(images)]
+    sent = _sorted_and_cut(batches, len(images), 10, per_bucket=2 * BATCH_SIZE)  # 3 buckets
     # Parts fill up to BATCH_SIZE: the full parts, then one remainder per bucket.
     assert len(sent) <= 5 + 3 and all(0 < len(part.files) <= BATCH_SIZE for _, part in sent)
     assert len({b for b, _ in sent}) == 3
-    assert sorted(p for _, part in sent for p in part.files.paths) == [f.path for f in images]
+    got = sorted((f for _, part in sent for f in map(part.files.file, range(len(part.files)))), key=str)
+    assert got == sorted(images, key=str)
     assert all(bucket_of(image_key(relpath), 3) == b for b, part in sent for relpath in part.files.relpaths)
     assert all(part.files.keys == tuple(map(image_key, part.files.relpaths)) for _, part in sent)
-    rows = BucketPartsFn(per_bucket=1)  # 10 buckets for 10 rows
-    rows.start_bundle()
-    batch = LabelRows.of(LabelRow(f"k{i}", ("a",), line=i) for i in range(10))
-    assert list(rows.process(batch, 0, 10)) == []
-    parts = [w.value for w in rows.finish_bundle()]
+    batch = LabelRows.of(LabelRow(f"k{i}", (f"c{i % 3}",), line=i) for i in range(10))
+    parts = _sorted_and_cut([batch], 0, 10, per_bucket=1)  # 10 buckets for 10 rows
     assert sorted(r for _, p in parts for r in p.rows.rows) == sorted(batch.rows)
     assert all(bucket_of(r.key, 10) == b for b, p in parts for r in p.rows.rows)
 
 
-def test_bucket_parts_send_what_they_hold_at_the_limit(monkeypatch):
-    """Past _MAX_HELD items held, every part is sent (bounds the DoFn's memory)."""
+def test_hash_sort_sends_what_it_holds_at_the_limit(monkeypatch):
+    """Past _MAX_HELD items held, they are sent as one sorted batch (bounds the DoFn's memory)."""
     import transforms.labels.beam_table as label_table
-    from transforms.labels.beam_table import BucketPartsFn
+    from transforms.labels.beam_table import HashSortFn
 
     monkeypatch.setattr(label_table, "_MAX_HELD", 25)
-    fn = BucketPartsFn(per_bucket=10)  # 3 buckets for 30 rows
+    fn = HashSortFn()
     fn.start_bundle()
     batch = LabelRows.of(LabelRow(f"k{i}", ("a",), line=i) for i in range(10))
-    assert list(fn.process(batch, 0, 30)) == [] and list(fn.process(batch, 0, 30)) == []
-    sent = list(fn.process(batch, 0, 30))
-    assert sum(len(p) for _, p in sent) == 30 and [w.value for w in fn.finish_bundle()] == []
+    assert list(fn.process(batch)) == [] and list(fn.process(batch)) == []
+    sent = list(fn.process(batch))
+    assert [len(b) for b in sent] == [30] and [w.value for w in fn.finish_bundle()] == []
 
 
 def test_write_orphans_in_parts_keeps_the_order_of_one_sorted_list(tmp_path, monkeypatch):
@@ -771,7 +781,7 @@ def test_orphan_line_is_json_dumps_of_its_fields(key, source):
 def test_flat_columns_round_trip(column, kind, how):
     """code_column/decode_column give back every column exactly (types too), each coded the
     flat way when it can be."""
-    from transforms.labels.beam_coders import code_column, decode_column
+    from transforms.labels.buckets import code_column, decode_column
 
     coded = code_column(column, kind)
     decoded = decode_column(coded, len(column))
@@ -779,3 +789,93 @@ def test_flat_columns_round_trip(column, kind, how):
     assert [type(v) for v in decoded] == [type(v) for v in column]
     if kind == "any" and column[0]:
         assert type(decoded[1][0][1]) is float
+    # Any range of positions cut from the coded column decodes to that slice of the column.
+    from transforms.labels.buckets import _cutter
+
+    cut = _cutter(coded, len(column))
+    for start, stop in (
+        (0, len(column)),
+        (0, 1),
+        (len(column) - 1, len(column)),
+        (1, max(2, len(column) // 2)),
+    ):
+        if start < stop <= len(column):
+            assert decode_column(cut(start, stop), stop - start) == column[start:stop], (start, stop)
+
+
+@pytest.mark.parametrize("key", ["키{}-{}", "id{:03d}{:04d}"])  # keys of many lengths; of one length
+def test_cut_parts_are_the_buckets_of_the_hash_sorted_items(key):
+    """hash_sorted + cut_parts: each bucket's items (a hash range), in hash order, up to the
+    part size, every column decoded as it was, for any bucket count."""
+    from transforms.labels.beam_table import key_files
+    from transforms.labels.buckets import bucket_of, cut_parts, hash_sorted, join_part
+
+    rows = [
+        LabelRow(
+            key.format(i % 37, i),
+            (f"c{i % 3}",),
+            "train" if i % 4 else None,
+            (("w", i / 2),),
+            f"t{i % 2}.csv",
+            i,
+        )
+        for i in range(300)
+    ]
+    rows.append(LabelRow("bad\udcff" if "-" in key else "id9999999", error="bad", source="t.csv", line=999))
+    batch = hash_sorted(LabelRows.of(rows).columns(), True)
+    for buckets in (1, 2, 7, 1000):
+        parts = list(cut_parts(batch, buckets, 40))
+        assert all(0 < len(p) <= 40 for _, p in parts)
+        got = [(b, r) for b, p in parts for r in join_part(p).rows.rows]
+        assert sorted(r for _, r in got) == sorted(rows)
+        assert all(bucket_of(r.key, buckets) == b for b, r in got)
+        assert [b for b, _ in got] == sorted(b for b, _ in got)  # bucket order
+    names = [key.format(i % 37, i) for i in range(99)]
+    images = [ImageFile(f"/r/{i % 5}/{name}.jpg", f"{i % 5}/{name}.jpg", i) for i, name in enumerate(names)]
+    files = hash_sorted(key_files(FileBatch(images), "stem").columns(), False)
+    assert files.columns[1] == ("r", "/r/")  # each path is the root and its relpath
+    for buckets in (1, 5):
+        got = [
+            (b, f)
+            for b, p in cut_parts(files, buckets, 10)
+            for f in map(join_part(p).files.file, range(len(p)))
+        ]
+        assert sorted((f for _, f in got), key=str) == sorted(images, key=str)
+        assert all(bucket_of(image_key(f.relpath), buckets) == b for b, f in got)
+
+
+def test_bucket_parts_join_the_cuts_of_several_batches():
+    """A bucket's cuts of the bundle's sorted batches go out as one part (up to BATCH_SIZE),
+    their columns joined whatever way each batch coded them (one value, few values, roots)."""
+    from transforms.labels.beam_table import BucketPartsFn, key_files
+    from transforms.labels.buckets import bucket_of, hash_sorted, join_part
+
+    rows = [
+        LabelRow(
+            f"k{i}", (f"c{i % 3}",), None if i < 600 else f"s{i % 2}", (), "t.csv" if i < 900 else "u.csv", i
+        )
+        for i in range(1200)
+    ]
+    rows[5] = rows[5]._replace(extras=(("w", 1.0),))
+    images = [ImageFile(f"/{'ab'[i // 600]}/k{i}.jpg", f"k{i}.jpg", i) for i in range(1200)]
+    for side in ("rows", "images"):
+        if side == "rows":
+            batches = [
+                hash_sorted(LabelRows.of(rows[i : i + 300]).columns(), True) for i in range(0, 1200, 300)
+            ]
+        else:
+            chunks = [FileBatch(images[i : i + 300]) for i in range(0, 1200, 300)]
+            batches = [hash_sorted(key_files(chunk, "stem").columns(), False) for chunk in chunks]
+        fn = BucketPartsFn(per_bucket=600)  # 2 buckets
+        fn.start_bundle()
+        sent = [out for batch in batches for out in fn.process(batch, 0, 1200)]
+        sent += [w.value for w in fn.finish_bundle()]
+        assert sorted(b for b, _ in sent) == [0, 1] and all(len(p) <= BATCH_SIZE for _, p in sent), side
+        parts = [(b, join_part(p)) for b, p in sent]
+        if side == "rows":
+            assert sorted(r for _, p in parts for r in p.rows.rows) == sorted(rows)
+            assert all(bucket_of(r.key, 2) == b for b, p in parts for r in p.rows.rows)
+        else:
+            got = [(b, p.files.file(i)) for b, p in parts for i in range(len(p.files))]
+            assert sorted((f for _, f in got), key=str) == sorted(images, key=str)
+            assert all(bucket_of(image_key(f.relpath), 2) == b for b, f in got)

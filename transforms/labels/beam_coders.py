@@ -1,26 +1,16 @@
 """Coders of the labels-table batches that cross a shuffle: their columns coded flat, a
 few values a batch, never one coder call (or Python object) per row.
 
-In: LabelRows, KeyedFiles, JoinPart, OrphanRow, OrphanLines, and JoinedLabels.listed's items. Out: bytes.
-A batch is coded as a handful of flat columns (`code_column`), then the primitive coder codes
-that small tuple once:
-- a column of text (keys, paths, relpaths) as one UTF-8 blob of its values joined by NUL
-  (decoded with one split; a column holding a NUL itself is coded as a tuple);
-- a column of ints (sizes, lines) as one array of int64;
-- a column of few distinct values (labels, splits, sources, errors) as those values and one
-  array of their indices, or the value alone when all are equal;
-- the extras column as it is (packed when all empty: its numbers may be 1, 1.0 or True,
-  which are equal but not the same).
-Undecodable bytes of a file name (surrogates) go through the blobs as they are
-(surrogatepass); a batch the primitive coder still cannot code is pickled (coders.tagged).
+In: HashedColumns, LabelRows, KeyedFiles, JoinPart, OrphanRow, OrphanLines, and
+JoinedLabels.listed's items. Out: bytes. A batch is coded as a handful of flat columns
+(buckets.code_column: text as one UTF-8 blob, ints as one array, few distinct values as an
+index array), then the primitive coder codes that small tuple once; a HashedColumns is
+already coded so. A batch the primitive coder still cannot code is pickled (coders.tagged).
 """
 
 from __future__ import annotations
 
 import pickle
-import sys
-from array import array
-from operator import itemgetter
 
 from apache_beam import coders
 
@@ -33,71 +23,11 @@ from transforms.coders import (
     untagged,
 )
 from transforms.failures import Failure
-from transforms.labels.rows import JoinPart, KeyedFiles, LabelRows, OrphanLines, OrphanRow
+from transforms.labels.buckets import FILE_KINDS as _FILE_KINDS
+from transforms.labels.buckets import ROW_KINDS as _ROW_KINDS
+from transforms.labels.buckets import code_column, decode_column
+from transforms.labels.rows import HashedColumns, JoinPart, KeyedFiles, LabelRows, OrphanLines, OrphanRow
 from transforms.records import RecordBatch
-
-TEXT, INTS, FEW, ANY = "text", "ints", "few", "any"  # how each column is coded
-_SEP = "\x00"
-_LITTLE = sys.byteorder == "little"
-_FILE_KINDS = (TEXT, TEXT, TEXT, INTS)  # KeyedFiles: keys, paths, relpaths, sizes
-_ROW_KINDS = (TEXT, FEW, FEW, ANY, FEW, INTS, FEW)  # LabelRows' seven columns
-
-
-def _int_array(code: str, values: object) -> bytes:
-    a = array(code, values)
-    if not _LITTLE:
-        a.byteswap()
-    return a.tobytes()
-
-
-def _from_int_array(code: str, data: bytes) -> array:
-    a = array(code)
-    a.frombytes(data)
-    if not _LITTLE:
-        a.byteswap()
-    return a
-
-
-def code_column(column: tuple, kind: str) -> tuple:
-    """One column as a few flat values (see the module docstring); decode_column reverses it."""
-    n = len(column)
-    if n > 1 and kind in (FEW, ANY) and column.count(column[0]) == n:
-        first = column[0]
-        if kind == FEW or first == ():
-            return ("=", first)
-    if kind == TEXT and n:
-        try:
-            text = _SEP.join(column)
-        except TypeError:
-            return ("t", column)
-        if text.count(_SEP) == n - 1:
-            return ("s", text.encode("utf-8", "surrogatepass"))
-    elif kind == INTS:  # ints by construction (sizes, line numbers)
-        try:
-            return ("q", _int_array("q", column))
-        except (TypeError, OverflowError):
-            pass
-    elif kind == FEW and n > 1 and len(set(column[:64])) <= 16:  # few distinct, judged on a sample
-        distinct = dict.fromkeys(column)  # str, None or tuples of str: equal means the same
-        if len(distinct) < n // 2:
-            index = {value: i for i, value in enumerate(distinct)}
-            return ("d", tuple(distinct), _int_array("I", map(index.__getitem__, column)))
-    return ("t", column)
-
-
-def decode_column(coded: tuple, n: int) -> tuple:
-    """The column that code_column coded, `n` values long."""
-    how = coded[0]
-    if how == "s":
-        return tuple(coded[1].decode("utf-8", "surrogatepass").split(_SEP))
-    if how == "q":
-        return tuple(_from_int_array("q", coded[1]))
-    if how == "=":
-        return (coded[1],) * n
-    if how == "d":
-        indices = _from_int_array("I", coded[2])
-        return itemgetter(*indices)(coded[1]) if n > 1 else (coded[1][indices[0]],)
-    return coded[1]
 
 
 def _code(columns: tuple, kinds: tuple) -> tuple:
@@ -168,6 +98,28 @@ class KeyedFilesCoder(TupleCoder):
 
 class JoinPartCoder(TupleCoder):
     _type, _encode, _decode, _estimate = JoinPart, encode_join_part, decode_join_part, estimate_join_part
+
+
+def encode_hashed(batch: HashedColumns) -> bytes:
+    return tagged((batch.rows, batch.count, batch.columns, batch.hashes), batch)
+
+
+def decode_hashed(data: bytes) -> HashedColumns:
+    return untagged(data, lambda t: HashedColumns(*t))
+
+
+def estimate_hashed(batch: HashedColumns) -> int:
+    """The size of the blobs and arrays, and ~16 bytes an item for any column kept as values."""
+    size = 16 + len(batch.hashes)
+    for coded in batch.columns:
+        size += (
+            len(coded[-1]) if type(coded[-1]) is bytes else 16 * (len(coded[-1]) if coded[0] == "t" else 1)
+        )
+    return size
+
+
+class HashedColumnsCoder(TupleCoder):
+    _type, _encode, _decode, _estimate = HashedColumns, encode_hashed, decode_hashed, estimate_hashed
 
 
 class Listed:
@@ -241,3 +193,6 @@ coders.registry.register_coder(JoinPart, JoinPartCoder)
 
 
 coders.registry.register_coder(KeyedFiles, KeyedFilesCoder)
+
+
+coders.registry.register_coder(HashedColumns, HashedColumnsCoder)

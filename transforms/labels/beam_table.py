@@ -2,12 +2,14 @@
 
 In: the table's files, FileBatches of images. Out: labelled RecordBatches, Failures,
 orphan_labels.jsonl (written in sorted parts, then concatenated) and the join's counts.
-Rows and images travel as column batches (LabelRows, KeyedFiles, JoinPart: coded by
-beam_coders.py as a few flat values a batch), never one object per row or image; orphan rows
-leave the join as OrphanLines batches (a bucket's orphans of one chunk of table lines).
-Bounds: each JoinLabels group is one key bucket (~1,000 images and rows, the bucket count
-comes from lifted counts); a BucketPartsFn holds at most _MAX_HELD items; each orphans
-group is one chunk of 100,000 table lines (one OrphanLines element per join bucket).
+Rows and images travel as column batches (LabelRows, KeyedFiles), are sorted by key hash
+and coded where they are parsed and listed (HashedColumns, buckets.py), and cross the
+shuffle as a bucket's parts cut from those by position: never one object per row or image;
+orphan rows leave the join as OrphanLines batches (a bucket's orphans of one chunk of table
+lines). Bounds: each JoinLabels group is one key bucket (~1,000 images and ~1,000 rows, the
+bucket count comes from lifted counts); a HashSortFn holds at most _MAX_HELD items (their
+columns), a BucketPartsFn at most _MAX_HELD coded items; each orphans group is one chunk of
+100,000 table lines (one OrphanLines element per join bucket).
 """
 
 from __future__ import annotations
@@ -19,7 +21,6 @@ from itertools import chain
 from operator import itemgetter
 
 import apache_beam as beam
-import numpy as np
 from apache_beam import pvalue
 from apache_beam.io import fileio
 from apache_beam.io.filesystem import CompressionTypes
@@ -30,11 +31,9 @@ from apache_beam.transforms.window import GlobalWindows
 from transforms.batching import CountImagesFn, group_size
 from transforms.failures import FAILED
 from transforms.labels.beam_coders import Listed
+from transforms.labels.buckets import bucket_count, concat_parts, cut_parts, hash_sorted, join_part
 from transforms.labels.columns import image_keys, iter_row_batches
 from transforms.labels.join import (
-    bucket_array,
-    bucket_count,
-    bucket_parts,
     join_bucket,
     label_summary,
     orphan_lines,
@@ -49,7 +48,7 @@ from transforms.labels.rows import (
     ORPHANS_FILE,
     STATS,
     UNLABELED_POLICIES,
-    JoinPart,
+    HashedColumns,
     JoinSettings,
     KeyedFiles,
     LabelRows,
@@ -118,41 +117,69 @@ def key_files(batch: FileBatch, image_key_mode: str) -> KeyedFiles:
     return KeyedFiles(tuple(image_keys(relpaths, image_key_mode)), paths, relpaths, sizes)
 
 
+class HashSortFn(beam.DoFn):
+    """KeyedFiles or LabelRows -> HashedColumns: the bundle's items sorted by key hash and
+    coded (buckets.hash_sorted), a batch per _MAX_HELD items.
+
+    It needs no count, so it runs fused with the parse or the listing: the items wait for
+    the join's counts as one coded batch per _MAX_HELD, not as column batches decoded again.
+
+    Bounds: its memory is _MAX_HELD items (their columns); a batch holds at most _MAX_HELD.
+    """
+
+    def start_bundle(self) -> None:
+        self._columns: list[list] | None = None  # the held batches' columns, concatenated
+        self._held = 0
+        self._rows = False  # the held batches are LabelRows (else KeyedFiles)
+
+    def process(self, batch: KeyedFiles | LabelRows) -> Iterator[HashedColumns]:
+        columns = batch.columns()
+        if self._columns is None:
+            self._columns, self._rows = [[] for _ in columns], type(batch) is LabelRows
+        for held, values in zip(self._columns, columns):
+            held.extend(values)
+        self._held += len(batch)
+        if self._held >= _MAX_HELD:
+            yield self._take()
+
+    def finish_bundle(self) -> Iterator:
+        if self._held:
+            yield GlobalWindows.windowed_value(self._take())
+
+    def _take(self) -> HashedColumns:
+        held, self._held = self._columns, 0
+        self._columns = [[] for _ in held]
+        return hash_sorted(held, self._rows)
+
+
 class BucketPartsFn(beam.DoFn):
-    """KeyedFiles or LabelRows -> (bucket, JoinPart), gathered per bucket over the bundle.
+    """HashedColumns -> (bucket, part): each batch cut into each bucket's items by position
+    (buckets.cut_parts: a bucket is a range of hashes, so a hash-sorted batch holds each
+    bucket's items together; no item is decoded), a bucket's cuts of the bundle's batches
+    joined into parts of up to BATCH_SIZE (buckets.concat_parts, still coded). So the
+    shuffle moves about one element per BATCH_SIZE items, not one per bucket and batch.
 
-    The batches are held as they come (up to _MAX_HELD images or rows) with the bucket of
-    each key (a numpy array a batch: crc32 of each key, the modulo on the array); when that
-    many are held, and at the end of the bundle, the held buckets are sorted once (numpy,
-    stable), each held column is gathered in that order by one C call (itemgetter), and the
-    columns are cut into parts of up to BATCH_SIZE a bucket (join.bucket_parts). So the shuffle
-    moves about one element per BATCH_SIZE items whatever the bucket count (cut batch by
-    batch, parts would shrink to BATCH_SIZE / buckets items as the data, and so the bucket
-    count, grows), and no object is made per image or row.
-
-    Bounds: its memory is _MAX_HELD items; a part holds at most BATCH_SIZE.
+    Bounds: once it holds _MAX_HELD items (coded, a few dozen bytes each; at most one batch
+    more) it sends every part it has; a part holds at most BATCH_SIZE items.
     """
 
     def __init__(self, per_bucket: int):
         self._per_bucket = per_bucket
 
     def start_bundle(self) -> None:
-        self._columns: list[list] | None = None  # the held batches' columns, concatenated
-        self._buckets: list[np.ndarray] = []  # the bucket of each held item, an array a batch
+        self._pending: dict[int, list[HashedColumns]] = {}  # bucket -> its cuts not yet sent
+        self._counts: dict[int, int] = {}
         self._held = 0
-        self._rows = False  # the held batches are LabelRows (else KeyedFiles)
 
-    def process(
-        self, batch: KeyedFiles | LabelRows, images: int, rows: int
-    ) -> Iterator[tuple[int, JoinPart]]:
-        buckets = bucket_count(images, rows, self._per_bucket)
-        columns = batch.columns()
-        if self._columns is None:
-            self._columns, self._rows = [[] for _ in columns], type(batch) is LabelRows
-        for held, values in zip(self._columns, columns):
-            held.extend(values)
-        self._buckets.append(bucket_array(columns[0], buckets))
-        self._held += len(batch)
+    def process(self, batch: HashedColumns, images: int, rows: int) -> Iterator[tuple[int, HashedColumns]]:
+        pending, counts = self._pending, self._counts
+        for bucket, cut in cut_parts(batch, bucket_count(images, rows, self._per_bucket), BATCH_SIZE):
+            if counts.get(bucket, 0) + len(cut) > BATCH_SIZE:
+                yield bucket, concat_parts(pending.pop(bucket))
+                self._held -= counts.pop(bucket)
+            pending.setdefault(bucket, []).append(cut)
+            counts[bucket] = counts.get(bucket, 0) + len(cut)
+            self._held += len(cut)
         if self._held >= _MAX_HELD:
             yield from self._take()
 
@@ -160,27 +187,14 @@ class BucketPartsFn(beam.DoFn):
         for part in self._take():
             yield GlobalWindows.windowed_value(part)
 
-    def _take(self) -> Iterator[tuple[int, JoinPart]]:
-        """Every held item, in parts: by bucket, up to BATCH_SIZE a part (one stable sort of
-        the held buckets, each column gathered in that order by one C call)."""
-        held = self._columns
-        if not self._held:
-            return
-        order, parts = bucket_parts(np.concatenate(self._buckets), BATCH_SIZE)
-        self._columns, self._buckets, self._held = [[] for _ in held], [], 0
-        if len(order) == 1:
-            columns = [tuple(column) for column in held]
-        else:
-            gather = itemgetter(*order)
-            columns = [gather(column) for column in held]
-        make = LabelRows if self._rows else KeyedFiles
-        for bucket, start, end in parts:
-            cut = make(*(column[start:end] for column in columns))
-            yield bucket, JoinPart(rows=cut) if self._rows else JoinPart(files=cut)
+    def _take(self) -> Iterator[tuple[int, HashedColumns]]:
+        pending, self._pending, self._counts, self._held = self._pending, {}, {}, 0
+        for bucket in sorted(pending):
+            yield bucket, concat_parts(pending[bucket])
 
 
 class JoinLabelsFn(beam.DoFn):
-    """(bucket, [JoinPart]) -> RecordBatches of the labelled images (BATCH_SIZE each, and
+    """(bucket, [HashedColumns]) -> RecordBatches of the labelled images (BATCH_SIZE each, and
     the bundle's remainder at its end); FAILED, ORPHANS and STATS (summed over the bucket)
     as tagged outputs, and LISTED: each RecordBatch and Failure again."""
 
@@ -194,9 +208,9 @@ class JoinLabelsFn(beam.DoFn):
     def start_bundle(self) -> None:
         self._pending: list[list] = [[] for _ in range(6)]  # record columns not yet sent
 
-    def process(self, element: tuple[int, Iterable[JoinPart]]) -> Iterator:
-        _, parts = element
-        parts = list(parts)
+    def process(self, element: tuple[int, Iterable[HashedColumns]]) -> Iterator:
+        _, coded = element
+        parts = list(map(join_part, coded))
         self._sizes.update(sum(map(len, parts)))
         result = join_bucket(parts, self._settings)
         labeled = len(result.columns[0])
@@ -253,9 +267,10 @@ class JoinedLabels:
 class JoinLabels(beam.PTransform):
     """Joins listed images with table rows by image key (any table size).
 
-    Images and rows are shuffled in column batches by bucket (a hash of the key modulo a
+    Images and rows are sorted by the hash of their key where they are listed and parsed,
+    then shuffled in coded column parts by bucket (the range of the 32-bit hash, out of a
     count that grows with the data: `per_bucket` images or rows a bucket, from counts taken
-    first), then each bucket is joined on its columns (join_bucket).
+    meanwhile), and each bucket is joined on its columns (join_bucket).
 
     Bounds: a GroupByBucket group holds one bucket's images and rows (~`per_bucket` of each
     when keys are spread; all of a key's rows and images are in its bucket, so one key with
@@ -291,21 +306,32 @@ class JoinLabels(beam.PTransform):
             | "CountRows" >> beam.CombineGlobally(sum).without_defaults(),
             default_value=0,
         )
-        # The images' keys are computed where they are listed (fused with the listing), so
-        # the images wait for the counts as columns (KeyedFiles), not as FileBatches.
-        keyed = files | "KeyImages" >> beam.Map(key_files, mode).with_output_types(KeyedFiles)
-        # Both sides have the one element type (int, JoinPart), coded by JoinPartCoder: the
-        # Flatten before the GroupByKey needs the same coder on both inputs.
-        keyed_images = keyed | "BucketImages" >> beam.ParDo(
-            BucketPartsFn(per_bucket), images, table
-        ).with_output_types(tuple[int, JoinPart])
-        keyed_rows = rows | "BucketRows" >> beam.ParDo(
-            BucketPartsFn(per_bucket), images, table
-        ).with_output_types(tuple[int, JoinPart])
+        # The images' keys are computed where they are listed, and images and rows are
+        # sorted by key hash and coded there (fused with the listing and the parse): they wait
+        # for the counts as a few coded batches, then are cut into parts by bucket.
+        # Both sides have the one element type (int, HashedColumns), coded by
+        # HashedColumnsCoder: the Flatten before the GroupByKey needs one coder on both inputs.
+        keyed_images = (
+            files
+            | "KeyImages" >> beam.Map(key_files, mode).with_output_types(KeyedFiles)
+            | "SortImages" >> beam.ParDo(HashSortFn()).with_output_types(HashedColumns)
+            | "BucketImages"
+            >> beam.ParDo(BucketPartsFn(per_bucket), images, table).with_output_types(
+                tuple[int, HashedColumns]
+            )
+        )
+        keyed_rows = (
+            rows
+            | "SortRows" >> beam.ParDo(HashSortFn()).with_output_types(HashedColumns)
+            | "BucketRows"
+            >> beam.ParDo(BucketPartsFn(per_bucket), images, table).with_output_types(
+                tuple[int, HashedColumns]
+            )
+        )
         joined = (
             (keyed_images, keyed_rows)
             | "Parts" >> beam.Flatten()
-            | "GroupByBucket" >> beam.GroupByKey()  # (bucket, [JoinPart])
+            | "GroupByBucket" >> beam.GroupByKey()  # (bucket, [HashedColumns])
             | "Join"
             >> beam.ParDo(JoinLabelsFn(self._settings, f"{self.label}/GroupByBucket"))
             .with_output_types(RecordBatch)

@@ -8,11 +8,7 @@ from __future__ import annotations
 
 import collections
 import dataclasses
-import zlib
 from collections.abc import Iterable, Mapping, Sequence
-from operator import methodcaller
-
-import numpy as np
 
 from transforms.failures import Failure
 from transforms.labels.folders import DEFAULT_SPLIT
@@ -29,7 +25,7 @@ from transforms.labels.rows import (
     _new_row,
 )
 from transforms.labels.table import _CACHE_SIZE
-from transforms.records import BATCH_SIZE, ImageFile, ImageRecord
+from transforms.records import ImageFile, ImageRecord
 
 
 @dataclasses.dataclass
@@ -209,41 +205,6 @@ def join_key(
             continue
         out.add_record(f.path, f.relpath, f.size, labels, split, row.extras)
     return out
-
-
-def bucket_count(images: int, rows: int, per_bucket: int = BATCH_SIZE) -> int:
-    """Buckets of the join: enough that each holds about `per_bucket` images or rows."""
-    return max(1, -(-max(images, rows) // per_bucket))
-
-
-def bucket_of(key: str, buckets: int) -> int:
-    """The join bucket of a key: a stable hash (crc32, the same on every worker) mod `buckets`."""
-    return zlib.crc32(_key_bytes(key)) % buckets
-
-
-def buckets_of(keys: Iterable[str], buckets: int) -> map:
-    """bucket_of of each key, for a column at once (an iterator)."""
-    return map(buckets.__rmod__, map(zlib.crc32, map(_KEY_BYTES, keys)))
-
-
-def bucket_array(keys: Iterable[str], buckets: int) -> np.ndarray:
-    """bucket_of of each key, for a column at once (crc32 per key, the modulo on the array)."""
-    hashes = np.fromiter(map(zlib.crc32, map(_KEY_BYTES, keys)), dtype=np.int64)
-    return hashes % buckets
-
-
-def bucket_parts(buckets: np.ndarray, size: int) -> tuple[list[int], list[tuple[int, int, int]]]:
-    """The positions of items ordered by bucket (stable: a bucket's items keep their order),
-    and the parts to cut from that order: (bucket, start, end), up to `size` items each."""
-    order = np.argsort(buckets, kind="stable")
-    ordered = buckets[order]
-    starts = np.flatnonzero(np.diff(ordered)) + 1
-    bounds = [0, *starts.tolist(), len(ordered)]
-    parts = []
-    for start, end in zip(bounds, bounds[1:]):
-        bucket = int(ordered[start])
-        parts += [(bucket, cut, min(cut + size, end)) for cut in range(start, end, size)]
-    return order.tolist(), parts
 
 
 def take(columns: Iterable[Sequence], indices: Sequence[int]) -> tuple[tuple, ...]:
@@ -438,11 +399,3 @@ def label_summary(counts: Mapping[str, int], spec: TableSpec, settings: JoinSett
     }
     section.update({name: int(counts.get(name, 0)) for name in STAT_NAMES})
     return {"labels": section}
-
-
-def _key_bytes(key: str) -> bytes:
-    """A join key as hashed: UTF-8, undecodable bytes of a file name kept as they were."""
-    return key.encode("utf-8", "surrogateescape")
-
-
-_KEY_BYTES = methodcaller("encode", "utf-8", "surrogateescape")  # _key_bytes, for map()

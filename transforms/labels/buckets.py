@@ -1,0 +1,282 @@
+"""The join's key buckets (pure): items sorted by key hash, coded flat, cut into parts.
+
+In: LabelRows or KeyedFiles (the table's rows and the listed images, as columns). Out:
+HashedColumns, the same items sorted by the crc32 of their key with each column coded flat
+(code_column), and, once the bucket count is known, the parts of each bucket cut from them
+(cut_parts), still coded; the join decodes a part once (join_part).
+
+A key's bucket is the range its hash falls in, `crc32(key) * buckets >> 32` (as TFDS assigns
+shards from hashed keys), so items sorted by hash are sorted by bucket for any bucket count:
+they are hashed, sorted and coded where they are parsed or listed, before the counts exist
+(fused with the parse and the listing, no stage boundary between), and a bucket's part is a
+range of positions, cut from the coded columns by byte offsets. No Python object is made per
+row or image between the parse (or the listing) and the join.
+
+How a column is coded (code_column; decode_column reverses it):
+- a column of text (keys, paths, relpaths) as one UTF-8 blob of its values joined by NUL
+  (decoded with one split; a column holding a NUL itself is kept as a tuple);
+- a column of ints (sizes, lines) as one array of little-endian int64;
+- a column of few distinct values (labels, splits, sources, errors) as those values and one
+  array of their indices, or the value alone when all are equal;
+- anything else (the extras) as the tuple it is (packed when all empty: their numbers may be
+  1, 1.0 or True, which are equal but not the same);
+- the images' paths, when each is one root followed by its relpath, as that root (hash_sorted).
+Undecodable bytes of a file name (surrogates) go through the blobs as they are (surrogatepass).
+"""
+
+from __future__ import annotations
+
+import zlib
+from collections.abc import Callable, Iterator, Sequence
+from operator import itemgetter, methodcaller
+
+import numpy as np
+
+from transforms.labels.rows import HashedColumns, JoinPart, KeyedFiles, LabelRows
+from transforms.records import BATCH_SIZE
+
+TEXT, INTS, FEW, ANY = "text", "ints", "few", "any"  # how each column is coded
+FILE_KINDS = (TEXT, TEXT, TEXT, INTS)  # KeyedFiles: keys, paths, relpaths, sizes
+ROW_KINDS = (TEXT, FEW, FEW, ANY, FEW, INTS, FEW)  # LabelRows' seven columns
+_SEP = "\x00"
+_INT64, _UINT32 = np.dtype("<i8"), np.dtype("<u4")
+_KEY_BYTES = methodcaller("encode", "utf-8", "surrogateescape")  # a key as hashed
+
+
+def code_column(column: Sequence, kind: str) -> tuple:
+    """One column as a few flat values (see the module docstring); decode_column reverses it."""
+    column = tuple(column)
+    n = len(column)
+    if n > 1 and kind in (FEW, ANY) and column.count(column[0]) == n:
+        first = column[0]
+        if kind == FEW or first == ():
+            return ("=", first)
+    if kind == TEXT and n:
+        try:
+            text = _SEP.join(column)
+        except TypeError:
+            return ("t", column)
+        if text.count(_SEP) == n - 1:
+            return ("s", text.encode("utf-8", "surrogatepass"))
+    elif kind == INTS:  # ints by construction (sizes, line numbers)
+        try:
+            return ("q", np.array(column, dtype=_INT64).tobytes())
+        except (TypeError, OverflowError, ValueError):
+            pass
+    elif kind == FEW and n > 1 and len(set(column[:64])) <= 16:  # few distinct, judged on a sample
+        distinct = dict.fromkeys(column)  # str, None or tuples of str: equal means the same
+        if len(distinct) < n // 2:
+            index = {value: i for i, value in enumerate(distinct)}
+            indices = np.fromiter(map(index.__getitem__, column), dtype=_UINT32, count=n)
+            return ("d", tuple(distinct), indices.tobytes())
+    return ("t", column)
+
+
+def decode_column(coded: tuple, n: int) -> tuple:
+    """The column that code_column coded, `n` values long."""
+    how = coded[0]
+    if how == "s":
+        return tuple(coded[1].decode("utf-8", "surrogatepass").split(_SEP))
+    if how == "q":
+        return tuple(np.frombuffer(coded[1], dtype=_INT64).tolist())
+    if how == "=":
+        return (coded[1],) * n
+    if how == "d":
+        indices = np.frombuffer(coded[2], dtype=_UINT32).tolist()
+        return itemgetter(*indices)(coded[1]) if n > 1 else (coded[1][indices[0]],)
+    return tuple(coded[1])
+
+
+def key_hash(key: str) -> int:
+    """The hash a join key is bucketed by: crc32 of its UTF-8 (the same on every worker;
+    undecodable bytes of a file name hashed as they were)."""
+    return zlib.crc32(_KEY_BYTES(key))
+
+
+def bucket_of(key: str, buckets: int) -> int:
+    """The join bucket of a key: the range of `buckets` equal ranges its hash falls in."""
+    return key_hash(key) * buckets >> 32
+
+
+def bucket_count(images: int, rows: int, per_bucket: int = BATCH_SIZE) -> int:
+    """Buckets of the join: enough that each holds about `per_bucket` images or rows."""
+    return max(1, -(-max(images, rows) // per_bucket))
+
+
+def hash_sorted(columns: Sequence[Sequence], rows: bool) -> HashedColumns:
+    """Items given as columns (LabelRows' or KeyedFiles', the keys first), sorted by the
+    hash of their key (stable: equal hashes keep their order) and coded.
+
+    One crc32 a key and one stable sort (numpy); a column of one value is not reordered, a
+    column of ints or of few distinct values is reordered as its numpy array, any other is
+    gathered in that order by one C call (itemgetter); the images' paths, when each is one
+    root followed by its relpath (a listing's usual case), are coded as that root alone.
+    """
+    keys = columns[0]
+    n = len(keys)
+    hashes = np.fromiter(map(zlib.crc32, map(_KEY_BYTES, keys)), dtype=_UINT32, count=n)
+    order = np.argsort(hashes, kind="stable")
+    gather = itemgetter(*order.tolist()) if n > 1 else tuple
+    kinds = ROW_KINDS if rows else FILE_KINDS
+    coded = [_code_sorted(column, kind, order, gather) for column, kind in zip(columns, kinds)]
+    if not rows:
+        root = _root_of(columns[1], columns[2])
+        if root is not None:
+            coded[1] = ("r", root)
+    return HashedColumns(rows, n, tuple(coded), hashes[order].tobytes())
+
+
+def _code_sorted(column: Sequence, kind: str, order: np.ndarray, gather: Callable) -> tuple:
+    """code_column of the column reordered by `order` (gather: the same reordering).
+
+    Values are read in the order they are held (a random order of a large column's objects
+    misses the CPU's caches on each): a text column is coded whole, and its values' bytes,
+    split apart, are reordered and joined again; ints and the indices of few distinct values
+    (judged on the whole column) are reordered as numpy arrays.
+    """
+    n = len(column)
+    if n > 1 and kind in (FEW, ANY) and column.count(column[0]) == n and (kind == FEW or column[0] == ()):
+        return ("=", column[0])  # as code_column codes it, whatever the order
+    if kind == TEXT and n > 1:
+        coded = code_column(column, kind)
+        if coded[0] == "s":
+            return ("s", _reordered_blob(coded[1], n, order, gather))
+    elif kind == INTS:
+        try:
+            return ("q", np.array(column, dtype=_INT64)[order].tobytes())
+        except (TypeError, OverflowError, ValueError):
+            pass
+    elif kind == FEW and n > 1:
+        distinct = dict.fromkeys(column)  # str, None or tuples of str: equal means the same
+        if len(distinct) <= n // 2:
+            index = {value: i for i, value in enumerate(distinct)}
+            indices = np.fromiter(map(index.__getitem__, column), dtype=_UINT32, count=n)
+            return ("d", tuple(distinct), indices[order].tobytes())
+    return code_column(gather(column), kind)
+
+
+def _reordered_blob(blob: bytes, n: int, order: np.ndarray, gather: Callable) -> bytes:
+    """A blob of n values joined by NUL (no NUL inside one), its values reordered: as rows
+    of a numpy array when every value has the same length (ids often have), else split,
+    gathered and joined again."""
+    width = blob.find(b"\x00") + 1  # one value and its NUL
+    if width and (len(blob) + 1) == n * width:
+        table = np.frombuffer(blob + b"\x00", dtype=np.uint8).reshape(n, width)
+        if not table[:, -1].any():  # every NUL at the end of a row: every value is that long
+            return table[order].tobytes()[:-1]
+    return b"\x00".join(gather(blob.split(b"\x00")))
+
+
+def _root_of(paths: Sequence[str], relpaths: Sequence[str]) -> str | None:
+    """The root that every path is followed by its relpath after, if there is one (checked
+    on the whole column at once: two joins and one comparison)."""
+    if not paths or not relpaths[0] or type(paths[0]) is not str or not paths[0].endswith(relpaths[0]):
+        return None
+    root = paths[0][: len(paths[0]) - len(relpaths[0])]
+    try:
+        joined = _SEP.join(paths)
+        if joined.count(_SEP) != len(paths) - 1 or joined != root + (_SEP + root).join(relpaths):
+            return None
+    except TypeError:
+        return None
+    return root
+
+
+def cut_parts(batch: HashedColumns, buckets: int, size: int) -> Iterator[tuple[int, HashedColumns]]:
+    """The parts of a hash-sorted batch for `buckets` buckets: (bucket, part), each part the
+    batch's items of one bucket (up to `size` of them), cut from the coded columns by
+    position: no item is decoded."""
+    n = batch.count
+    if not n:
+        return
+    hashes = np.frombuffer(batch.hashes, dtype=_UINT32).astype(np.uint64)
+    of = (hashes * np.uint64(buckets)) >> np.uint64(32)
+    starts = np.flatnonzero(np.diff(of)) + 1
+    bounds = [0, *starts.tolist(), n]
+    cutters = [_cutter(coded, n) for coded in batch.columns]
+    first = of[bounds[:-1]].tolist()
+    for bucket, start, end in zip(first, bounds, bounds[1:]):
+        for cut in range(start, end, size):
+            stop = min(cut + size, end)
+            yield bucket, HashedColumns(batch.rows, stop - cut, tuple(c(cut, stop) for c in cutters))
+
+
+def _cutter(coded: tuple, n: int) -> Callable[[int, int], tuple]:
+    """A function (start, stop) -> the coded column of those positions only."""
+    how = coded[0]
+    if how == "s":
+        blob = coded[1]
+        seps = np.flatnonzero(np.frombuffer(blob, dtype=np.uint8) == 0)
+        begins = [0, *(seps + 1).tolist()]
+        ends = [*seps.tolist(), len(blob)]
+        return lambda start, stop: ("s", blob[begins[start] : ends[stop - 1]])
+    if how == "q":
+        data = coded[1]
+        return lambda start, stop: ("q", data[8 * start : 8 * stop])
+    if how in ("=", "r"):
+        return lambda start, stop: coded
+    if how == "d":
+        distinct, indices = coded[1], np.frombuffer(coded[2], dtype=_UINT32)
+
+        def cut_few(start: int, stop: int) -> tuple:
+            used, index = np.unique(indices[start:stop], return_inverse=True)
+            values = tuple(distinct[i] for i in used.tolist())  # only the part's own values
+            return ("d", values, index.astype(_UINT32).tobytes())
+
+        return cut_few
+    values = coded[1]
+    return lambda start, stop: ("t", tuple(values[start:stop]))
+
+
+def concat_parts(parts: Sequence[HashedColumns]) -> HashedColumns:
+    """Parts of one side (rows or images) as one part, their columns still coded: blobs and
+    arrays joined, few-value columns merged (their values once, the indices remapped); a
+    column coded differently in the parts is decoded and kept as its values."""
+    if len(parts) == 1:
+        return parts[0]
+    columns = []
+    for i in range(len(parts[0].columns)):
+        coded = [p.columns[i] for p in parts]
+        hows = {c[0] for c in coded}
+        if hows == {"s"}:
+            columns.append(("s", b"\x00".join(c[1] for c in coded)))
+        elif hows == {"q"}:
+            columns.append(("q", b"".join(c[1] for c in coded)))
+        elif len(hows) == 1 and hows <= {"=", "r"} and all(c == coded[0] for c in coded):
+            columns.append(coded[0])  # one value (or one root) throughout
+        elif hows <= {"=", "d"}:  # few values (only FEW columns are coded "d"; "=" extras are all ())
+            columns.append(_merged_few(coded, [p.count for p in parts]))
+        elif i == 1 and not parts[0].rows:  # paths, some coded as their root
+            columns.append(("t", tuple(path for p in parts for path in join_part(p).files.paths)))
+        else:
+            columns.append(("t", tuple(v for c, p in zip(coded, parts) for v in decode_column(c, p.count))))
+    return HashedColumns(parts[0].rows, sum(p.count for p in parts), tuple(columns))
+
+
+def _merged_few(coded: Sequence[tuple], counts: Sequence[int]) -> tuple:
+    """Columns coded "=" or "d" as one "d" column: each distinct value once."""
+    values: dict = {}
+    indices = []
+    for c, n in zip(coded, counts):
+        if c[0] == "=":
+            indices.append(np.full(n, values.setdefault(c[1], len(values)), dtype=_UINT32))
+        else:
+            remap = np.fromiter(
+                (values.setdefault(v, len(values)) for v in c[1]), dtype=_UINT32, count=len(c[1])
+            )
+            indices.append(remap[np.frombuffer(c[2], dtype=_UINT32)])
+    return ("d", tuple(values), np.concatenate(indices).tobytes())
+
+
+def join_part(part: HashedColumns) -> JoinPart:
+    """A part's items decoded, as the JoinPart the join takes."""
+    n, coded = part.count, part.columns
+    if part.rows:
+        return JoinPart(rows=LabelRows(*(decode_column(c, n) for c in coded)))
+    keys, relpaths, sizes = (decode_column(coded[i], n) for i in (0, 2, 3))
+    if coded[1][0] == "r":  # each path is the root and its relpath
+        root = coded[1][1]
+        paths = tuple((root + (_SEP + root).join(relpaths)).split(_SEP)) if n else ()
+    else:
+        paths = decode_column(coded[1], n)
+    return JoinPart(files=KeyedFiles(keys, paths, relpaths, sizes))
