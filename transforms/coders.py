@@ -19,7 +19,6 @@ JoinPart) are coded the same way by coders in transforms/labels/beam_table.py (T
 
 from __future__ import annotations
 
-import operator
 import pickle
 from collections.abc import Sequence
 from typing import Any
@@ -29,7 +28,15 @@ from apache_beam import coders
 from apache_beam.coders import coder_impl
 from apache_beam.runners.worker.statecache import CacheAware
 
-from transforms.records import FileBatch, ImageFile, ImageRecord, RecordBatch, ShardTask
+from transforms.records import (
+    FileBatch,
+    ImageFile,
+    ImageRecord,
+    RecordBatch,
+    ShardTask,
+    root_of,
+    rooted_paths,
+)
 
 _FIELDS = coders.FastPrimitivesCoder().get_impl()
 _AS_TUPLE = b"\x00"
@@ -101,15 +108,12 @@ def decode_shard_task(data: bytes) -> ShardTask:
 
 def _paths_fields(paths: Sequence[str], relpaths: Sequence[str]) -> tuple[str, Sequence[str] | None]:
     """(root, None) when every path is `root + relpath` (a listing's files, one root), else ("", paths)."""
-    if paths and paths[0].endswith(relpaths[0]):
-        root = paths[0][: len(paths[0]) - len(relpaths[0])]
-        if all(map(operator.eq, paths, map(root.__add__, relpaths))):
-            return root, None
-    return "", paths
+    root = root_of(paths, relpaths)
+    return ("", paths) if root is None else (root, None)
 
 
 def _paths(root: str, paths: Sequence[str] | None, relpaths: Sequence[str]) -> Sequence[str]:
-    return tuple(map(root.__add__, relpaths)) if paths is None else paths
+    return rooted_paths(root, relpaths) if paths is None else paths
 
 
 # Width in bytes of a dictionary code -> its numpy type (little-endian on every machine).

@@ -73,6 +73,33 @@ class ImageRecord:
         return "|".join(self.labels)
 
 
+# Separator of the joined paths of a column: no path of any filesystem holds a NUL.
+_PATH_SEP = "\x00"
+
+
+def root_of(paths: Sequence[str], relpaths: Sequence[str]) -> str | None:
+    """The root that every path is, followed by its relpath (a listing's files), or None.
+
+    Checked on the whole column at once (two joins and one comparison), so a coder can send
+    the paths as that root alone (`rooted_paths` rebuilds them).
+    """
+    if not paths or not relpaths[0] or type(paths[0]) is not str or not paths[0].endswith(relpaths[0]):
+        return None
+    root = paths[0][: len(paths[0]) - len(relpaths[0])]
+    try:
+        joined = _PATH_SEP.join(paths)
+        if joined.count(_PATH_SEP) != len(paths) - 1 or joined != root + (_PATH_SEP + root).join(relpaths):
+            return None
+    except TypeError:
+        return None
+    return root
+
+
+def rooted_paths(root: str, relpaths: Sequence[str]) -> tuple[str, ...]:
+    """Each relpath after `root`: the paths `root_of` found."""
+    return tuple(map(root.__add__, relpaths))
+
+
 def _pick(column: Sequence, indices: Sequence[int]) -> tuple:
     if len(indices) > 1:
         return operator.itemgetter(*indices)(column)  # a tuple, gathered in C

@@ -33,7 +33,7 @@ from operator import itemgetter, methodcaller
 import numpy as np
 
 from transforms.labels.rows import HashedColumns, JoinPart, KeyedFiles, LabelRows
-from transforms.records import BATCH_SIZE
+from transforms.records import BATCH_SIZE, root_of, rooted_paths
 
 TEXT, INTS, FEW, ANY = "text", "ints", "few", "any"  # how each column is coded
 FILE_KINDS = (TEXT, TEXT, TEXT, INTS)  # KeyedFiles: keys, paths, relpaths, sizes
@@ -120,7 +120,7 @@ def hash_sorted(columns: Sequence[Sequence], rows: bool) -> HashedColumns:
     kinds = ROW_KINDS if rows else FILE_KINDS
     coded = [_code_sorted(column, kind, order, gather) for column, kind in zip(columns, kinds)]
     if not rows:
-        root = _root_of(columns[1], columns[2])
+        root = root_of(columns[1], columns[2])
         if root is not None:
             coded[1] = ("r", root)
     return HashedColumns(rows, n, tuple(coded), hashes[order].tobytes())
@@ -165,21 +165,6 @@ def _reordered_blob(blob: bytes, n: int, order: np.ndarray, gather: Callable) ->
         if not table[:, -1].any():  # every NUL at the end of a row: every value is that long
             return table[order].tobytes()[:-1]
     return b"\x00".join(gather(blob.split(b"\x00")))
-
-
-def _root_of(paths: Sequence[str], relpaths: Sequence[str]) -> str | None:
-    """The root that every path is followed by its relpath after, if there is one (checked
-    on the whole column at once: two joins and one comparison)."""
-    if not paths or not relpaths[0] or type(paths[0]) is not str or not paths[0].endswith(relpaths[0]):
-        return None
-    root = paths[0][: len(paths[0]) - len(relpaths[0])]
-    try:
-        joined = _SEP.join(paths)
-        if joined.count(_SEP) != len(paths) - 1 or joined != root + (_SEP + root).join(relpaths):
-            return None
-    except TypeError:
-        return None
-    return root
 
 
 def cut_parts(batch: HashedColumns, buckets: int, size: int) -> Iterator[tuple[int, HashedColumns]]:
@@ -276,7 +261,7 @@ def join_part(part: HashedColumns) -> JoinPart:
     keys, relpaths, sizes = (decode_column(coded[i], n) for i in (0, 2, 3))
     if coded[1][0] == "r":  # each path is the root and its relpath
         root = coded[1][1]
-        paths = tuple((root + (_SEP + root).join(relpaths)).split(_SEP)) if n else ()
+        paths = rooted_paths(root, relpaths)
     else:
         paths = decode_column(coded[1], n)
     return JoinPart(files=KeyedFiles(keys, paths, relpaths, sizes))
