@@ -29,15 +29,14 @@ from transforms.layout.beam_cuts import (
     KeyedBatch,
     Located,
     Order,
-    class_keys_of,
     splits_of,
 )
+from transforms.layout.beam_strata import CutClasses
 from transforms.layout.plan import (
     _FINE_BITS,
     DEFAULT_SEED,
     _cumulative,
     _shard_layout,
-    _split_layout,
     planning_weights,
     split_indexes,
     weight_floor,
@@ -95,10 +94,9 @@ class AssignSplits(beam.PTransform):
     seeded hash (as `stratified_splits` would with the whole class), so class proportions
     are the same in every split, as closely as whole images allow. No class is gathered:
     per-class counts come from a combiner (a side input of one entry per class: 203k small
-    ints for GLDv2), a class above 512 records is cut into hash buckets of 256-512 records
-    (a bucket table of one entry per bucket), and only a class of up to 512 records, or one
-    bucket of a larger class, that holds a cut is grouped (CutOrder). RecordBatches in,
-    RecordBatches out.
+    ints for GLDv2), and every record is placed in one group (CutClasses): a pack of small
+    classes of at most 512 records in all, or one hash bucket of 256-512 records of a larger
+    class (a bucket table of one entry per bucket). RecordBatches in, RecordBatches out.
     """
 
     def __init__(
@@ -125,16 +123,12 @@ class AssignSplits(beam.PTransform):
 
             return hashed | "HashSplit" >> beam.Map(hash_split).with_output_types(RecordBatch)
 
-        order = Order(
-            seed=seed,
-            segments=class_keys_of,
-            hash_column=SPLIT_HASH,
-            weights=None,
-            layout=_split_layout(_cumulative(ratios)),
-        )
         return (
             hashed
-            | "CutClasses" >> CutOrder(order, f"{self.label}/CutClasses")  # (split indexes, RecordBatch)
+            | "CutClasses"
+            >> CutClasses(
+                seed, _cumulative(ratios), f"{self.label}/CutClasses"
+            )  # (split indexes, RecordBatch)
             | "SetSplits" >> beam.ParDo(SetSplitsFn(names)).with_output_types(RecordBatch)
         )
 
