@@ -1,11 +1,13 @@
 """CutOrder: RecordBatches cut into exact parts of a seeded order without gathering a segment.
 
 RecordBatches (with their seeded hashes, plan.with_hashes) in; Located out: each batch with
-every record's part (a split index for AssignSplits, a shard for PlanShards). The arithmetic is
-transforms/layout/cuts.py; this module is its Beam shell: totals per segment and the bucket
-table from lifted combiners (side inputs of small ints, SideDicts sized without a walk; for
-few segments both from one pass, SegmentSummaryFn), the records of a bucket inside one part
-placed where they are, and only a straddling bucket grouped. Every group's size goes to a Beam distribution metric (batching.group_size).
+every record's part (a shard of PlanShards; the stratified splits of AssignSplits are placed
+by CutClasses, beam_strata.py, which reuses the totals combiner and Located). The arithmetic
+is transforms/layout/cuts.py; this module is its Beam shell: totals per segment and the bucket
+table from one lifted combiner (SegmentSummaryFn; side inputs of small ints, SideDicts sized
+without a walk), the records of a bucket inside one part placed where they are, and only a
+straddling bucket grouped. Every group's size goes to a Beam distribution metric
+(batching.group_size).
 """
 
 from __future__ import annotations
@@ -31,10 +33,6 @@ from transforms.records import RecordBatch
 SPLIT_HASH, SHUFFLE_HASH = 0, 1
 
 
-def class_keys_of(batch: RecordBatch) -> Sequence[str]:
-    return batch.class_keys()
-
-
 def splits_of(batch: RecordBatch) -> Sequence[str]:
     return batch.splits
 
@@ -54,8 +52,8 @@ class Order:
     # One pass (SegmentSummaryFn) when set: the totals and each segment's bucket counts at
     # this fixed resolution from one combiner, the bucket table coarsened from them, and
     # every segment's bucket bits capped at it. For few segments (splits) only: the
-    # combiner holds up to 2**fine_bits buckets a segment. None: totals, then a count at
-    # the bits the totals give (CountBucketsFn), for any number of segments (classes).
+    # combiner holds up to 2**fine_bits buckets a segment. CutOrder needs it; None for the
+    # totals alone (SegmentTotalsFn: the class counts of CutClasses, beam_strata.py).
     fine_bits: int | None = None
 
     def bits_and_part(self, segment: str, count: int, weight: int) -> tuple[int, Callable[[int], int]]:
@@ -205,66 +203,6 @@ class _Plans:
         return plan
 
 
-def _layout_bits(order: Order, totals: dict) -> dict[str, int]:
-    return {seg: order.bits_and_part(seg, count, weight)[0] for seg, (count, weight) in totals.items()}
-
-
-class CountBucketsFn(beam.DoFn):
-    """RecordBatches -> one partial bucket table per bundle (see MergeBucketTablesFn).
-
-    Only segments with bucket bits (from the totals side input) are counted. Each bucket is
-    keyed by its segment's number in the bundle (top 24 bits) and its bucket (40 bits at
-    most), counted with numpy (cuts.histogram) every 64 batches and at the end of the
-    bundle: the DoFn holds one histogram of the bundle's buckets plus 64 batches' keys.
-    """
-
-    _MERGE_EVERY = 64
-
-    def __init__(self, order: Order):
-        self._order = order
-
-    def start_bundle(self) -> None:
-        self._segments: dict[str, int] = {}
-        self._pending: list[cuts.Histogram] = []
-        self._bits: dict[str, int] | None = None
-        self._totals: dict | None = None
-
-    def process(self, batch: RecordBatch, totals: dict) -> None:
-        if self._bits is None or self._totals is not totals:
-            self._bits, self._totals = _layout_bits(self._order, totals), totals
-        order, get, number = self._order, self._bits.get, self._segments.setdefault
-        segments = order.segments(batch)
-        bits = np.fromiter((get(s, 0) for s in segments), np.int64, len(segments))
-        counted = np.flatnonzero(bits)
-        if not counted.size:
-            return
-        ids = np.fromiter(
-            (number(segments[i], len(self._segments)) for i in counted.tolist()), np.uint64, counted.size
-        )
-        shift = (cuts._HASH_BITS - bits[counted]).astype(np.uint64)
-        keys = (ids << np.uint64(_BUCKET_KEY_BITS)) | (order.hashes(batch)[counted] >> shift)
-        weights = np.asarray(order.weights_of(batch), dtype=np.int64)[counted]
-        self._pending.append(cuts.histogram(keys, np.ones(counted.size, dtype=np.int64), weights))
-        if len(self._pending) >= self._MERGE_EVERY:
-            self._pending = [cuts.merge_histograms(self._pending)]
-
-    def finish_bundle(self) -> Iterator:
-        if not self._pending:
-            return
-        keys, counts, weights = cuts.merge_histograms(self._pending)
-        names = list(self._segments)
-        table: dict = {}
-        mask = (1 << _BUCKET_KEY_BITS) - 1
-        for key, n, weight in zip(keys.tolist(), counts.tolist(), weights.tolist()):
-            table.setdefault(names[key >> _BUCKET_KEY_BITS], {})[key & mask] = [n, weight]
-        self._pending = []
-        yield GlobalWindows.windowed_value(table)
-
-
-# CountBucketsFn's keys: a segment's number in the bundle above its bucket (at most 40 bits).
-_BUCKET_KEY_BITS = 40
-
-
 class MergeBucketTablesFn(beam.CombineFn):
     """Partial tables -> {segment: {bucket: [count, weight]}} for the segments with bucket bits.
 
@@ -408,11 +346,11 @@ def _same(element: object) -> object:
 class CutOrder(beam.PTransform):
     """RecordBatches -> (parts, RecordBatch): every record with its exact part.
 
-    Lifted combiners give the totals per segment (one entry per split or class) and the
-    bucket table: with `order.fine_bits`, one pass (SegmentSummaryFn: at most 2**fine_bits
-    buckets a segment, coarsened to the bits of each segment's totals); without, the totals
-    then a count of buckets at those bits (CountBucketsFn, MergeBucketTablesFn). Both are
-    side inputs of a few small ints per segment or bucket, materialized once. Records of a bucket inside one part get it at once
+    One lifted combiner gives the totals per segment (one entry per split) and the bucket
+    table (SegmentSummaryFn: at most 2**order.fine_bits buckets a segment, coarsened to the
+    bits of each segment's totals): side inputs of a few small ints per segment or bucket,
+    materialized once. For few segments only (splits); classes are cut by CutClasses
+    (beam_strata.py). Records of a bucket inside one part get it at once
     (no move); a straddling bucket is grouped (one bucket's records: the only group here)
     and resolved. The records must carry their seeded hashes (plan.with_hashes).
     """
@@ -424,30 +362,18 @@ class CutOrder(beam.PTransform):
 
     def expand(self, records: beam.PCollection[RecordBatch]) -> beam.PCollection[Located]:
         order = self._order
-        if order.fine_bits:  # one pass: totals and fine bucket counts, the table coarsened from them
-            summary = records | "Summary" >> beam.CombineGlobally(SegmentSummaryFn(order)).without_defaults()
-            totals = pvalue.AsSingleton(
-                summary | "TotalsSide" >> beam.Map(_summary_totals).with_output_types(SideDict),
-                default_value={},
-            )
-            table = pvalue.AsSingleton(
-                summary | "BucketTableSide" >> beam.Map(_summary_table, order).with_output_types(SideDict),
-                default_value={},
-            )
-        else:  # two passes: the totals give each segment's bucket bits, then buckets are counted
-            totals = pvalue.AsSingleton(
-                records
-                | "Totals" >> beam.CombineGlobally(SegmentTotalsFn(order)).without_defaults()
-                | "TotalsSide" >> beam.Map(SideDict).with_output_types(SideDict),
-                default_value={},
-            )
-            table = pvalue.AsSingleton(
-                records
-                | "CountBuckets" >> beam.ParDo(CountBucketsFn(order), totals)  # a partial table per bundle
-                | "BucketTable" >> beam.CombineGlobally(MergeBucketTablesFn()).without_defaults()
-                | "BucketTableSide" >> beam.Map(SideDict).with_output_types(SideDict),
-                default_value={},
-            )
+        if not order.fine_bits:
+            raise ValueError("CutOrder needs an Order with fine_bits")
+        # One pass: totals and fine bucket counts, the table coarsened from them.
+        summary = records | "Summary" >> beam.CombineGlobally(SegmentSummaryFn(order)).without_defaults()
+        totals = pvalue.AsSingleton(
+            summary | "TotalsSide" >> beam.Map(_summary_totals).with_output_types(SideDict),
+            default_value={},
+        )
+        table = pvalue.AsSingleton(
+            summary | "BucketTableSide" >> beam.Map(_summary_table, order).with_output_types(SideDict),
+            default_value={},
+        )
         keyed = records | "KeyParts" >> beam.ParDo(KeyPartsFn(order), totals, table).with_output_types(
             Located
         ).with_outputs(_STRADDLING, main="parts")
