@@ -16,14 +16,14 @@ RATIOS = parse_split_ratios("train=0.7,validation=0.2,test=0.1")
 def test_packs_hold_small_classes_whole_and_at_most_the_pack_size():
     rng = random.Random(3)
     totals = {
-        f"c{i:04d}": [n, n]
+        f"c{i:04d}": n
         for i, n in enumerate(rng.choice((1, 2, 5, 40, 300, 512, 513, 9000)) for _ in range(2000))
     }
     packs = strata.pack_classes(totals, 512)
-    assert set(packs) == {c for c, (n, _) in totals.items() if n <= 512}  # big classes are bucketed instead
+    assert set(packs) == {c for c, n in totals.items() if n <= 512}  # big classes are bucketed instead
     held = collections.Counter()
     for name, pack in packs.items():
-        held[pack] += totals[name][0]
+        held[pack] += totals[name]
     assert max(held.values()) <= 512 and len(held) > 1
     assert sum(held.values()) >= 0.5 * 512 * (len(held) - 1)  # filled, not one pack a class
     assert strata.pack_classes(dict(reversed(list(totals.items()))), 512) == packs  # order of the totals
@@ -43,8 +43,7 @@ def _records(sizes, seed=0):
 
 def _splits_by_groups(records, seed, bucket):
     """Every record's split as the groups give it: keyed, gathered per key, placed."""
-    totals = collections.Counter(r.class_key for r in records)
-    totals = {c: [n, n] for c, n in totals.items()}
+    totals = dict(collections.Counter(r.class_key for r in records))
     hashes = np.array([cuts.seeded_hashes(r.relpath, seed)[0] for r in records], dtype=np.uint64)
     packs = strata.pack_classes(totals, bucket)
     keys = strata.group_keys([r.class_key for r in records], hashes, packs, totals, bucket)
@@ -63,7 +62,7 @@ def _splits_by_groups(records, seed, bucket):
             hashes[members],
             [records[i].relpath for i in members],
             [records[i].path for i in members],
-            {c: n for c, (n, _) in totals.items()},
+            totals,
             _cumulative(RATIOS),
             start,
         )

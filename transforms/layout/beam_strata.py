@@ -8,13 +8,14 @@ small classes, or one hash bucket of a class above 512 records; strata.py) and i
 No record is placed apart from the groups, so no Flatten joins two streams again (the local
 runner writes and reads back every record at a Flatten), and the bucket counts of the big
 classes come from the same pass that keys the records. Side inputs: the class counts (one
-[count, count] entry per class: 203,094 for GLDv2) and the bucket table (one entry per 256-512
+int per class: 203,094 for GLDv2) and the bucket table (one entry per 256-512
 records of the classes above 512 records), both SideDicts sized without a walk.
 """
 
 from __future__ import annotations
 
-from collections.abc import Iterable, Iterator, Sequence
+import collections
+from collections.abc import Iterable, Iterator
 
 import apache_beam as beam
 from apache_beam import pvalue
@@ -23,8 +24,8 @@ from apache_beam.transforms.window import GlobalWindows
 from transforms.batching import KeyedGather, group_size
 from transforms.coders import SideDict
 from transforms.layout import cuts, strata
-from transforms.layout.beam_cuts import SPLIT_HASH, Located, MergeBucketTablesFn, Order, SegmentTotalsFn
-from transforms.layout.plan import _SPLIT_BUCKET, _split_layout, with_hashes
+from transforms.layout.beam_cuts import SPLIT_HASH, Located, MergeBucketTablesFn
+from transforms.layout.plan import _SPLIT_BUCKET, with_hashes
 from transforms.records import RecordBatch
 
 # KeyClassesFn's output of bucket counts (big classes only).
@@ -34,8 +35,34 @@ GroupKey = tuple[int, str, int]
 KeyedClasses = tuple[GroupKey, RecordBatch]
 
 
-def _class_keys(batch: RecordBatch) -> Sequence[str]:
-    return batch.class_keys()
+class ClassCountsFn(beam.CombineFn):
+    """RecordBatches -> {class: records}: one small int a class (a lifted combiner).
+
+    Plain ints, not [count, weight] lists: the garbage collector walks every container a
+    process holds, and 200,000 lists per copy of the counts (accumulators, side inputs)
+    made its full passes cost more than the counting.
+    """
+
+    def create_accumulator(self) -> dict[str, int]:
+        return {}
+
+    def add_input(self, counts: dict[str, int], batch: RecordBatch) -> dict[str, int]:
+        get = counts.get
+        for name, n in collections.Counter(batch.class_keys()).items():
+            counts[name] = get(name, 0) + n
+        return counts
+
+    def merge_accumulators(self, accumulators: Iterable[dict[str, int]]) -> dict[str, int]:
+        it = iter(accumulators)
+        merged = dict(next(it, {}))
+        get = merged.get
+        for counts in it:
+            for name, n in counts.items():
+                merged[name] = get(name, 0) + n
+        return merged
+
+    def extract_output(self, counts: dict[str, int]) -> dict[str, int]:
+        return counts
 
 
 class KeyClassesFn(beam.DoFn):
@@ -54,16 +81,16 @@ class KeyClassesFn(beam.DoFn):
         self._gather = KeyedGather()
         self._counts: dict[tuple[str, int], int] = {}
 
-    def process(self, batch: RecordBatch, totals: dict) -> Iterator:
-        if self._totals is not totals:  # the packs of a side input, once per worker
-            self._packs, self._totals = strata.pack_classes(totals, self._bucket), totals
+    def process(self, batch: RecordBatch, counts: dict) -> Iterator:
+        if self._totals is not counts:  # the packs of a side input, once per worker
+            self._packs, self._totals = strata.pack_classes(counts, self._bucket), counts
         batch = with_hashes(batch, self._seed)
         hashes = cuts.hash_columns(batch.hashes)[SPLIT_HASH]
-        keys = strata.group_keys(batch.class_keys(), hashes, self._packs, totals, self._bucket)
-        counts = self._counts
+        keys = strata.group_keys(batch.class_keys(), hashes, self._packs, counts, self._bucket)
+        buckets = self._counts
         for key in keys:
             if key[0] == strata._BUCKET:
-                counts[key[1:]] = counts.get(key[1:], 0) + 1
+                buckets[key[1:]] = buckets.get(key[1:], 0) + 1
         yield from self._gather.add(batch, keys)
 
     def finish_bundle(self) -> Iterator:
@@ -89,7 +116,7 @@ class ResolveClassesFn(beam.DoFn):
         self._table: dict | None = None
         self._starts: dict[str, dict[int, int]] = {}
 
-    def process(self, element: tuple[GroupKey, Iterable[RecordBatch]], totals: dict, table: dict) -> Iterator:
+    def process(self, element: tuple[GroupKey, Iterable[RecordBatch]], counts: dict, table: dict) -> Iterator:
         (kind, name, number), batches = element
         batch = RecordBatch.concat(batches)
         self._sizes.update(len(batch))
@@ -101,10 +128,8 @@ class ResolveClassesFn(beam.DoFn):
             if starts is None:
                 starts = self._starts[name] = strata.bucket_starts(table[name])
             start = starts[number]
-        classes = batch.class_keys()
-        counts = {c: totals[c][0] for c in set(classes)}
         parts = strata.split_indexes_in_group(
-            classes,
+            batch.class_keys(),
             cuts.hash_columns(batch.hashes)[SPLIT_HASH],
             batch.relpaths,
             batch.paths,
@@ -123,7 +148,7 @@ class CutClasses(beam.PTransform):
     """RecordBatches -> Located: each record with its stratified split index (an index into
     the ratios whose cumulative sums are `cumulative`).
 
-    The class counts come from a lifted combiner (a side input of one entry per class); then
+    The class counts come from a lifted combiner (a side input of one int per class); then
     one ParDo keys every record by its group (strata.group_keys) and counts the hash buckets of
     the classes above `bucket` records (a side input of one entry per bucket); one GroupByKey
     (a group: a pack of small classes of at most `bucket` records, or one hash bucket) places
@@ -137,21 +162,14 @@ class CutClasses(beam.PTransform):
         self._bucket = bucket or _SPLIT_BUCKET
 
     def expand(self, records: beam.PCollection[RecordBatch]) -> beam.PCollection[Located]:
-        order = Order(
-            seed=self._seed,
-            segments=_class_keys,
-            hash_column=SPLIT_HASH,
-            weights=None,
-            layout=_split_layout(self._cumulative),
-        )
-        totals = pvalue.AsSingleton(
+        counts = pvalue.AsSingleton(
             records
-            | "Totals" >> beam.CombineGlobally(SegmentTotalsFn(order)).without_defaults()
-            | "TotalsSide" >> beam.Map(SideDict).with_output_types(SideDict),
+            | "Counts" >> beam.CombineGlobally(ClassCountsFn()).without_defaults()
+            | "CountsSide" >> beam.Map(SideDict).with_output_types(SideDict),
             default_value={},
-        )  # {class: [count, count]}: one entry per class
+        )  # {class: records}: one small int a class
         keyed = records | "KeyClasses" >> beam.ParDo(
-            KeyClassesFn(self._seed, self._bucket), totals
+            KeyClassesFn(self._seed, self._bucket), counts
         ).with_output_types(KeyedClasses).with_outputs(_COUNTS, main="groups")
         table = pvalue.AsSingleton(
             keyed[_COUNTS]
@@ -165,6 +183,6 @@ class CutClasses(beam.PTransform):
             >> beam.GroupByKey()  # (group key, [RecordBatch]): <= `bucket` records, or one bucket
             | "ResolveClasses"
             >> beam.ParDo(
-                ResolveClassesFn(self._cumulative, f"{self._name}/GroupClasses"), totals, table
+                ResolveClassesFn(self._cumulative, f"{self._name}/GroupClasses"), counts, table
             ).with_output_types(Located)
         )

@@ -1,7 +1,7 @@
 """Stratified splits in bounded groups (pure): which group a record of a class goes to, and
 its split once its group is gathered.
 
-In: per-class totals (a class's record count, from a combiner), each record's class and its
+In: per-class counts (a class's record count, from a combiner), each record's class and its
 seeded split hash; for the classes above `bucket` records, their bucket table (records per
 hash bucket). Out: each record's group key, then, inside a group, each record's split index,
 exactly the one `plan.stratified_splits` gives with the whole class sorted: record i of a
@@ -31,13 +31,13 @@ from transforms.layout import cuts
 _PACK, _BUCKET = 0, 1
 
 
-def pack_classes(totals: Mapping[str, Sequence[int]], bucket: int) -> dict[str, int]:
+def pack_classes(counts: Mapping[str, int], bucket: int) -> dict[str, int]:
     """{class: pack number} for every class of at most `bucket` records: classes in name order,
-    each pack filled up to `bucket` records (the same on every worker: the totals alone)."""
+    each pack filled up to `bucket` records (the same on every worker: the counts alone)."""
     packs: dict[str, int] = {}
     number, held = 0, 0
-    for name in sorted(totals):
-        count = totals[name][0]
+    for name in sorted(counts):
+        count = counts[name]
         if count > bucket:
             continue
         if held + count > bucket:
@@ -56,7 +56,7 @@ def group_keys(
     classes: Sequence[str],
     split_hashes: np.ndarray,
     packs: Mapping[str, int],
-    totals: Mapping[str, Sequence[int]],
+    counts: Mapping[str, int],
     bucket: int,
 ) -> list[tuple[int, str, int]]:
     """Each record's group key: its class's pack, or (a class above `bucket` records) its hash bucket."""
@@ -68,7 +68,7 @@ def group_keys(
     for code, name in enumerate(names):
         pack = packs.get(name)
         if pack is None:
-            bits[code] = class_bits(totals[name][0], bucket)
+            bits[code] = class_bits(counts[name], bucket)
         else:
             keys_of[code] = (_PACK, "", pack)
     if not bits.any():
