@@ -20,13 +20,12 @@ from collections.abc import Iterable, Iterator, Sequence
 import apache_beam as beam
 from apache_beam.transforms.window import GlobalWindows
 
-from transforms.batching import KeyedGather, group_size
+from transforms.batching import group_size
 from transforms.layout import cuts
 from transforms.layout.beam_cuts import (
     SHUFFLE_HASH,
     SPLIT_HASH,
     CutOrder,
-    KeyedBatch,
     Located,
     Order,
     splits_of,
@@ -133,22 +132,6 @@ class AssignSplits(beam.PTransform):
         )
 
 
-class KeyShardsFn(beam.DoFn):
-    """(shard indexes, RecordBatch) -> ((split, shard), RecordBatch), gathered per key over the
-    bundle (batching.KeyedGather: at most 50,000 records held, one part per shard a flush)."""
-
-    def start_bundle(self) -> None:
-        self._gather = KeyedGather()
-
-    def process(self, located: Located) -> Iterator[KeyedBatch]:
-        parts, batch = located
-        yield from self._gather.add(batch, zip(batch.splits, parts))
-
-    def finish_bundle(self) -> Iterator:
-        for item in self._gather.drain():
-            yield GlobalWindows.windowed_value(item)
-
-
 class CutShardsFn(beam.DoFn):
     """((split, shard), [RecordBatch]) -> ShardTask: one shard's records in shuffled order."""
 
@@ -214,8 +197,8 @@ class PlanShards(beam.PTransform):
         return (
             records
             | "HashRecords" >> HashRecords(seed)  # the same batches where AssignSplits hashed them
-            | "CutSplits" >> CutOrder(order, f"{self.label}/CutSplits")  # (shard indexes, RecordBatch)
-            | "KeyShards" >> beam.ParDo(KeyShardsFn()).with_output_types(KeyedBatch)  # a shard in parts
+            | "CutSplits"
+            >> CutOrder(order, f"{self.label}/CutSplits")  # ((split, shard), RecordBatch): a shard in parts
             | "GroupByShard" >> beam.GroupByKey()  # ((split, shard), [RecordBatch]): one shard's metadata
             | "CutShards"
             >> beam.ParDo(CutShardsFn(seed, f"{self.label}/GroupByShard")).with_output_types(ShardTask)

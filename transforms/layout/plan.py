@@ -47,10 +47,6 @@ _FINE_BITS = 16
 _SPLIT_BUCKET = 512
 
 
-# Tag of the straddling buckets' output of KeyPartsFn.
-_STRADDLING = "straddling"
-
-
 def _shuffle_hash(record: ImageRecord, seed: int) -> int:
     return cuts.seeded_hashes(record.relpath, seed)[1]
 
