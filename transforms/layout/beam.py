@@ -7,10 +7,12 @@ record's split set (AssignSplits) and ShardTasks, one shard's records in write o
 The shuffle is a sort by a seeded hash of each image's relative path, so the same input
 and seed give the same shards on any runner and with any number of workers, and classes
 are mixed inside every shard. Neither a split nor a class is ever gathered on one worker:
-the cuts (shard boundaries, a class's split boundaries) are found from totals and per-bucket
-counts of that hash order (transforms/layout/cuts.py), and the only groups are one shard's
-records, or one hash bucket that straddles a cut. Every group's size goes to a Beam
-distribution metric (batching.group_size).
+shard boundaries are found from totals and per-bucket counts of that hash order
+(transforms/layout/cuts.py, beam_cuts.py), a class's split boundaries inside bounded groups
+(strata.py, beam_strata.py), and the only groups are one shard's records, one hash bucket
+that straddles a shard boundary, or (--stratify) a pack of small classes of at most 512
+records or one hash bucket of a bigger class. Every group's size goes to a Beam distribution
+metric (batching.group_size).
 """
 
 from __future__ import annotations
@@ -156,7 +158,7 @@ class PlanShards(beam.PTransform):
     shard (capped at 2**16 buckets a split: the totals and the bucket counts come from one
     pass over the records, a 16-bit histogram a split coarsened to those bits, so past
     8,192 shards a split a bucket is 1/65,536 of it); the bucket table's prefix sums place every bucket that lies inside one shard,
-    and a straddling bucket is grouped and sorted to place its records exactly (CutOrder).
+    and a straddling bucket is grouped and sorted to give the exact boundaries inside it (CutOrder).
     Then one group per (split, shard): the largest group is one shard's metadata
     (ImageRecords, a few hundred bytes each), whatever the number of images.
 
