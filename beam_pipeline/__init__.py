@@ -6,6 +6,8 @@ import logging
 import os
 import sys
 
+from beam_pipeline.cli.runners import LOCAL_RUNNERS, runner_named  # argv only: no Beam
+
 
 def started_as_cli(argv: list[str]) -> bool:
     """True if `argv` (the interpreter's own, sys.orig_argv) runs `img2tfrecord` or
@@ -71,20 +73,6 @@ SKIPPED_BY_LOCAL_RUNS = (
 
 # Beam's loggers that announce, at import, an optional package they did not find.
 _ANNOUNCE_MISSING = ("apache_beam.io.mongodbio",)
-
-# The runner names that mean the local runner (beam_pipeline/cli/local_runner.py runs it).
-LOCAL_RUNNERS = (None, "DirectRunner", "directrunner", "direct", "FnApiRunner")
-
-
-def runner_named(argv: list[str]) -> str | None:
-    """The value of the last `--runner` flag in `argv` (Beam's argparse keeps the last), or None."""
-    runner = None
-    for i, arg in enumerate(argv):
-        if arg == "--runner" and i + 1 < len(argv):
-            runner = argv[i + 1]
-        elif arg.startswith("--runner="):
-            runner = arg.split("=", 1)[1]
-    return runner
 
 
 @contextlib.contextmanager

@@ -15,7 +15,8 @@ by transforms/coders.py), so Beam's cost per element is paid per batch and no Py
 is built per image at a stage boundary; AssignSplits adds each record's one seeded hash as a
 column, which the plan reads. No step groups a whole split, class or the failures: shards are cut from
 per-split totals and hash-bucket counts (side inputs) and grouped one shard at a time, and
---stratify cuts each class the same way (transforms/layout/cuts.py, docs/internals.md).
+--stratify places each class in a bounded group: a pack of small classes, or one hash bucket
+of a big class (transforms/layout/cuts.py, strata.py, docs/internals.md).
 """
 
 from __future__ import annotations
@@ -110,7 +111,7 @@ def build_pipeline(
         labeled = files | "LabelFromFolders" >> LabelFromFolders(by_folder)  # .records, .failed
     records = labeled.records | "AssignSplits" >> AssignSplits(
         ratios, opts.seed, opts.stratify
-    )  # RecordBatch with splits and seeded hashes (--stratify: class counts, one group per straddling bucket)
+    )  # RecordBatch with splits and seeded hashes (--stratify: class counts, a group per class pack)
     label_type = opts.label_type if opts.labels_path else "str"
     classes = records | "BuildClassIndex" >> BuildClassIndex(
         offset, names=label_map.names if label_map else None, label_type=label_type

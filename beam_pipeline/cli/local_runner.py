@@ -14,10 +14,10 @@ from apache_beam.options.pipeline_options import (
 )
 from apache_beam.runners.worker import statesampler
 
-from beam_pipeline import LOCAL_RUNNERS
 from beam_pipeline.cli.options import (
     ConvertOptions,
 )
+from beam_pipeline.cli.runners import LOCAL_RUNNERS
 from transforms.writing.processes import default_processes, prestart, set_malloc_thresholds, stop_prestarted
 
 # The local runner. Beam's "DirectRunner" first tries to download the Prism binary and

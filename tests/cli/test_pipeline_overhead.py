@@ -120,10 +120,10 @@ def test_plan_shards_shuffles_use_the_record_coders(tmp_path):
     assert b"RecordBatchCoder" in coder_of("ParDo(LabelFromFoldersFn)")  # the main output, .records
     # CutOrder's output and the side inputs of the plan: coded as columns and plain dicts, never
     # pickled (a pickled batch costs ~2 us an image at every boundary).
-    assert b"LocatedCoder" in coder_of("PlanShards/CutSplits/Parts")
-    assert b"LocatedCoder" in coder_of("PlanShards/CutSplits/KeyParts/ParDo(KeyPartsFn)")
+    assert b"RecordBatchCoder" in coder_of("PlanShards/CutSplits/KeyParts")
     assert b"SideDictCoder" in coder_of("PlanShards/CutSplits/TotalsSide")
     assert b"SideDictCoder" in coder_of("PlanShards/CutSplits/BucketTableSide")
+    assert b"SideDictCoder" in coder_of("PlanShards/CutSplits/BoundariesSide")
     assert b"SideListCoder" in coder_of("BuildClassIndex/NamesSide")
 
 

@@ -3,8 +3,9 @@
 The graph runs on real images at two sizes (1x and 4x); every GroupByKey of ours reports the
 records of each group to a Beam distribution (batching.group_size), read from the run's
 metrics. Shard planning groups one shard's records (plus, for a cut that falls inside a hash
-bucket, that bucket alone); stratified splits one class of up to 512 images, or one bucket of
-a larger class; dedupe the copies of one content. The labels join (GroupByBucket) is bounded
+bucket, that bucket alone); stratified splits a pack of small classes of up to 512 images in
+all (here PACK = 16 records: one class of 10 a pack), or one bucket of a larger class; dedupe
+the copies of one content. The labels join (GroupByBucket) is bounded
 by its bucket size (transforms/labels/beam_table.py) and is not run here.
 """
 
@@ -15,9 +16,11 @@ from apache_beam.metrics.metric import MetricsFilter
 from beam_pipeline import main
 from tests.conftest import read_records, write_image
 from transforms.batching import GROUP_SIZE_NAMESPACE
+from transforms.layout import beam_strata
 
-PER_CLASS = 10  # images per class: the whole class is one stratify group (it holds a cut)
+PER_CLASS = 10  # images per class: a class is placed whole in its stratify group
 PER_SHARD = 16  # records per shard: every record weighs the same, so shards are exact
+PACK = PER_SHARD  # records a pack of small classes holds at most (512 in a real run): one class of 10
 NAME_WIDTH = 4
 
 
@@ -48,7 +51,8 @@ def _largest_groups(root, out) -> tuple[dict[str, int], dict]:
     return dict(largest), summary
 
 
-def test_largest_group_is_the_same_at_1x_and_4x(tmp_path):
+def test_largest_group_is_the_same_at_1x_and_4x(tmp_path, monkeypatch):
+    monkeypatch.setattr(beam_strata, "_SPLIT_BUCKET", PACK)  # read when the graph is built
     small = _largest_groups(_dataset(tmp_path / "1x", 6), tmp_path / "out1")
     large = _largest_groups(_dataset(tmp_path / "4x", 24), tmp_path / "out4")
     (g1, s1), (g4, s4) = small, large
@@ -57,17 +61,16 @@ def test_largest_group_is_the_same_at_1x_and_4x(tmp_path):
     steps = {
         "PlanShards/GroupByShard",
         "PlanShards/CutSplits/GroupStraddling",
-        "AssignSplits/CutClasses/GroupStraddling",
+        "AssignSplits/CutClasses/GroupClasses",
         "DropDuplicates/GroupByContent",
     }
     assert set(g1) == set(g4) == steps, (g1, g4)
     # The largest group anywhere is one shard, the same at 1x and 4x.
     assert max(g1.values()) == max(g4.values()) == PER_SHARD, (g1, g4)
     assert g1["PlanShards/GroupByShard"] == g4["PlanShards/GroupByShard"] == PER_SHARD
+    # Classes are packed whole, at most PACK records a group: one class of 10 at both sizes.
     assert (
-        g1["AssignSplits/CutClasses/GroupStraddling"]
-        == g4["AssignSplits/CutClasses/GroupStraddling"]
-        == PER_CLASS
+        g1["AssignSplits/CutClasses/GroupClasses"] == g4["AssignSplits/CutClasses/GroupClasses"] == PER_CLASS
     )
     assert g1["DropDuplicates/GroupByContent"] == g4["DropDuplicates/GroupByContent"] == 1
     # A straddling hash bucket holds about 1/8 of a shard: never more than a shard.

@@ -7,10 +7,12 @@ record's split set (AssignSplits) and ShardTasks, one shard's records in write o
 The shuffle is a sort by a seeded hash of each image's relative path, so the same input
 and seed give the same shards on any runner and with any number of workers, and classes
 are mixed inside every shard. Neither a split nor a class is ever gathered on one worker:
-the cuts (shard boundaries, a class's split boundaries) are found from totals and per-bucket
-counts of that hash order (transforms/layout/cuts.py), and the only groups are one shard's
-records, or one hash bucket that straddles a cut. Every group's size goes to a Beam
-distribution metric (batching.group_size).
+shard boundaries are found from totals and per-bucket counts of that hash order
+(transforms/layout/cuts.py, beam_cuts.py), a class's split boundaries inside bounded groups
+(strata.py, beam_strata.py), and the only groups are one shard's records, one hash bucket
+that straddles a shard boundary, or (--stratify) a pack of small classes of at most 512
+records or one hash bucket of a bigger class. Every group's size goes to a Beam distribution
+metric (batching.group_size).
 """
 
 from __future__ import annotations
@@ -20,24 +22,22 @@ from collections.abc import Iterable, Iterator, Sequence
 import apache_beam as beam
 from apache_beam.transforms.window import GlobalWindows
 
-from transforms.batching import KeyedGather, group_size
+from transforms.batching import group_size
 from transforms.layout import cuts
 from transforms.layout.beam_cuts import (
     SHUFFLE_HASH,
     SPLIT_HASH,
     CutOrder,
-    KeyedBatch,
     Located,
     Order,
-    class_keys_of,
     splits_of,
 )
+from transforms.layout.beam_strata import CutClasses
 from transforms.layout.plan import (
     _FINE_BITS,
     DEFAULT_SEED,
     _cumulative,
     _shard_layout,
-    _split_layout,
     planning_weights,
     split_indexes,
     weight_floor,
@@ -95,10 +95,9 @@ class AssignSplits(beam.PTransform):
     seeded hash (as `stratified_splits` would with the whole class), so class proportions
     are the same in every split, as closely as whole images allow. No class is gathered:
     per-class counts come from a combiner (a side input of one entry per class: 203k small
-    ints for GLDv2), a class above 512 records is cut into hash buckets of 256-512 records
-    (a bucket table of one entry per bucket), and only a class of up to 512 records, or one
-    bucket of a larger class, that holds a cut is grouped (CutOrder). RecordBatches in,
-    RecordBatches out.
+    ints for GLDv2), and every record is placed in one group (CutClasses): a pack of small
+    classes of at most 512 records in all, or one hash bucket of 256-512 records of a larger
+    class (a bucket table of one entry per bucket). RecordBatches in, RecordBatches out.
     """
 
     def __init__(
@@ -125,34 +124,14 @@ class AssignSplits(beam.PTransform):
 
             return hashed | "HashSplit" >> beam.Map(hash_split).with_output_types(RecordBatch)
 
-        order = Order(
-            seed=seed,
-            segments=class_keys_of,
-            hash_column=SPLIT_HASH,
-            weights=None,
-            layout=_split_layout(_cumulative(ratios)),
-        )
         return (
             hashed
-            | "CutClasses" >> CutOrder(order, f"{self.label}/CutClasses")  # (split indexes, RecordBatch)
+            | "CutClasses"
+            >> CutClasses(
+                seed, _cumulative(ratios), f"{self.label}/CutClasses"
+            )  # (split indexes, RecordBatch)
             | "SetSplits" >> beam.ParDo(SetSplitsFn(names)).with_output_types(RecordBatch)
         )
-
-
-class KeyShardsFn(beam.DoFn):
-    """(shard indexes, RecordBatch) -> ((split, shard), RecordBatch), gathered per key over the
-    bundle (batching.KeyedGather: at most 50,000 records held, one part per shard a flush)."""
-
-    def start_bundle(self) -> None:
-        self._gather = KeyedGather()
-
-    def process(self, located: Located) -> Iterator[KeyedBatch]:
-        parts, batch = located
-        yield from self._gather.add(batch, zip(batch.splits, parts))
-
-    def finish_bundle(self) -> Iterator:
-        for item in self._gather.drain():
-            yield GlobalWindows.windowed_value(item)
 
 
 class CutShardsFn(beam.DoFn):
@@ -179,7 +158,7 @@ class PlanShards(beam.PTransform):
     shard (capped at 2**16 buckets a split: the totals and the bucket counts come from one
     pass over the records, a 16-bit histogram a split coarsened to those bits, so past
     8,192 shards a split a bucket is 1/65,536 of it); the bucket table's prefix sums place every bucket that lies inside one shard,
-    and a straddling bucket is grouped and sorted to place its records exactly (CutOrder).
+    and a straddling bucket is grouped and sorted to give the exact boundaries inside it (CutOrder).
     Then one group per (split, shard): the largest group is one shard's metadata
     (ImageRecords, a few hundred bytes each), whatever the number of images.
 
@@ -220,8 +199,8 @@ class PlanShards(beam.PTransform):
         return (
             records
             | "HashRecords" >> HashRecords(seed)  # the same batches where AssignSplits hashed them
-            | "CutSplits" >> CutOrder(order, f"{self.label}/CutSplits")  # (shard indexes, RecordBatch)
-            | "KeyShards" >> beam.ParDo(KeyShardsFn()).with_output_types(KeyedBatch)  # a shard in parts
+            | "CutSplits"
+            >> CutOrder(order, f"{self.label}/CutSplits")  # ((split, shard), RecordBatch): a shard in parts
             | "GroupByShard" >> beam.GroupByKey()  # ((split, shard), [RecordBatch]): one shard's metadata
             | "CutShards"
             >> beam.ParDo(CutShardsFn(seed, f"{self.label}/GroupByShard")).with_output_types(ShardTask)

@@ -1,15 +1,18 @@
 """CutOrder: RecordBatches cut into exact parts of a seeded order without gathering a segment.
 
 RecordBatches (with their seeded hashes, plan.with_hashes) in; Located out: each batch with
-every record's part (a split index for AssignSplits, a shard for PlanShards). The arithmetic is
-transforms/layout/cuts.py; this module is its Beam shell: totals per segment and the bucket
-table from lifted combiners (side inputs of small ints, SideDicts sized without a walk; for
-few segments both from one pass, SegmentSummaryFn), the records of a bucket inside one part
-placed where they are, and only a straddling bucket grouped. Every group's size goes to a Beam distribution metric (batching.group_size).
+every record's part (a shard of PlanShards; the stratified splits of AssignSplits are placed
+by CutClasses, beam_strata.py, which reuses the totals combiner and Located). The arithmetic
+is transforms/layout/cuts.py; this module is its Beam shell: totals per segment and the bucket
+table from one lifted combiner (SegmentSummaryFn; side inputs of small ints, SideDicts sized
+without a walk), the records of a bucket inside one part placed where they are, and only a
+straddling bucket grouped. Every group's size goes to a Beam distribution metric
+(batching.group_size).
 """
 
 from __future__ import annotations
 
+import bisect
 import collections
 import dataclasses
 from collections.abc import Callable, Iterable, Iterator, Sequence
@@ -24,15 +27,11 @@ from transforms import coders
 from transforms.batching import KeyedGather, group_size
 from transforms.coders import SideDict, record_batch_fields, record_batch_from_fields
 from transforms.layout import cuts
-from transforms.layout.plan import _STRADDLING, with_hashes
+from transforms.layout.plan import with_hashes
 from transforms.records import RecordBatch
 
 # The hash columns of RecordBatch.hashes (cuts.hash_columns).
 SPLIT_HASH, SHUFFLE_HASH = 0, 1
-
-
-def class_keys_of(batch: RecordBatch) -> Sequence[str]:
-    return batch.class_keys()
 
 
 def splits_of(batch: RecordBatch) -> Sequence[str]:
@@ -54,8 +53,8 @@ class Order:
     # One pass (SegmentSummaryFn) when set: the totals and each segment's bucket counts at
     # this fixed resolution from one combiner, the bucket table coarsened from them, and
     # every segment's bucket bits capped at it. For few segments (splits) only: the
-    # combiner holds up to 2**fine_bits buckets a segment. None: totals, then a count at
-    # the bits the totals give (CountBucketsFn), for any number of segments (classes).
+    # combiner holds up to 2**fine_bits buckets a segment. CutOrder needs it; None for the
+    # totals alone (SegmentTotalsFn: the class counts of CutClasses, beam_strata.py).
     fine_bits: int | None = None
 
     def bits_and_part(self, segment: str, count: int, weight: int) -> tuple[int, Callable[[int], int]]:
@@ -205,66 +204,6 @@ class _Plans:
         return plan
 
 
-def _layout_bits(order: Order, totals: dict) -> dict[str, int]:
-    return {seg: order.bits_and_part(seg, count, weight)[0] for seg, (count, weight) in totals.items()}
-
-
-class CountBucketsFn(beam.DoFn):
-    """RecordBatches -> one partial bucket table per bundle (see MergeBucketTablesFn).
-
-    Only segments with bucket bits (from the totals side input) are counted. Each bucket is
-    keyed by its segment's number in the bundle (top 24 bits) and its bucket (40 bits at
-    most), counted with numpy (cuts.histogram) every 64 batches and at the end of the
-    bundle: the DoFn holds one histogram of the bundle's buckets plus 64 batches' keys.
-    """
-
-    _MERGE_EVERY = 64
-
-    def __init__(self, order: Order):
-        self._order = order
-
-    def start_bundle(self) -> None:
-        self._segments: dict[str, int] = {}
-        self._pending: list[cuts.Histogram] = []
-        self._bits: dict[str, int] | None = None
-        self._totals: dict | None = None
-
-    def process(self, batch: RecordBatch, totals: dict) -> None:
-        if self._bits is None or self._totals is not totals:
-            self._bits, self._totals = _layout_bits(self._order, totals), totals
-        order, get, number = self._order, self._bits.get, self._segments.setdefault
-        segments = order.segments(batch)
-        bits = np.fromiter((get(s, 0) for s in segments), np.int64, len(segments))
-        counted = np.flatnonzero(bits)
-        if not counted.size:
-            return
-        ids = np.fromiter(
-            (number(segments[i], len(self._segments)) for i in counted.tolist()), np.uint64, counted.size
-        )
-        shift = (cuts._HASH_BITS - bits[counted]).astype(np.uint64)
-        keys = (ids << np.uint64(_BUCKET_KEY_BITS)) | (order.hashes(batch)[counted] >> shift)
-        weights = np.asarray(order.weights_of(batch), dtype=np.int64)[counted]
-        self._pending.append(cuts.histogram(keys, np.ones(counted.size, dtype=np.int64), weights))
-        if len(self._pending) >= self._MERGE_EVERY:
-            self._pending = [cuts.merge_histograms(self._pending)]
-
-    def finish_bundle(self) -> Iterator:
-        if not self._pending:
-            return
-        keys, counts, weights = cuts.merge_histograms(self._pending)
-        names = list(self._segments)
-        table: dict = {}
-        mask = (1 << _BUCKET_KEY_BITS) - 1
-        for key, n, weight in zip(keys.tolist(), counts.tolist(), weights.tolist()):
-            table.setdefault(names[key >> _BUCKET_KEY_BITS], {})[key & mask] = [n, weight]
-        self._pending = []
-        yield GlobalWindows.windowed_value(table)
-
-
-# CountBucketsFn's keys: a segment's number in the bundle above its bucket (at most 40 bits).
-_BUCKET_KEY_BITS = 40
-
-
 class MergeBucketTablesFn(beam.CombineFn):
     """Partial tables -> {segment: {bucket: [count, weight]}} for the segments with bucket bits.
 
@@ -323,98 +262,151 @@ beam_coders.registry.register_coder(Located, LocatedCoder)
 KeyedBatch = tuple[tuple[str, int], RecordBatch]
 
 
-class KeyPartsFn(beam.DoFn):
-    """RecordBatch -> (parts, RecordBatch) of its records whose bucket lies in one part (one
-    element per input batch, no record moved); ((segment, bucket), RecordBatch) on the
-    STRADDLING output for the others, gathered per key over the bundle (batching.KeyedGather:
-    at most 50,000 records held).
-    """
+def _locate(
+    order: Order, plans: _Plans, batch: RecordBatch
+) -> tuple[np.ndarray, np.ndarray, np.ndarray, list[str]]:
+    """Each record's part (cuts.STRADDLES where its bucket holds a cut) and bucket, its
+    segment's code and the segment names: per segment of the batch, not per record (its
+    plan once; its part at once when it is one bucket; else a binary search a record)."""
+    segments = order.segments(batch)
+    index: dict[str, int] = {}
+    codes = np.fromiter((index.setdefault(s, len(index)) for s in segments), np.int64, len(segments))
+    names = list(index)
+    seg_plans = [plans.get(s) for s in names]
+    parts = np.array([p.whole_part() for p in seg_plans], dtype=np.int64)[codes]
+    buckets = np.zeros(len(segments), dtype=np.uint64)
+    bucketed = np.flatnonzero(parts == cuts.BUCKETED)
+    if bucketed.size:  # segments with bucket bits: each record's part is its bucket's
+        hashes = order.hashes(batch)
+        for code in np.unique(codes[bucketed]).tolist():
+            mine = bucketed[codes[bucketed] == code]
+            buckets[mine] = cuts.bucket_array(hashes[mine], seg_plans[code].bits)
+            parts[mine] = seg_plans[code].parts_of_buckets(buckets[mine])
+    return parts, buckets, codes, names
+
+
+class _PlannedFn(beam.DoFn):
+    """A DoFn that reads the plan's side inputs (totals, bucket table): their _Plans, per worker."""
 
     def __init__(self, order: Order):
         self._order = order
 
-    def start_bundle(self) -> None:
-        self._straddling = KeyedGather()
+    def setup(self) -> None:
         self._plans: _Plans | None = None
         self._sides: tuple = ()
 
-    def process(self, batch: RecordBatch, totals: dict, table: dict) -> Iterator:
+    def plans(self, totals: dict, table: dict) -> _Plans:
         if self._plans is None or self._sides[0] is not totals or self._sides[1] is not table:
             self._plans, self._sides = _Plans(self._order, totals, table), (totals, table)
-        get = self._plans.get
-        segments = self._order.segments(batch)
-        # Per segment of the batch, not per record: its plan, and its part when it is one bucket.
-        index: dict[str, int] = {}
-        codes = np.fromiter((index.setdefault(s, len(index)) for s in segments), np.int64, len(segments))
-        names = list(index)
-        plans = [get(s) for s in names]
-        parts = np.array([p.whole_part() for p in plans], dtype=np.int64)[codes]
-        buckets = np.zeros(len(segments), dtype=np.uint64)
-        bucketed = np.flatnonzero(parts == cuts.BUCKETED)
-        if bucketed.size:  # segments with bucket bits: each record's part is its bucket's
-            hashes = self._order.hashes(batch)
-            for code in np.unique(codes[bucketed]).tolist():
-                mine = bucketed[codes[bucketed] == code]
-                buckets[mine] = cuts.bucket_array(hashes[mine], plans[code].bits)
-                parts[mine] = plans[code].parts_of_buckets(buckets[mine])
-        direct = np.flatnonzero(parts >= 0)
-        if direct.size:
-            whole = direct.size == len(segments)
-            yield Located(tuple(parts[direct].tolist()), batch if whole else batch.take(direct.tolist()))
-        if direct.size < len(segments):
-            at = np.flatnonzero(parts == cuts.STRADDLES)
+        return self._plans
+
+
+class StraddlingFn(_PlannedFn):
+    """RecordBatch -> ((segment, bucket), RecordBatch) of its records whose bucket holds a cut
+    (most batches: none), gathered per key over the bundle (batching.KeyedGather: at most
+    50,000 records held). The other records are placed by KeyPartsFn, in a later pass."""
+
+    def start_bundle(self) -> None:
+        self._straddling = KeyedGather()
+
+    def process(self, batch: RecordBatch, totals: dict, table: dict) -> Iterator:
+        parts, buckets, codes, names = _locate(self._order, self.plans(totals, table), batch)
+        at = np.flatnonzero(parts == cuts.STRADDLES)
+        if at.size:
             keys = zip(map(names.__getitem__, codes[at].tolist()), buckets[at].tolist())
-            for item in self._straddling.add(batch.take(at.tolist()), keys):
-                yield pvalue.TaggedOutput(_STRADDLING, item)
+            yield from self._straddling.add(batch.take(at.tolist()), keys)
 
     def finish_bundle(self) -> Iterator:
         for item in self._straddling.drain():
-            yield pvalue.TaggedOutput(_STRADDLING, GlobalWindows.windowed_value(item))
+            yield GlobalWindows.windowed_value(item)
 
 
-class ResolveCutsFn(beam.DoFn):
-    """((segment, bucket), [RecordBatch]) -> (parts, RecordBatch): one straddling bucket
-    sorted, each record placed by its exact weight offset. The group is one bucket."""
+def _order_keys(order: Order, batch: RecordBatch) -> list[tuple[bytes, str, str]]:
+    """Each record's place in the seeded order as (hash as 8 big-endian bytes, relpath, path):
+    ordered as Order.sort_keys, and coded by the primitive coder (a 64-bit int may not be)."""
+    raw = with_hashes(batch, order.seed).hashes
+    start = 8 * order.hash_column
+    hashes = [raw[i + start : i + start + 8] for i in range(0, len(raw), 16)]
+    return list(zip(hashes, batch.relpaths, batch.paths))
+
+
+class BoundariesFn(_PlannedFn):
+    """((segment, bucket), [RecordBatch]) -> ((segment, bucket), boundaries): one straddling
+    bucket sorted, each record placed by its exact weight offset; `boundaries` is the sort key
+    (_order_keys) of the first record of each part in the bucket, with that part. The group
+    is one bucket."""
 
     def __init__(self, order: Order, step: str):
-        self._order = order
+        super().__init__(order)
         self._sizes = group_size(step)
-
-    def start_bundle(self) -> None:
-        self._plans: _Plans | None = None
-        self._sides: tuple = ()
 
     def process(
         self, element: tuple[tuple[str, int], Iterable[RecordBatch]], totals: dict, table: dict
-    ) -> Iterator[Located]:
-        if self._plans is None or self._sides[0] is not totals or self._sides[1] is not table:
-            self._plans, self._sides = _Plans(self._order, totals, table), (totals, table)
+    ) -> Iterator[tuple[tuple[str, int], tuple]]:
         (seg, bucket), batches = element
         batch = RecordBatch.concat(batches)
         self._sizes.update(len(batch))
-        plan = self._plans.get(seg)
+        plan = self.plans(totals, table).get(seg)
         start, _ = plan.bucket_range(bucket)
-        keys, weights = self._order.sort_keys(batch), self._order.weights_of(batch)
-        placed = list(
-            cuts.resolve_bucket(range(len(batch)), start, plan.part_of, keys.__getitem__, weights.__getitem__)
-        )
-        yield Located(tuple(part for part, _ in placed), batch.take([i for _, i in placed]))
+        keys, weights = _order_keys(self._order, batch), self._order.weights_of(batch)
+        boundaries, last = [], None
+        for part, i in cuts.resolve_bucket(
+            range(len(batch)), start, plan.part_of, keys.__getitem__, weights.__getitem__
+        ):
+            if part != last:
+                boundaries.append((keys[i], part))
+                last = part
+        yield (seg, bucket), tuple(boundaries)
 
 
-def _same(element: object) -> object:
-    return element
+class KeyPartsFn(_PlannedFn):
+    """RecordBatch -> ((segment, part), RecordBatch), gathered per key over the bundle
+    (batching.KeyedGather: at most 50,000 records held): a record whose bucket lies in one
+    part gets it from the plan; a record of a straddling bucket from that bucket's
+    boundaries (a side input: one entry per straddling bucket, about one per shard)."""
+
+    def setup(self) -> None:
+        super().setup()
+        self._bounds: dict | None = None
+        self._lists: dict = {}
+
+    def start_bundle(self) -> None:
+        self._gather = KeyedGather()
+
+    def process(self, batch: RecordBatch, totals: dict, table: dict, boundaries: dict) -> Iterator:
+        parts, buckets, codes, names = _locate(self._order, self.plans(totals, table), batch)
+        at = np.flatnonzero(parts == cuts.STRADDLES)
+        if at.size:
+            if self._bounds is not boundaries:
+                self._bounds, self._lists = boundaries, {}
+            keys = _order_keys(self._order, batch)
+            for i, code, bucket in zip(at.tolist(), codes[at].tolist(), buckets[at].tolist()):
+                lists = self._lists.get((code_name := names[code], bucket))
+                if lists is None:
+                    bounds = boundaries[code_name, bucket]
+                    lists = self._lists[code_name, bucket] = ([k for k, _ in bounds], [p for _, p in bounds])
+                parts[i] = lists[1][bisect.bisect_right(lists[0], keys[i]) - 1]
+        yield from self._gather.add(batch, zip(self._order.segments(batch), parts.tolist()))
+
+    def finish_bundle(self) -> Iterator:
+        for item in self._gather.drain():
+            yield GlobalWindows.windowed_value(item)
 
 
 class CutOrder(beam.PTransform):
-    """RecordBatches -> (parts, RecordBatch): every record with its exact part.
+    """RecordBatches -> ((segment, part), RecordBatch): every record with its exact part,
+    gathered per (segment, part) for the GroupByKey that follows.
 
-    Lifted combiners give the totals per segment (one entry per split or class) and the
-    bucket table: with `order.fine_bits`, one pass (SegmentSummaryFn: at most 2**fine_bits
-    buckets a segment, coarsened to the bits of each segment's totals); without, the totals
-    then a count of buckets at those bits (CountBucketsFn, MergeBucketTablesFn). Both are
-    side inputs of a few small ints per segment or bucket, materialized once. Records of a bucket inside one part get it at once
-    (no move); a straddling bucket is grouped (one bucket's records: the only group here)
-    and resolved. The records must carry their seeded hashes (plan.with_hashes).
+    One lifted combiner gives the totals per segment (one entry per split) and the bucket
+    table (SegmentSummaryFn: at most 2**order.fine_bits buckets a segment, coarsened to the
+    bits of each segment's totals): side inputs of a few small ints per segment or bucket,
+    materialized once. For few segments only (splits); classes are cut by CutClasses
+    (beam_strata.py). A straddling bucket (one that holds a cut) is grouped (one bucket's
+    records: the only group here) and sorted, and gives the sort keys where its parts start:
+    a side input of one small entry per straddling bucket. Then one pass places every
+    record, from the bucket table or from those boundaries, with no Flatten of two streams
+    (which the local runner writes and reads back whole). The records must carry their
+    seeded hashes (plan.with_hashes).
     """
 
     def __init__(self, order: Order, name: str):
@@ -422,43 +414,30 @@ class CutOrder(beam.PTransform):
         super().__init__()
         self._order, self._name = order, name
 
-    def expand(self, records: beam.PCollection[RecordBatch]) -> beam.PCollection[Located]:
+    def expand(self, records: beam.PCollection[RecordBatch]) -> beam.PCollection[KeyedBatch]:
         order = self._order
-        if order.fine_bits:  # one pass: totals and fine bucket counts, the table coarsened from them
-            summary = records | "Summary" >> beam.CombineGlobally(SegmentSummaryFn(order)).without_defaults()
-            totals = pvalue.AsSingleton(
-                summary | "TotalsSide" >> beam.Map(_summary_totals).with_output_types(SideDict),
-                default_value={},
-            )
-            table = pvalue.AsSingleton(
-                summary | "BucketTableSide" >> beam.Map(_summary_table, order).with_output_types(SideDict),
-                default_value={},
-            )
-        else:  # two passes: the totals give each segment's bucket bits, then buckets are counted
-            totals = pvalue.AsSingleton(
-                records
-                | "Totals" >> beam.CombineGlobally(SegmentTotalsFn(order)).without_defaults()
-                | "TotalsSide" >> beam.Map(SideDict).with_output_types(SideDict),
-                default_value={},
-            )
-            table = pvalue.AsSingleton(
-                records
-                | "CountBuckets" >> beam.ParDo(CountBucketsFn(order), totals)  # a partial table per bundle
-                | "BucketTable" >> beam.CombineGlobally(MergeBucketTablesFn()).without_defaults()
-                | "BucketTableSide" >> beam.Map(SideDict).with_output_types(SideDict),
-                default_value={},
-            )
-        keyed = records | "KeyParts" >> beam.ParDo(KeyPartsFn(order), totals, table).with_output_types(
-            Located
-        ).with_outputs(_STRADDLING, main="parts")
-        step = f"{self._name}/GroupStraddling"
-        resolved = (
-            keyed[_STRADDLING]
-            # Declares the element type (tagged outputs have none), so the record coders are used.
-            | "TypeStraddling" >> beam.Map(_same).with_output_types(KeyedBatch)
-            | "GroupStraddling" >> beam.GroupByKey()  # ((segment, bucket), [RecordBatch]): one hash bucket
-            | "ResolveCuts"
-            >> beam.ParDo(ResolveCutsFn(order, step), totals, table).with_output_types(Located)
+        if not order.fine_bits:
+            raise ValueError("CutOrder needs an Order with fine_bits")
+        # One pass: totals and fine bucket counts, the table coarsened from them.
+        summary = records | "Summary" >> beam.CombineGlobally(SegmentSummaryFn(order)).without_defaults()
+        totals = pvalue.AsSingleton(
+            summary | "TotalsSide" >> beam.Map(_summary_totals).with_output_types(SideDict),
+            default_value={},
         )
-        parts = keyed.parts | "TypeParts" >> beam.Map(_same).with_output_types(Located)
-        return (parts, resolved) | "Parts" >> beam.Flatten().with_output_types(Located)
+        table = pvalue.AsSingleton(
+            summary | "BucketTableSide" >> beam.Map(_summary_table, order).with_output_types(SideDict),
+            default_value={},
+        )
+        step = f"{self._name}/GroupStraddling"
+        boundaries = pvalue.AsSingleton(
+            records
+            | "Straddling" >> beam.ParDo(StraddlingFn(order), totals, table).with_output_types(KeyedBatch)
+            | "GroupStraddling" >> beam.GroupByKey()  # ((segment, bucket), [RecordBatch]): one hash bucket
+            | "Boundaries" >> beam.ParDo(BoundariesFn(order, step), totals, table)
+            | "AllBoundaries" >> beam.combiners.ToDict()
+            | "BoundariesSide" >> beam.Map(SideDict).with_output_types(SideDict),
+            default_value={},
+        )  # {(segment, bucket): ((sort key, part), ...)}: one entry per straddling bucket
+        return records | "KeyParts" >> beam.ParDo(
+            KeyPartsFn(order), totals, table, boundaries
+        ).with_output_types(KeyedBatch)

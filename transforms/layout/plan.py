@@ -47,10 +47,6 @@ _FINE_BITS = 16
 _SPLIT_BUCKET = 512
 
 
-# Tag of the straddling buckets' output of KeyPartsFn.
-_STRADDLING = "straddling"
-
-
 def _shuffle_hash(record: ImageRecord, seed: int) -> int:
     return cuts.seeded_hashes(record.relpath, seed)[1]
 
@@ -154,11 +150,19 @@ def record_size(record: ImageRecord) -> int:
 
 
 def record_sizes(batch: RecordBatch) -> list[int]:
-    """record_size of each record of `batch`, from its columns."""
-    return [
-        size + _utf8_len(relpath) + sum(map(_utf8_len, labels)) + _RECORD_OVERHEAD
-        for size, relpath, labels in zip(batch.sizes, batch.relpaths, batch.labels)
-    ]
+    """record_size of each record of `batch`, from its columns (numpy sums: the text lengths
+    counted once per distinct label tuple, and per record only when a path is not ASCII)."""
+    n = len(batch)
+    relpaths = batch.relpaths
+    if "".join(relpaths).isascii():
+        text = np.fromiter(map(len, relpaths), np.int64, n)
+    else:
+        text = np.fromiter(map(_utf8_len, relpaths), np.int64, n)
+    label_len: dict[tuple[str, ...], int] = {}
+    for labels in set(batch.labels):
+        label_len[labels] = sum(map(_utf8_len, labels))
+    text += np.fromiter(map(label_len.__getitem__, batch.labels), np.int64, n)
+    return (np.fromiter(batch.sizes, np.int64, n) + text + _RECORD_OVERHEAD).tolist()
 
 
 def weight_floor(target_bytes: int | None, max_records: int | None) -> int:
@@ -179,7 +183,11 @@ def planning_weights(floor: int) -> Callable[[RecordBatch], list[int]]:
     """record_sizes of a batch, each raised to `floor` (weight_floor)."""
     if not floor:
         return record_sizes
-    return lambda batch: [max(w, floor) for w in record_sizes(batch)]
+
+    def weights(batch: RecordBatch) -> list[int]:
+        return np.maximum(np.asarray(record_sizes(batch), dtype=np.int64), floor).tolist()
+
+    return weights
 
 
 def plan_shards(

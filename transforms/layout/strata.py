@@ -1,0 +1,136 @@
+"""Stratified splits in bounded groups (pure): which group a record of a class goes to, and
+its split once its group is gathered.
+
+In: per-class counts (a class's record count, from a combiner), each record's class and its
+seeded split hash; for the classes above `bucket` records, their bucket table (records per
+hash bucket). Out: each record's group key, then, inside a group, each record's split index,
+exactly the one `plan.stratified_splits` gives with the whole class sorted: record i of a
+class of n (0-based in the seeded order: split hash, then relpath, then path) goes to the
+first split whose cumulative ratio exceeds (i + 0.5) / n (cuts.split_part).
+
+Every record of a class of up to `bucket` records is in one group with the rest of its class;
+small classes share a group, packed in class-name order up to `bucket` records a group (GLDv2's
+203,094 classes, most of a few images, make ~N / `bucket` groups, not one per class). A class
+above `bucket` records is cut into hash buckets of `bucket` / 2 to `bucket` records (bits from
+its count, cuts.bits_for) and each bucket is a group; the bucket table's prefix sums give the
+rank of the bucket's first record in its class. So a group holds at most `bucket` records of
+small classes, or one hash bucket (~`bucket` records: a bucket's count is random, about
+count / 2**bits), whatever the number of images.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Mapping, Sequence
+
+import numpy as np
+
+from transforms.layout import cuts
+
+# Group keys: (_PACK, "", pack number) for a pack of small classes, (_BUCKET, class, bucket)
+# for one hash bucket of a class above the pack size.
+_PACK, _BUCKET = 0, 1
+
+
+def pack_classes(counts: Mapping[str, int], bucket: int) -> dict[str, int]:
+    """{class: pack number} for every class of at most `bucket` records: classes in name order,
+    each pack filled up to `bucket` records (the same on every worker: the counts alone)."""
+    packs: dict[str, int] = {}
+    number, held = 0, 0
+    for name in sorted(counts):
+        count = counts[name]
+        if count > bucket:
+            continue
+        if held + count > bucket:
+            number, held = number + 1, 0
+        packs[name] = number
+        held += count
+    return packs
+
+
+def class_bits(count: int, bucket: int) -> int:
+    """The hash-bucket bits of a class of `count` records (0: the class is packed whole)."""
+    return cuts.bits_for(count / bucket) if count > bucket else 0
+
+
+def group_keys(
+    classes: Sequence[str],
+    split_hashes: np.ndarray,
+    packs: Mapping[str, int],
+    counts: Mapping[str, int],
+    bucket: int,
+) -> list[tuple[int, str, int]]:
+    """Each record's group key: its class's pack, or (a class above `bucket` records) its hash bucket."""
+    index: dict[str, int] = {}
+    codes = np.fromiter((index.setdefault(c, len(index)) for c in classes), np.int64, len(classes))
+    names = list(index)
+    keys_of = [None] * len(names)
+    bits = np.zeros(len(names), dtype=np.int64)
+    for code, name in enumerate(names):
+        pack = packs.get(name)
+        if pack is None:
+            bits[code] = class_bits(counts[name], bucket)
+        else:
+            keys_of[code] = (_PACK, "", pack)
+    if not bits.any():
+        return [keys_of[c] for c in codes.tolist()]
+    buckets = cuts.buckets_of(split_hashes, bits[codes])
+    return [
+        keys_of[c] if keys_of[c] is not None else (_BUCKET, names[c], b)
+        for c, b in zip(codes.tolist(), buckets)
+    ]
+
+
+def bucket_starts(table: Mapping[int, Sequence[int]]) -> dict[int, int]:
+    """{bucket: records of the class before it}, from the class's bucket table ({bucket: [count, weight]})."""
+    starts, before = {}, 0
+    for b in sorted(table):
+        starts[b] = before
+        before += table[b][0]
+    return starts
+
+
+def split_indexes_in_group(
+    classes: Sequence[str],
+    split_hashes: np.ndarray,
+    relpaths: Sequence[str],
+    paths: Sequence[str],
+    counts: Mapping[str, int],
+    cumulative: Sequence[float],
+    start: int = 0,
+) -> np.ndarray:
+    """Each record's split index, for the records of one group (in their given order).
+
+    Args:
+      classes, split_hashes, relpaths, paths: the group's records, as columns.
+      counts: each class's whole record count.
+      cumulative: the cumulative split ratios.
+      start: records of the class before this group (a hash bucket of a big class; 0 for a
+        pack, which holds its classes whole).
+    """
+    n = len(classes)
+    index: dict[str, int] = {}
+    codes = np.fromiter((index.setdefault(c, len(index)) for c in classes), np.int64, n)
+    order = np.lexsort((split_hashes, codes))
+    sorted_codes, sorted_hashes = codes[order], split_hashes[order]
+    if n > 1 and bool(
+        np.any((sorted_codes[1:] == sorted_codes[:-1]) & (sorted_hashes[1:] == sorted_hashes[:-1]))
+    ):
+        # Equal hashes in a class (never seen in practice): ties broken by relpath, then path.
+        hashes = split_hashes.tolist()
+        order = np.array(
+            sorted(range(n), key=lambda i: (codes[i], hashes[i], relpaths[i], paths[i])), dtype=np.int64
+        )
+        sorted_codes = codes[order]
+    firsts = np.flatnonzero(np.concatenate(([True], sorted_codes[1:] != sorted_codes[:-1])))
+    runs = np.diff(np.append(firsts, n))
+    ranks = np.arange(n) - np.repeat(firsts, runs) + start
+    totals = np.array([counts[name] for name in index], dtype=np.int64)[sorted_codes]
+    # cuts.split_part: the first split whose cumulative ratio exceeds (2 * rank + 1) / (2 * count),
+    # the same float64 division as Python's (both operands exact integers below 2**53).
+    points = (2 * ranks + 1).astype(np.float64) / (2 * totals).astype(np.float64)
+    parts = np.minimum(
+        np.searchsorted(np.asarray(cumulative, dtype=np.float64), points, side="right"), len(cumulative) - 1
+    )
+    out = np.empty(n, dtype=np.int64)
+    out[order] = parts
+    return out
