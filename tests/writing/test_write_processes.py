@@ -33,7 +33,8 @@ from transforms.images.read import read_bytes
 from transforms.records import ClassIndex, ImageRecord, ShardTask
 from transforms.writing import beam as write
 from transforms.writing.beam import WriteShards, make_sink
-from transforms.writing.shard import ShardFile, split_shards
+from transforms.writing.processes import ShardProcesses
+from transforms.writing.shard import ShardFile, ShardJob, split_shards
 
 
 @pytest.mark.parametrize("compression", ["none", "gzip"])
@@ -283,3 +284,29 @@ def test_worker_processes_read_and_write_gs_paths(gcs_bucket, image_tree, tmp_pa
     for name in names:
         if name.endswith(".tfrecord.gz"):
             assert (tmp_path / "out" / name).read_bytes() == (tmp_path / "local" / name).read_bytes(), name
+
+
+def test_workers_count_in_their_own_slots_and_the_progress_adds_up(tmp_path):
+    """Each worker adds to its own slot (no lock); the run's Progress gets the exact sum."""
+    records = _records(tmp_path / "in", 12)
+    tasks = [ShardTask("train", i, records[3 * i : 3 * i + 3]) for i in range(4)]
+    tally = progress.Progress()
+    pool = ShardProcesses(2, progress=tally, class_index=ClassIndex(("c",)))
+    try:
+        assert pool._counts._taken.value == 2  # one slot each, taken as the workers start
+        outcomes = list(pool.write(tasks, ClassIndex(("c",)), ShardJob(str(tmp_path / "tmp"))))
+    finally:
+        pool.close()
+    written = [o.result for o in outcomes if o.result is not None]
+    assert sum(r.records for r in written) == 12
+    _, images, failed, nbytes, _ = tally.snapshot()
+    assert (images, failed) == (12, 0)
+    assert (
+        nbytes
+        == sum(r.bytes for r in written)
+        == sum(p.stat().st_size - 16 * 3 for p in _temp_shards(tmp_path))
+    )
+
+
+def _temp_shards(root: Path) -> list[Path]:
+    return sorted((root / "tmp" / "train").glob("*.tfrecord"))

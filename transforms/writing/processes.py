@@ -16,8 +16,12 @@ and Beam's GCS filesystem makes a new client (and HTTP session) for every call. 
 die with the thread that forked them (PR_SET_PDEATHSIG on Linux), so a killed run leaves
 no worker writing into its temp folder.
 
-Progress: every worker adds each written image to one shared counter (images, bytes),
-which the main process reads while it waits and forwards to the run's Progress.
+Progress: every worker adds each written image to its own slot of a shared array (images,
+bytes), without a lock: a slot has one writer, and the main process, which sums the slots
+while it waits and forwards the total to the run's Progress, only reads them (a slot read
+while its worker updates it gives the image count one image ahead of the bytes, caught up
+at the next read). A lock taken per image cost each image a semaphore round trip, and the
+two workers contended for it.
 
 Memory (what a worker holds does not follow the dataset): on local runs the workers are
 forked before the run (`prestart`), so they share none of the runner's growing buffers; a
@@ -160,14 +164,7 @@ class ShardProcesses:
             self._executor, self._counts = started
             self._class_index = None
             return
-        context = multiprocessing.get_context("fork")
-        self._counts = context.Array("q", 2)  # images and bytes written by all workers
-        self._executor = ProcessPoolExecutor(
-            processes,
-            mp_context=context,
-            initializer=_start_worker,
-            initargs=(self._counts, threads, os.getpid(), class_index),
-        )
+        self._executor, self._counts = _fork_pool(processes, threads, class_index)
         self._class_index = class_index
 
     def write(self, tasks: list[ShardTask], class_index: ClassIndex, job: ShardJob) -> Iterator[ShardOutcome]:
@@ -239,8 +236,7 @@ class ShardProcesses:
     def _forward(self) -> None:
         if self._progress is None:
             return
-        with self._counts.get_lock():
-            written, nbytes = self._counts.get_obj()
+        written, nbytes = self._counts.total()
         if (written, nbytes) != self._forwarded:
             self._progress.add(written=written - self._forwarded[0], nbytes=nbytes - self._forwarded[1])
             self._forwarded = (written, nbytes)
@@ -278,9 +274,56 @@ class _IndexFile:
             os.remove(self.path)
 
 
+class WrittenCounts:
+    """Images and bytes written by the workers of one pool: one slot of two counts per worker.
+
+    Each worker takes a slot when it starts (`take_slot`) and adds to it alone, without a
+    lock (`_count_written`); `total` sums the slots for the main process. A fork pool forks
+    all of its workers at its first submit and never replaces one (a worker that dies breaks
+    the pool), so `processes` slots are enough.
+    """
+
+    def __init__(self, context, processes: int):
+        self._slots = context.RawArray("q", 2 * processes)  # images, bytes of worker 0, then 1, ...
+        self._taken = context.Value("i", 0)  # slots handed out (under its own lock, once a worker)
+
+    def take_slot(self) -> tuple[object, int]:
+        """(the shared array, this worker's offset in it); for a worker, at its start."""
+        with self._taken.get_lock():
+            slot = self._taken.value
+            self._taken.value += 1
+        if 2 * slot >= len(self._slots):
+            raise RuntimeError(
+                f"worker {slot + 1} of a pool of {len(self._slots) // 2}: no counter slot left"
+            )
+        return self._slots, 2 * slot
+
+    def total(self) -> tuple[int, int]:
+        """(images, bytes) written by every worker so far."""
+        counts = self._slots[:]
+        return sum(counts[0::2]), sum(counts[1::2])
+
+
+def _fork_pool(
+    processes: int, threads: int, class_index: ClassIndex | None = None
+) -> tuple[ProcessPoolExecutor, WrittenCounts]:
+    """`processes` workers forked now, and the counts they add to."""
+    context = multiprocessing.get_context("fork")
+    counts = WrittenCounts(context, processes)
+    executor = ProcessPoolExecutor(
+        processes,
+        mp_context=context,
+        initializer=_start_worker,
+        initargs=(counts, threads, os.getpid(), class_index),
+    )
+    # A fork-context pool forks all of its workers at its first submit: now, not at first use.
+    executor.submit(int).result()
+    return executor, counts
+
+
 # Worker pools forked by `prestart` and not yet taken by a ShardProcesses:
-# (processes, threads) -> (executor, shared counter).
-_PRESTARTED: dict[tuple[int, int], tuple[ProcessPoolExecutor, object]] = {}
+# (processes, threads) -> (executor, the workers' counts).
+_PRESTARTED: dict[tuple[int, int], tuple[ProcessPoolExecutor, WrittenCounts]] = {}
 _PRESTARTED_LOCK = threading.Lock()
 
 
@@ -298,16 +341,7 @@ def prestart(processes: int, threads: int = 0) -> None:
     """
     if processes < 1:
         raise ValueError("processes must be positive")
-    context = multiprocessing.get_context("fork")
-    counts = context.Array("q", 2)
-    executor = ProcessPoolExecutor(
-        processes,
-        mp_context=context,
-        initializer=_start_worker,
-        initargs=(counts, threads, os.getpid(), None),
-    )
-    # A fork-context pool forks all of its workers at its first submit: now, not at first use.
-    executor.submit(int).result()
+    executor, counts = _fork_pool(processes, threads)
     with _PRESTARTED_LOCK:
         old = _PRESTARTED.pop((processes, threads), None)
         _PRESTARTED[(processes, threads)] = (executor, counts)
@@ -315,7 +349,7 @@ def prestart(processes: int, threads: int = 0) -> None:
         old[0].shutdown(wait=True, cancel_futures=True)
 
 
-def _take_prestarted(processes: int, threads: int) -> tuple[ProcessPoolExecutor, object] | None:
+def _take_prestarted(processes: int, threads: int) -> tuple[ProcessPoolExecutor, WrittenCounts] | None:
     with _PRESTARTED_LOCK:
         return _PRESTARTED.pop((processes, threads), None)
 
@@ -334,16 +368,19 @@ def stop_prestarted() -> None:
 # Objects of a bucket read ahead by a worker (its threads wait on the network, not the GIL).
 REMOTE_READ_THREADS = 8
 
-_counts = None  # the shared (images, bytes) counter
+_counts = None  # the pool's shared array of (images, bytes) slots
+_slot = 0  # where this worker's slot starts in it
 _threads = 0  # --read_threads
 _pool: ThreadPoolExecutor | None = None  # read-ahead threads of this worker, made when needed
 _class_index: ClassIndex | None = None  # the pool's class index, inherited at the fork
 _class_index_path: str | None = None  # or read from this _IndexFile
 
 
-def _start_worker(counts, threads: int, parent_pid: int, class_index: ClassIndex | None = None) -> None:
-    """Worker set-up: die with the parent, keep the shared counter, thread setting and class index."""
-    global _counts, _threads, _class_index
+def _start_worker(
+    counts: WrittenCounts, threads: int, parent_pid: int, class_index: ClassIndex | None = None
+) -> None:
+    """Worker set-up: die with the parent, take a counter slot, keep the thread setting and class index."""
+    global _counts, _slot, _threads, _class_index
     if sys.platform.startswith("linux"):
         ctypes.CDLL(None, use_errno=True).prctl(_PR_SET_PDEATHSIG, signal.SIGKILL)
     if os.getppid() != parent_pid:  # the parent died before prctl took effect
@@ -353,14 +390,13 @@ def _start_worker(counts, threads: int, parent_pid: int, class_index: ClassIndex
     # inherited object and copy its page into this process. Cheap: the lists are merged whole.
     gc.freeze()
     set_malloc_thresholds(WORKER_MMAP_THRESHOLD)
-    _counts, _threads, _class_index = counts, threads, class_index
+    (_counts, _slot), _threads, _class_index = counts.take_slot(), threads, class_index
 
 
 def _count_written(nbytes: int) -> None:
-    counts = _counts.get_obj()  # the raw array: one lock round trip per image, not one per item
-    with _counts.get_lock():
-        counts[0] += 1
-        counts[1] += nbytes
+    """Adds an image to this worker's slot: no lock, the slot has no other writer."""
+    _counts[_slot] += 1
+    _counts[_slot + 1] += nbytes
 
 
 def _write_in_worker(
