@@ -293,10 +293,10 @@ def test_workers_count_in_their_own_slots_and_the_progress_adds_up(tmp_path):
     tally = progress.Progress()
     pool = ShardProcesses(2, progress=tally, class_index=ClassIndex(("c",)))
     try:
-        assert pool._counts._taken.value == 2  # one slot each, taken as the workers start
         outcomes = list(pool.write(tasks, ClassIndex(("c",)), ShardJob(str(tmp_path / "tmp"))))
     finally:
         pool.close()
+    assert pool._counts._taken.value == 2  # one slot each, taken as each worker started
     written = [o.result for o in outcomes if o.result is not None]
     assert sum(r.records for r in written) == 12
     _, images, failed, nbytes, _ = tally.snapshot()
