@@ -157,10 +157,11 @@ def collection_for_run(threshold0: int = RUN_GC_THRESHOLD0):
     and 7 full ones while planning 400,000 images and freed ~12,000 objects in all, about
     as many as at 100,000 (benchmarks/gc_cost.py): no cycle is made per image. A pass
     every 100,000 keeps collecting (cyclic garbage waits for at most 100,000 net new
-    containers, then goes as before) at a fraction of the passes (~0.3 us of CPU an
-    image less while planning; benchmarks/README.md). The writer processes forked during
-    the run collect with the thresholds from before it (`_writers_collect_as_before`):
-    they allocate little, and a failure's traceback there may hold an image.
+    containers, then goes as before) at a fraction of the passes (~0.4 us of CPU an
+    image less while planning, ~0.8 with a labels table; benchmarks/README.md). The
+    writer processes forked during the run collect with the thresholds from before it
+    (`_writers_collect_as_before`): they allocate little, and a failure's traceback there
+    may hold an image.
 
     On exit the thresholds are put back and everything unfrozen, so that repeated runs in
     one process can still free their graphs. They are the process's own, so a program

@@ -13,9 +13,9 @@ tally to a file of its own, at exit and at least every 0.2 s while it collects (
 pool worker ends with os._exit, which runs no atexit hook: at most its last 0.2 s of
 collections is lost). With GC_COST_SET in the environment ("off", or "T0,T1,T2"), every
 process of the tree starts with collection off or those thresholds: an experiment, to see
-what a setting would save before the product makes it. Printed per process (the runner; the forked writers together): the
-collections of each generation, their seconds (wall and CPU), the objects they freed, and
-the command's whole CPU time (wait4, the tree) for scale.
+what a setting would save before the product makes it. Printed per process (the runner;
+the forked writers together): the collections of each generation, their seconds (wall and
+CPU), the objects they freed, and the command's whole CPU time (wait4, the tree) for scale.
 """
 
 from __future__ import annotations
