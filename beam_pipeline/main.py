@@ -13,6 +13,7 @@ import logging
 import os
 import signal
 import sys
+import threading
 import uuid
 from collections.abc import Callable
 from typing import TypeVar
@@ -163,25 +164,35 @@ def collection_for_run(threshold0: int = RUN_GC_THRESHOLD0):
     (`_writers_collect_as_before`): they allocate little, and a failure's traceback there
     may hold an image.
 
-    On exit the thresholds are put back and everything unfrozen, so that repeated runs in
-    one process can still free their graphs. They are the process's own, so a program
-    that runs conversions in one thread shares them with its other threads meanwhile.
+    When the last run of the process ends, the thresholds are put back and everything
+    unfrozen, so that repeated runs in one process can still free their graphs. They are
+    the process's own, so a program that runs conversions in one thread shares them with
+    its other threads meanwhile (and runs in several threads share one setting: the
+    thresholds from before the first are put back after the last).
     """
-    global _before_run
-    saved = gc.get_threshold()
-    gc.freeze()
-    _before_run = saved
-    gc.set_threshold(threshold0, *saved[1:])
+    global _before_run, _runs
+    with _runs_lock:
+        if _runs == 0:
+            _before_run = gc.get_threshold()
+            gc.set_threshold(threshold0, *_before_run[1:])
+        _runs += 1
+        gc.freeze()
     try:
         yield
     finally:
-        gc.set_threshold(*saved)
-        _before_run = None
-        gc.unfreeze()
+        with _runs_lock:
+            _runs -= 1
+            if _runs == 0:
+                gc.set_threshold(*_before_run)
+                _before_run = None
+                gc.unfreeze()
 
 
-# The collector's thresholds from before the conversion that runs (None: none runs).
+# The collector's thresholds from before the conversions that run (None: none runs), and
+# how many run (in threads of this process).
 _before_run: tuple[int, ...] | None = None
+_runs = 0
+_runs_lock = threading.Lock()
 
 
 def _writers_collect_as_before() -> None:

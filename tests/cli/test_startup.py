@@ -287,3 +287,20 @@ def test_processes_forked_during_a_conversion_collect_as_before_it():
         assert gc.get_threshold() == (1234, 5, 6)
     finally:
         gc.set_threshold(*saved)
+
+
+def test_runs_that_overlap_put_back_the_thresholds_from_before_the_first():
+    # Two conversions in threads of one program: the first ends while the second runs.
+    saved = gc.get_threshold()
+    gc.set_threshold(1234, 5, 6)
+    try:
+        first, second = collection_for_run(), collection_for_run()
+        first.__enter__()
+        second.__enter__()
+        first.__exit__(None, None, None)
+        assert gc.get_threshold() == (RUN_GC_THRESHOLD0, 5, 6)  # the second still runs
+        second.__exit__(None, None, None)
+        assert gc.get_threshold() == (1234, 5, 6)
+        assert gc.get_freeze_count() == 0
+    finally:
+        gc.set_threshold(*saved)
