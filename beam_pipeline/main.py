@@ -13,6 +13,7 @@ import logging
 import os
 import signal
 import sys
+import threading
 import uuid
 from collections.abc import Callable
 from typing import TypeVar
@@ -140,6 +141,69 @@ class RunOptions(PipelineOptions):
         return state
 
 
+# Generation-0 threshold of the collector while a conversion runs (CPython's default: 700).
+RUN_GC_THRESHOLD0 = 100_000
+
+
+@contextlib.contextmanager
+def collection_for_run(threshold0: int = RUN_GC_THRESHOLD0):
+    """While a conversion runs: what is alive frozen, and the collector's youngest generation 100,000.
+
+    Beam's modules and the pipeline graph (about a million objects) live for the whole run:
+    frozen (gc.freeze), the collector's passes no longer walk them again and again (0.2 s
+    of CPU down to 0.03 s for 16,000 images). During the run the runner allocates container
+    objects in the millions (decoded batches, Beam's per-bundle and per-element objects) and
+    frees nearly all of them by reference counting: with CPython's default threshold (a
+    generation-0 pass every 700 net new containers) the collector ran ~1,650 young passes
+    and 7 full ones while planning 400,000 images and freed ~12,000 objects in all, about
+    as many as at 100,000 (benchmarks/gc_cost.py): no cycle is made per image. A pass
+    every 100,000 keeps collecting (cyclic garbage waits for at most 100,000 net new
+    containers, then goes as before) at a fraction of the passes (~0.4 us of CPU an
+    image less while planning, ~0.8 with a labels table; benchmarks/README.md). The
+    writer processes forked during the run collect with the thresholds from before it
+    (`_writers_collect_as_before`): they allocate little, and a failure's traceback there
+    may hold an image.
+
+    When the last run of the process ends, the thresholds are put back and everything
+    unfrozen, so that repeated runs in one process can still free their graphs. They are
+    the process's own, so a program that runs conversions in one thread shares them with
+    its other threads meanwhile (and runs in several threads share one setting: the
+    thresholds from before the first are put back after the last).
+    """
+    global _before_run, _runs
+    with _runs_lock:
+        if _runs == 0:
+            _before_run = gc.get_threshold()
+            gc.set_threshold(threshold0, *_before_run[1:])
+        _runs += 1
+        gc.freeze()
+    try:
+        yield
+    finally:
+        with _runs_lock:
+            _runs -= 1
+            if _runs == 0:
+                gc.set_threshold(*_before_run)
+                _before_run = None
+                gc.unfreeze()
+
+
+# The collector's thresholds from before the conversions that run (None: none runs), and
+# how many run (in threads of this process).
+_before_run: tuple[int, ...] | None = None
+_runs = 0
+_runs_lock = threading.Lock()
+
+
+def _writers_collect_as_before() -> None:
+    """In a process forked during a conversion (a shard writer): the thresholds from before it."""
+    if _before_run is not None:
+        gc.set_threshold(*_before_run)
+
+
+os.register_at_fork(after_in_child=_writers_collect_as_before)
+
+
 def _described_only(options: PipelineOptions) -> bool:
     """A Dataflow dry run or template: the job is described (and staged), not run."""
     return bool(options.view_as(TestOptions).dry_run or options.view_as(GoogleCloudOptions).template_location)
@@ -204,18 +268,13 @@ def _run_claimed(
     reporter = None
     if not opts.quiet and in_process(options):
         reporter = ProgressReporter(progress.register(run_id), sys.stderr, opts.progress_interval).start()
-    # Beam's modules and the pipeline graph (about a million objects) live for the whole run:
-    # frozen, the collector's passes during the run no longer walk them again and again
-    # (0.2 s of CPU down to 0.03 s for 16,000 images, 0.1 s to 0.02 s for 40). Unfrozen
-    # afterwards, so that repeated runs in one process can still free their graphs.
-    gc.freeze()
     sampling = short_state_sampling() if in_process(options) else contextlib.nullcontext()
     try:
-        with sampling, quiet_user_errors():
+        with collection_for_run(), sampling, quiet_user_errors():
             result = p.run()
             result.wait_until_finish()
-        if on_result is not None:
-            on_result(result)
+            if on_result is not None:
+                on_result(result)
         if _described_only(options):
             claim.release(abandon=True)  # nothing ran here
             return {"described_only": True, "output_dir": output_dir}
@@ -228,7 +287,6 @@ def _run_claimed(
         claim.release(abandon=True)  # nothing was published: the folder is left as it was
         raise UserError(text) from None
     finally:
-        gc.unfreeze()
         if reporter is not None:
             reporter.stop()
         progress.unregister(run_id)

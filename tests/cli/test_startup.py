@@ -1,10 +1,11 @@
 """Start-up costs of ours: the options' views made once, one OpenBLAS thread in the CLI, Beam's
-imports of IOs that a local run never uses left out."""
+imports of IOs that a local run never uses left out; the collector's settings of a run."""
 
 from __future__ import annotations
 
 import argparse
 import copy
+import gc
 import os
 import pickle
 import subprocess
@@ -16,7 +17,7 @@ from apache_beam.options.pipeline_options import PipelineOptions, StandardOption
 
 from beam_pipeline import runner_named, started_as_cli
 from beam_pipeline.cli.options import ConvertOptions
-from beam_pipeline.main import RunOptions, run
+from beam_pipeline.main import RUN_GC_THRESHOLD0, RunOptions, collection_for_run, run
 from beam_pipeline.pipeline import build_pipeline
 from tests.conftest import read_records
 
@@ -225,3 +226,81 @@ def test_the_cli_converts_with_the_imports_left_out(image_tree, tmp_path):
     assert cli_records and cli_records == lib_records
     for shard in sorted(cli_out.glob("*.tfrecord*")):
         assert shard.read_bytes() == (lib_out / shard.name).read_bytes()
+
+
+def test_a_program_importing_the_package_keeps_its_collector_settings():
+    # Importing freezes what Beam's import made, nothing else: thresholds and on/off as set.
+    code = (
+        "import gc\n"
+        "gc.set_threshold(1234, 5, 6)\n"
+        "import beam_pipeline, beam_pipeline.main\n"
+        "print(gc.get_threshold(), gc.isenabled())"
+    )
+    out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, check=True)
+    assert out.stdout.split("\n")[0] == "(1234, 5, 6) True"
+
+
+def test_a_conversion_runs_frozen_with_a_large_young_generation_and_puts_both_back(image_tree, tmp_path):
+    seen = []
+
+    def during(result):  # called by run() once the job has finished, still inside the run
+        seen.append((gc.get_threshold(), gc.get_freeze_count(), gc.isenabled()))
+
+    saved = gc.get_threshold()
+    gc.set_threshold(1234, 5, 6)
+    try:
+        run(
+            ["--input", str(image_tree), "--output_dir", str(tmp_path / "out")],
+            save_main_session=False,
+            on_result=during,
+        )
+        assert gc.get_threshold() == (1234, 5, 6)
+        assert gc.get_freeze_count() == 0  # unfrozen: repeated runs in a program free their graphs
+    finally:
+        gc.set_threshold(*saved)
+    ((thresholds, frozen, enabled),) = seen
+    assert thresholds == (RUN_GC_THRESHOLD0, 5, 6)
+    assert frozen > 100_000  # Beam's modules and the graph
+    assert enabled
+    assert read_records(tmp_path / "out")
+
+
+@pytest.mark.skipif(not hasattr(os, "fork"), reason="forks")
+def test_processes_forked_during_a_conversion_collect_as_before_it():
+    # The shard writers are forked while a run's thresholds are set: they get the ones from before.
+    saved = gc.get_threshold()
+    gc.set_threshold(1234, 5, 6)
+    try:
+        with collection_for_run():
+            assert gc.get_threshold() == (RUN_GC_THRESHOLD0, 5, 6)
+            read, write = os.pipe()
+            pid = os.fork()
+            if pid == 0:  # the child
+                os.write(write, repr(gc.get_threshold()).encode())
+                os._exit(0)
+            os.close(write)
+            child = os.read(read, 100).decode()
+            os.close(read)
+            os.waitpid(pid, 0)
+            assert gc.get_threshold() == (RUN_GC_THRESHOLD0, 5, 6)  # the parent keeps the run's
+        assert child == "(1234, 5, 6)"
+        assert gc.get_threshold() == (1234, 5, 6)
+    finally:
+        gc.set_threshold(*saved)
+
+
+def test_runs_that_overlap_put_back_the_thresholds_from_before_the_first():
+    # Two conversions in threads of one program: the first ends while the second runs.
+    saved = gc.get_threshold()
+    gc.set_threshold(1234, 5, 6)
+    try:
+        first, second = collection_for_run(), collection_for_run()
+        first.__enter__()
+        second.__enter__()
+        first.__exit__(None, None, None)
+        assert gc.get_threshold() == (RUN_GC_THRESHOLD0, 5, 6)  # the second still runs
+        second.__exit__(None, None, None)
+        assert gc.get_threshold() == (1234, 5, 6)
+        assert gc.get_freeze_count() == 0
+    finally:
+        gc.set_threshold(*saved)
