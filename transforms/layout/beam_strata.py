@@ -75,7 +75,7 @@ class KeyClassesFn(beam.DoFn):
 
     def setup(self) -> None:
         self._totals: dict | None = None
-        self._packs: dict[str, int] = {}
+        self._packs: strata.Packs | None = None
 
     def start_bundle(self) -> None:
         self._gather = KeyedGather()
@@ -83,10 +83,10 @@ class KeyClassesFn(beam.DoFn):
 
     def process(self, batch: RecordBatch, counts: dict) -> Iterator:
         if self._totals is not counts:  # the packs of a side input, once per worker
-            self._packs, self._totals = strata.pack_classes(counts, self._bucket), counts
+            self._packs, self._totals = strata.Packs(counts, self._bucket), counts
         batch = with_hashes(batch, self._seed)
         hashes = cuts.hash_columns(batch.hashes)[SPLIT_HASH]
-        keys = strata.group_keys(batch.class_keys(), hashes, self._packs, counts, self._bucket)
+        keys = strata.group_keys(batch.class_keys(), hashes, self._packs)
         buckets = self._counts
         for key in keys:
             if key[0] == strata._BUCKET:
@@ -133,7 +133,7 @@ class ResolveClassesFn(beam.DoFn):
             cuts.hash_columns(batch.hashes)[SPLIT_HASH],
             batch.relpaths,
             batch.paths,
-            counts,
+            counts if kind == strata._BUCKET else None,  # a pack holds its classes whole
             self._cumulative,
             start,
         )
