@@ -124,15 +124,19 @@ def _dictionary(column: Sequence) -> tuple[Sequence, bytes | None]:
     """A column as (its distinct values, each value's index in them, as bytes).
 
     Codes b"": every value is the one distinct value (or the column is empty). Codes None:
-    the table is the column itself (values that cannot be dict keys).
+    the table is the column itself (values that cannot be dict keys, or a column of mostly
+    distinct values, such as the labels of a batch of GLDv2's 203,094 classes, where a table
+    saves no bytes and costs a dict entry a record to build and a lookup to read).
     """
     if not column or column.count(column[0]) == len(column):
         return tuple(column[:1]), b""
-    index: dict = {}
     try:
-        codes = [index.setdefault(v, len(index)) for v in column]
+        if len(set(column)) > len(column) // 2:  # mostly distinct: the column as it is
+            return column, None
     except TypeError:  # an unhashable value (extras are free-form)
         return column, None
+    index: dict = {}
+    codes = [index.setdefault(v, len(index)) for v in column]
     width = 1 if len(index) <= 2**8 else 2 if len(index) <= 2**16 else 4
     return tuple(index), np.asarray(codes, _CODE_TYPES[width]).tobytes()
 

@@ -35,10 +35,17 @@ def _assert_round_trip(batch: RecordBatch) -> None:
     assert located.batch == batch and located.batch.hashes == batch.hashes
 
 
-@pytest.mark.parametrize("classes", [1, 3, 300, 70_000])  # codes of 0, 1, 1, 2 and 4 bytes
-def test_record_batches_read_back_exactly_whatever_repeats(classes):
-    n = 1000 if classes < 1000 else classes + 5
-    _assert_round_trip(with_hashes(_tiny(n, classes), 3))
+@pytest.mark.parametrize(
+    "n, classes, label_codes",
+    [(1000, 1, 0), (1000, 3, 1), (1000, 300, 2), (1000, 500, 2), (140_010, 70_000, 4), (1000, 501, None)],
+)
+def test_record_batches_read_back_exactly_whatever_repeats(n, classes, label_codes):
+    """Labels as a table and codes of 0, 1, 2 or 4 bytes a record; mostly distinct (more
+    than half the records): as they are (codes None)."""
+    batch = with_hashes(_tiny(n, classes), 3)
+    codes = coders.record_batch_fields(batch)[5]
+    assert (None if codes is None else len(codes) // n) == label_codes
+    _assert_round_trip(batch)
 
 
 def test_batches_without_a_common_root_or_with_free_form_extras_read_back():
