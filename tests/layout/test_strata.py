@@ -49,7 +49,9 @@ def _splits_by_groups(records, seed, bucket):
     """Every record's split as the groups give it: keyed, gathered per key, placed."""
     totals = dict(collections.Counter(r.class_key for r in records))
     hashes = np.array([cuts.seeded_hashes(r.relpath, seed)[0] for r in records], dtype=np.uint64)
-    keys = strata.group_keys([r.class_key for r in records], hashes, strata.Packs(totals, bucket))
+    codes, distinct = strata.group_keys([r.class_key for r in records], hashes, strata.Packs(totals, bucket))
+    assert len(set(distinct)) == len(distinct) == len(set(codes.tolist()))
+    keys = [distinct[c] for c in codes.tolist()]
     groups = collections.defaultdict(list)
     table: dict = {}
     for i, key in enumerate(keys):

@@ -18,6 +18,7 @@ import collections
 from collections.abc import Iterable, Iterator
 
 import apache_beam as beam
+import numpy as np
 from apache_beam import pvalue
 from apache_beam.transforms.window import GlobalWindows
 
@@ -86,12 +87,13 @@ class KeyClassesFn(beam.DoFn):
             self._packs, self._totals = strata.Packs(counts, self._bucket), counts
         batch = with_hashes(batch, self._seed)
         hashes = cuts.hash_columns(batch.hashes)[SPLIT_HASH]
-        keys = strata.group_keys(batch.class_keys(), hashes, self._packs)
+        codes, keys = strata.group_keys(batch.class_keys(), hashes, self._packs)
         buckets = self._counts
-        for key in keys:
-            if key[0] == strata._BUCKET:
-                buckets[key[1:]] = buckets.get(key[1:], 0) + 1
-        yield from self._gather.add(batch, keys)
+        if any(key[0] == strata._BUCKET for key in keys):
+            for key, n in zip(keys, np.bincount(codes, minlength=len(keys)).tolist()):
+                if key[0] == strata._BUCKET:
+                    buckets[key[1:]] = buckets.get(key[1:], 0) + n
+        yield from self._gather.add_coded(batch, codes, keys)
 
     def finish_bundle(self) -> Iterator:
         for item in self._gather.drain():

@@ -84,32 +84,36 @@ def group_keys(
     classes: Sequence[str],
     split_hashes: np.ndarray,
     packs: Packs,
-) -> list[tuple[int, str, int]]:
-    """Each record's group key: its class's pack, or (a class above the pack size) its hash bucket.
+) -> tuple[np.ndarray, list[tuple[int, str, int]]]:
+    """Each record's group key, as (codes, keys): record i goes to keys[codes[i]], its class's
+    pack or (a class above the pack size) its hash bucket; `keys` are distinct.
 
     Per distinct class of the batch, a binary search over the packs' first names (a list of
     ~N / bucket names: in cache, unlike a table of every class, where each lookup is a cache
-    miss: ~0.5 us at 200,000 classes); per record, numpy and a small dict.
+    miss: ~0.5 us at 200,000 classes); per record, numpy (and a dict lookup for the records
+    of the few classes above the pack size).
     """
     index: dict[str, int] = {}
     codes = np.fromiter((index.setdefault(c, len(index)) for c in classes), np.int64, len(classes))
     names = list(index)
     big, pack_of = packs.big, packs.pack_of
-    keys_of = [None] * len(names)
+    keys: dict[tuple[int, str, int], int] = {}
+    key_of = np.full(len(names), -1, dtype=np.int64)  # a class's key, for the packed classes
     bits = np.zeros(len(names), dtype=np.int64)
     for code, name in enumerate(names):
         b = big.get(name)
         if b is None:
-            keys_of[code] = (_PACK, "", pack_of(name))
+            key_of[code] = keys.setdefault((_PACK, "", pack_of(name)), len(keys))
         else:
             bits[code] = b
-    if not bits.any():
-        return list(map(keys_of.__getitem__, codes.tolist()))
-    buckets = cuts.buckets_of(split_hashes, bits[codes])
-    return [
-        keys_of[c] if keys_of[c] is not None else (_BUCKET, names[c], b)
-        for c, b in zip(codes.tolist(), buckets)
-    ]
+    out = key_of[codes]
+    if bits.any():
+        at = np.flatnonzero(bits[codes])
+        buckets = cuts.buckets_of(split_hashes[at], bits[codes[at]])
+        out[at] = [
+            keys.setdefault((_BUCKET, names[c], b), len(keys)) for c, b in zip(codes[at].tolist(), buckets)
+        ]
+    return out, list(keys)
 
 
 def bucket_starts(table: Mapping[int, Sequence[int]]) -> dict[int, int]:
