@@ -173,9 +173,16 @@ def record_batch_fields(batch: RecordBatch) -> tuple:
     runner holds 3-4 of a stage's input and output while the stage runs) is that much
     smaller. Read back by `record_batch_from_fields`.
     """
-    paths, relpaths, sizes, labels, splits, extras = batch.columns()
+    relpaths, sizes, labels, splits, extras = (
+        batch.relpaths,
+        batch.sizes,
+        batch.labels,
+        batch.splits,
+        batch.extras,
+    )
+    root = batch.root  # known when the batch was decoded from a root: no check, no paths built
     return (
-        *_paths_fields(paths, relpaths),
+        *((root, None) if root is not None else _paths_fields(batch.paths, relpaths)),
         relpaths,
         sizes,
         *_dictionary(labels),
@@ -203,8 +210,9 @@ def record_batch_from_fields(fields: Sequence) -> RecordBatch:
         seed,
     ) = fields
     n = len(relpaths)
-    return RecordBatch.from_columns(
-        _paths(root, paths, relpaths),
+    make = RecordBatch.from_root if paths is None else RecordBatch.from_columns
+    return make(
+        root if paths is None else paths,
         relpaths,
         sizes,
         _undictionary(labels, label_codes, n),
