@@ -290,7 +290,7 @@ class RecordBatch:
         return self._records
 
     def __len__(self) -> int:
-        return len(self.paths)
+        return len(self.relpaths)  # not the paths: they may be unbuilt (from_root)
 
     def __eq__(self, other: object) -> bool:
         return type(other) is RecordBatch and self.columns() == other.columns()

@@ -88,7 +88,7 @@ def test_a_decoded_batch_keeps_its_root_through_take_slice_concat_and_new_column
     that cut and join batches, are coded as the root again, and read as the full paths."""
     batch = with_hashes(_tiny(300, 7), 5)
     back = coders.decode_record_batch(coders.encode_record_batch(batch))
-    assert back.root == ROOT and back._paths is None
+    assert len(back) == 300 and back.root == ROOT and back._paths is None  # len reads no path
     derived = (
         back.take([5, 3, 299, 3]),
         back.slice(10, 20),

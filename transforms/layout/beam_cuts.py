@@ -389,13 +389,13 @@ class KeyPartsFn(_PlannedFn):
         if at.size:
             if self._bounds is not boundaries:
                 self._bounds, self._lists = boundaries, {}
-            keys = _order_keys(self._order, batch)
-            for i, code, bucket in zip(at.tolist(), codes[at].tolist(), buckets[at].tolist()):
+            keys = _order_keys(self._order, batch.take(at.tolist()))  # the straddling records' only
+            for j, (i, code, bucket) in enumerate(zip(at.tolist(), codes[at].tolist(), buckets[at].tolist())):
                 lists = self._lists.get((code_name := names[code], bucket))
                 if lists is None:
                     bounds = boundaries[code_name, bucket]
                     lists = self._lists[code_name, bucket] = ([k for k, _ in bounds], [p for _, p in bounds])
-                parts[i] = lists[1][bisect.bisect_right(lists[0], keys[i]) - 1]
+                parts[i] = lists[1][bisect.bisect_right(lists[0], keys[j]) - 1]
         yield from self._gather.add_coded(batch, *_part_codes(codes, parts, names))
 
     def finish_bundle(self) -> Iterator:
