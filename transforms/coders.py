@@ -8,8 +8,9 @@ bytes, kept as surrogates) is pickled instead, behind a tag byte, so every recor
 round-trips exactly. A batch (FileBatch, RecordBatch) is one coder call on the tuple of
 its columns with their repeats taken out (the paths as one root when each is root +
 relpath; labels, splits and extras as a table of distinct values and a byte or two a
-record; a RecordBatch's seeded hashes as one bytes value), decoded without building one
-object per image; so is a ShardTask (its batch's columns,
+record, or as they are when most values are distinct; a RecordBatch's seeded hashes as one
+bytes value), decoded without building one object per image (a RecordBatch's paths are
+built from its root only when read: RecordBatch.from_root); so is a ShardTask (its batch's columns,
 the split column left out when every record is in the task's split). A size estimate (Beam samples element sizes for its counters, about every
 element of a short PCollection) is one record's size times the count instead of a full
 encode. Registered for every record type on import; a PCollection gets them when
@@ -168,7 +169,8 @@ def record_batch_fields(batch: RecordBatch) -> tuple:
 
     A batch's paths are mostly its root plus each relpath (coded as the root alone), and its
     labels, splits and extras repeat a few values (coded as a table of the distinct values and
-    a byte or two a record). Tiny images' records are ~47 bytes coded instead of ~140 (72 of
+    a byte or two a record; a column of mostly distinct values as it is). A batch decoded
+    from a root (RecordBatch.from_root) is coded as that root again, with no check. Tiny images' records are ~47 bytes coded instead of ~140 (72 of
     them the path): every copy of an encoded PCollection that a runner holds (the local
     runner holds 3-4 of a stage's input and output while the stage runs) is that much
     smaller. Read back by `record_batch_from_fields`.
