@@ -3,7 +3,7 @@
 from __future__ import annotations
 
 import itertools
-from collections.abc import Callable, Iterable, Iterator
+from collections.abc import Callable, Iterable, Iterator, Sequence
 from typing import Any, TypeVar
 
 import apache_beam as beam
@@ -117,21 +117,41 @@ class KeyedGather:
     def add(self, batch: RecordBatch, keys: Iterable[Any]) -> Iterator[tuple[Any, RecordBatch]]:
         """Holds `batch`, whose record i goes under keys[i]; yields the parts of a flush when one is due."""
         code = self._keys.setdefault
-        self._codes.append(np.fromiter((code(k, len(self._keys)) for k in keys), np.int64, len(batch)))
+        yield from self._held_codes(
+            batch, np.fromiter((code(k, len(self._keys)) for k in keys), np.int64, len(batch))
+        )
+
+    def add_coded(
+        self, batch: RecordBatch, codes: np.ndarray, keys: Sequence[Any]
+    ) -> Iterator[tuple[Any, RecordBatch]]:
+        """`add` with the keys as int codes: record i goes under keys[codes[i]].
+
+        The keys are looked up once per distinct key of the batch, not once per record (a
+        dict lookup of a tuple key a record cost about as much as the rest of the keying).
+        """
+        code = self._keys.setdefault
+        mapping = np.fromiter((code(k, len(self._keys)) for k in keys), np.int64, len(keys))
+        yield from self._held_codes(batch, mapping[codes] if len(codes) else codes.astype(np.int64))
+
+    def _held_codes(self, batch: RecordBatch, codes: np.ndarray) -> Iterator[tuple[Any, RecordBatch]]:
+        self._codes.append(codes)
         self._batches.append(batch)
         self._held += len(batch)
         if self._held >= self._max_held:
             yield from self.drain()
 
     def drain(self) -> Iterator[tuple[Any, RecordBatch]]:
-        """Every held record, one part per key, keys in order of first arrival (stable for a bundle)."""
+        """Every held record, one part per key, keys in the order they were first added (stable for a bundle)."""
         if not self._batches:
             return
         batch, codes, names = RecordBatch.concat(self._batches), np.concatenate(self._codes), list(self._keys)
         self._batches, self._codes, self._keys, self._held = [], [], {}, 0
         order = np.argsort(codes, kind="stable")
         codes = codes[order]
-        ordered = batch if len(names) == 1 else batch.take(order.tolist())
+        if codes[0] == codes[-1]:  # one key: the batch as it is
+            yield names[codes[0]], batch
+            return
+        ordered = batch.take(order.tolist())
         cuts_at = [0, *(np.flatnonzero(np.diff(codes)) + 1).tolist(), len(codes)]
         for start, stop in zip(cuts_at, cuts_at[1:]):
-            yield names[codes[start]], ordered.slice(start, stop) if len(names) > 1 else ordered
+            yield names[codes[start]], ordered.slice(start, stop)

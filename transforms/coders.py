@@ -8,8 +8,9 @@ bytes, kept as surrogates) is pickled instead, behind a tag byte, so every recor
 round-trips exactly. A batch (FileBatch, RecordBatch) is one coder call on the tuple of
 its columns with their repeats taken out (the paths as one root when each is root +
 relpath; labels, splits and extras as a table of distinct values and a byte or two a
-record; a RecordBatch's seeded hashes as one bytes value), decoded without building one
-object per image; so is a ShardTask (its batch's columns,
+record, or as they are when most values are distinct; a RecordBatch's seeded hashes as one
+bytes value), decoded without building one object per image (a RecordBatch's paths are
+built from its root only when read: RecordBatch.from_root); so is a ShardTask (its batch's columns,
 the split column left out when every record is in the task's split). A size estimate (Beam samples element sizes for its counters, about every
 element of a short PCollection) is one record's size times the count instead of a full
 encode. Registered for every record type on import; a PCollection gets them when
@@ -124,15 +125,19 @@ def _dictionary(column: Sequence) -> tuple[Sequence, bytes | None]:
     """A column as (its distinct values, each value's index in them, as bytes).
 
     Codes b"": every value is the one distinct value (or the column is empty). Codes None:
-    the table is the column itself (values that cannot be dict keys).
+    the table is the column itself (values that cannot be dict keys, or a column of mostly
+    distinct values, such as the labels of a batch of GLDv2's 203,094 classes, where a table
+    saves no bytes and costs a dict entry a record to build and a lookup to read).
     """
     if not column or column.count(column[0]) == len(column):
         return tuple(column[:1]), b""
-    index: dict = {}
     try:
-        codes = [index.setdefault(v, len(index)) for v in column]
+        if len(set(column)) > len(column) // 2:  # mostly distinct: the column as it is
+            return column, None
     except TypeError:  # an unhashable value (extras are free-form)
         return column, None
+    index: dict = {}
+    codes = [index.setdefault(v, len(index)) for v in column]
     width = 1 if len(index) <= 2**8 else 2 if len(index) <= 2**16 else 4
     return tuple(index), np.asarray(codes, _CODE_TYPES[width]).tobytes()
 
@@ -164,14 +169,22 @@ def record_batch_fields(batch: RecordBatch) -> tuple:
 
     A batch's paths are mostly its root plus each relpath (coded as the root alone), and its
     labels, splits and extras repeat a few values (coded as a table of the distinct values and
-    a byte or two a record). Tiny images' records are ~47 bytes coded instead of ~140 (72 of
+    a byte or two a record; a column of mostly distinct values as it is). A batch decoded
+    from a root (RecordBatch.from_root) is coded as that root again, with no check. Tiny images' records are ~47 bytes coded instead of ~140 (72 of
     them the path): every copy of an encoded PCollection that a runner holds (the local
     runner holds 3-4 of a stage's input and output while the stage runs) is that much
     smaller. Read back by `record_batch_from_fields`.
     """
-    paths, relpaths, sizes, labels, splits, extras = batch.columns()
+    relpaths, sizes, labels, splits, extras = (
+        batch.relpaths,
+        batch.sizes,
+        batch.labels,
+        batch.splits,
+        batch.extras,
+    )
+    root = batch.root  # known when the batch was decoded from a root: no check, no paths built
     return (
-        *_paths_fields(paths, relpaths),
+        *((root, None) if root is not None else _paths_fields(batch.paths, relpaths)),
         relpaths,
         sizes,
         *_dictionary(labels),
@@ -199,8 +212,9 @@ def record_batch_from_fields(fields: Sequence) -> RecordBatch:
         seed,
     ) = fields
     n = len(relpaths)
-    return RecordBatch.from_columns(
-        _paths(root, paths, relpaths),
+    make = RecordBatch.from_root if paths is None else RecordBatch.from_columns
+    return make(
+        root if paths is None else paths,
         relpaths,
         sizes,
         _undictionary(labels, label_codes, n),

@@ -166,10 +166,17 @@ class RecordBatch:
     relpaths, sizes, labels, splits, extras)` equal-length tuples (no ImageRecord is built).
     `hashes` (bytes, HASH_BYTES a record, or None) are the records' seeded hashes for seed
     `hash_seed`, set by the layout stage. Immutable by convention: `with_*` make new batches.
+
+    A batch decoded from paths coded as one root (transforms/coders.py: every path is root +
+    relpath) keeps that root and builds `paths` only when it is read (`from_root`): the
+    planning steps never read the paths of most records, and `take`, `slice`, `concat` and
+    `with_columns` keep the root, so a batch crossing several stages is coded as its root
+    without the paths being built or checked again.
     """
 
     __slots__ = (
-        "paths",
+        "_paths",
+        "_root",
         "relpaths",
         "sizes",
         "labels",
@@ -182,7 +189,8 @@ class RecordBatch:
 
     def __init__(self, records: Iterable[ImageRecord] = ()):
         records = tuple(records)
-        self.paths = tuple([r.path for r in records])
+        self._paths: tuple[str, ...] | None = tuple([r.path for r in records])
+        self._root: str | None = None
         self.relpaths = tuple([r.relpath for r in records])
         self.sizes = tuple([r.size for r in records])
         self.labels = tuple([r.labels for r in records])
@@ -211,11 +219,60 @@ class RecordBatch:
         if hashes is not None and len(hashes) != n * HASH_BYTES:
             raise ValueError("RecordBatch hashes of the wrong length")
         batch = cls.__new__(cls)
-        batch.paths, batch.relpaths, batch.sizes = tuple(paths), tuple(relpaths), tuple(sizes)
+        batch._paths, batch._root = tuple(paths), None
+        batch.relpaths, batch.sizes = tuple(relpaths), tuple(sizes)
         batch.labels, batch.splits, batch.extras = tuple(labels), tuple(splits), tuple(extras)
         batch.hashes, batch.hash_seed = (hashes, hash_seed) if hashes is not None else (None, None)
         batch._records = None
         return batch
+
+    @classmethod
+    def from_root(
+        cls,
+        root: str,
+        relpaths: Sequence[str],
+        sizes: Sequence[int],
+        labels: Sequence[tuple[str, ...]],
+        splits: Sequence[str],
+        extras: Sequence[tuple],
+        hashes: bytes | None = None,
+        hash_seed: int | None = None,
+    ) -> RecordBatch:
+        """A batch whose every path is `root` + its relpath (`paths` built when first read)."""
+        batch = cls.__new__(cls)
+        batch._records = None
+        n = len(relpaths)
+        if not n == len(sizes) == len(labels) == len(splits) == len(extras):
+            raise ValueError("RecordBatch columns of different lengths")
+        if hashes is not None and len(hashes) != n * HASH_BYTES:
+            raise ValueError("RecordBatch hashes of the wrong length")
+        batch._paths, batch._root = None, root
+        batch.relpaths, batch.sizes = tuple(relpaths), tuple(sizes)
+        batch.labels, batch.splits, batch.extras = tuple(labels), tuple(splits), tuple(extras)
+        batch.hashes, batch.hash_seed = (hashes, hash_seed) if hashes is not None else (None, None)
+        return batch
+
+    @property
+    def paths(self) -> tuple[str, ...]:
+        """Each record's full path (built from the root on first read, for a batch `from_root`)."""
+        if self._paths is None:
+            self._paths = rooted_paths(self._root, self.relpaths)
+        return self._paths
+
+    @property
+    def root(self) -> str | None:
+        """The root every path is known to be followed by its relpath (`from_root`), else None.
+
+        None says nothing about the paths (they may still share a root: `root_of` checks)."""
+        return self._root
+
+    def _same_root(self, columns: tuple, hashes: bytes | None) -> RecordBatch:
+        """A batch of this one's root and `columns` (all but the paths)."""
+        return RecordBatch.from_root(self._root, *columns, hashes=hashes, hash_seed=self.hash_seed)
+
+    def _rest(self) -> tuple:
+        """The columns but the paths: (relpaths, sizes, labels, splits, extras)."""
+        return self.relpaths, self.sizes, self.labels, self.splits, self.extras
 
     def columns(self) -> tuple:
         """(paths, relpaths, sizes, labels, splits, extras)."""
@@ -233,7 +290,7 @@ class RecordBatch:
         return self._records
 
     def __len__(self) -> int:
-        return len(self.paths)
+        return len(self.relpaths)  # not the paths: they may be unbuilt (from_root)
 
     def __eq__(self, other: object) -> bool:
         return type(other) is RecordBatch and self.columns() == other.columns()
@@ -249,6 +306,11 @@ class RecordBatch:
 
     def with_columns(self, **columns: Any) -> RecordBatch:
         """A copy with some columns replaced (e.g. `splits=...`, `hashes=..., hash_seed=...`)."""
+        if self._paths is None and "paths" not in columns and "relpaths" not in columns:
+            fields = dict(zip(("relpaths", "sizes", "labels", "splits", "extras"), self._rest()))
+            fields.update(hashes=self.hashes, hash_seed=self.hash_seed)
+            fields.update(columns)
+            return RecordBatch.from_root(self._root, **fields)
         fields = dict(
             paths=self.paths,
             relpaths=self.relpaths,
@@ -267,6 +329,8 @@ class RecordBatch:
         hashes = self.hashes
         if hashes is not None:
             hashes = np.frombuffer(hashes, dtype=_HASH_DTYPE)[np.asarray(indices, dtype=np.intp)].tobytes()
+        if self._paths is None:
+            return self._same_root(tuple(_pick(column, indices) for column in self._rest()), hashes)
         return RecordBatch.from_columns(
             *(_pick(column, indices) for column in self.columns()), hashes=hashes, hash_seed=self.hash_seed
         )
@@ -275,6 +339,8 @@ class RecordBatch:
         """The records start..stop-1 (hashes kept)."""
         h = HASH_BYTES
         hashes = self.hashes[start * h : stop * h] if self.hashes is not None else None
+        if self._paths is None:
+            return self._same_root(tuple(column[start:stop] for column in self._rest()), hashes)
         return RecordBatch.from_columns(
             *(column[start:stop] for column in self.columns()), hashes=hashes, hash_seed=self.hash_seed
         )
@@ -291,13 +357,17 @@ class RecordBatch:
         batches = list(batches)
         if len(batches) == 1:
             return batches[0]
-        columns = [tuple(itertools.chain.from_iterable(c)) for c in zip(*(b.columns() for b in batches))]
-        if not batches:
-            columns = [()] * 6
         seeds = {b.hash_seed for b in batches}
         hashes = seed = None
         if len(seeds) == 1 and None not in seeds and all(b.hashes is not None for b in batches):
             hashes, seed = b"".join(b.hashes for b in batches), seeds.pop()
+        roots = {b._root if b._paths is None else None for b in batches}
+        if len(roots) == 1 and None not in roots:  # one root: the paths stay unbuilt
+            columns = [tuple(itertools.chain.from_iterable(c)) for c in zip(*(b._rest() for b in batches))]
+            return RecordBatch.from_root(roots.pop(), *columns, hashes=hashes, hash_seed=seed)
+        columns = [tuple(itertools.chain.from_iterable(c)) for c in zip(*(b.columns() for b in batches))]
+        if not batches:
+            columns = [()] * 6
         return RecordBatch.from_columns(*columns, hashes=hashes, hash_seed=seed)
 
 

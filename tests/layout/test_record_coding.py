@@ -35,10 +35,17 @@ def _assert_round_trip(batch: RecordBatch) -> None:
     assert located.batch == batch and located.batch.hashes == batch.hashes
 
 
-@pytest.mark.parametrize("classes", [1, 3, 300, 70_000])  # codes of 0, 1, 1, 2 and 4 bytes
-def test_record_batches_read_back_exactly_whatever_repeats(classes):
-    n = 1000 if classes < 1000 else classes + 5
-    _assert_round_trip(with_hashes(_tiny(n, classes), 3))
+@pytest.mark.parametrize(
+    "n, classes, label_codes",
+    [(1000, 1, 0), (1000, 3, 1), (1000, 300, 2), (1000, 500, 2), (140_010, 70_000, 4), (1000, 501, None)],
+)
+def test_record_batches_read_back_exactly_whatever_repeats(n, classes, label_codes):
+    """Labels as a table and codes of 0, 1, 2 or 4 bytes a record; mostly distinct (more
+    than half the records): as they are (codes None)."""
+    batch = with_hashes(_tiny(n, classes), 3)
+    codes = coders.record_batch_fields(batch)[5]
+    assert (None if codes is None else len(codes) // n) == label_codes
+    _assert_round_trip(batch)
 
 
 def test_batches_without_a_common_root_or_with_free_form_extras_read_back():
@@ -74,3 +81,31 @@ def test_tiny_image_records_are_coded_in_under_55_bytes():
     assert coders.decode_file_batch(coders.encode_file_batch(files)) == files
     mixed = FileBatch.from_columns(("/a/1.jpg", "/b/2.jpg"), ("1.jpg", "2.jpg"), (1, 2))
     assert coders.decode_file_batch(coders.encode_file_batch(mixed)) == mixed
+
+
+def test_a_decoded_batch_keeps_its_root_through_take_slice_concat_and_new_columns():
+    """Paths coded as a root come back unbuilt (`RecordBatch.root`), stay so through the steps
+    that cut and join batches, are coded as the root again, and read as the full paths."""
+    batch = with_hashes(_tiny(300, 7), 5)
+    back = coders.decode_record_batch(coders.encode_record_batch(batch))
+    assert len(back) == 300 and back.root == ROOT and back._paths is None  # len reads no path
+    derived = (
+        back.take([5, 3, 299, 3]),
+        back.slice(10, 20),
+        RecordBatch.concat([back.slice(0, 10), back.take([1, 2])]),
+        back.with_columns(splits=("test",) * 300),
+    )
+    expected = (
+        batch.take([5, 3, 299, 3]),
+        batch.slice(10, 20),
+        RecordBatch.concat([batch.slice(0, 10), batch.take([1, 2])]),
+        batch.with_columns(splits=("test",) * 300),
+    )
+    for got, want in zip(derived, expected):
+        assert got.root == ROOT and got._paths is None
+        assert coders.encode_record_batch(got) == coders.encode_record_batch(want)
+        assert got == want and got.paths == want.paths and got.hashes == want.hashes
+    # Joined with a batch of other paths, or given new paths: the paths are built.
+    mixed = RecordBatch.concat([back.slice(0, 2), RecordBatch(_tiny(1, root="/other/").records)])
+    assert mixed.root is None and mixed.paths[2] == "/other/class_00000/img_0000000.jpg"
+    assert back.with_columns(paths=("/x",) * 300).paths == ("/x",) * 300

@@ -27,6 +27,10 @@ def test_packs_hold_small_classes_whole_and_at_most_the_pack_size():
     assert max(held.values()) <= 512 and len(held) > 1
     assert sum(held.values()) >= 0.5 * 512 * (len(held) - 1)  # filled, not one pack a class
     assert strata.pack_classes(dict(reversed(list(totals.items()))), 512) == packs  # order of the totals
+    # Packs (what KeyClassesFn reads: the packs' first names and the big classes) gives the same.
+    index = strata.Packs(totals, 512)
+    assert {name: index.pack_of(name) for name in packs} == packs
+    assert index.big == {c: strata.class_bits(n, 512) for c, n in totals.items() if n > 512}
 
 
 def _records(sizes, seed=0):
@@ -45,8 +49,9 @@ def _splits_by_groups(records, seed, bucket):
     """Every record's split as the groups give it: keyed, gathered per key, placed."""
     totals = dict(collections.Counter(r.class_key for r in records))
     hashes = np.array([cuts.seeded_hashes(r.relpath, seed)[0] for r in records], dtype=np.uint64)
-    packs = strata.pack_classes(totals, bucket)
-    keys = strata.group_keys([r.class_key for r in records], hashes, packs, totals, bucket)
+    codes, distinct = strata.group_keys([r.class_key for r in records], hashes, strata.Packs(totals, bucket))
+    assert len(set(distinct)) == len(distinct) == len(set(codes.tolist()))
+    keys = [distinct[c] for c in codes.tolist()]
     groups = collections.defaultdict(list)
     table: dict = {}
     for i, key in enumerate(keys):
@@ -62,7 +67,7 @@ def _splits_by_groups(records, seed, bucket):
             hashes[members],
             [records[i].relpath for i in members],
             [records[i].path for i in members],
-            totals,
+            totals if kind == strata._BUCKET else None,  # a pack: the counts of the group
             _cumulative(RATIOS),
             start,
         )

@@ -359,6 +359,16 @@ class BoundariesFn(_PlannedFn):
         yield (seg, bucket), tuple(boundaries)
 
 
+def _part_codes(codes: np.ndarray, parts: np.ndarray, names: list[str]) -> tuple[np.ndarray, list]:
+    """(codes, keys) of each record's (segment, part) key (KeyedGather.add_coded): one numpy
+    pass over the records, a key tuple per distinct (segment, part) of the batch."""
+    if not len(parts):
+        return parts, []
+    width = int(parts.max()) + 1
+    distinct, inverse = np.unique(codes * width + parts, return_inverse=True)
+    return inverse.reshape(-1), [(names[d // width], d % width) for d in distinct.tolist()]
+
+
 class KeyPartsFn(_PlannedFn):
     """RecordBatch -> ((segment, part), RecordBatch), gathered per key over the bundle
     (batching.KeyedGather: at most 50,000 records held): a record whose bucket lies in one
@@ -379,14 +389,14 @@ class KeyPartsFn(_PlannedFn):
         if at.size:
             if self._bounds is not boundaries:
                 self._bounds, self._lists = boundaries, {}
-            keys = _order_keys(self._order, batch)
-            for i, code, bucket in zip(at.tolist(), codes[at].tolist(), buckets[at].tolist()):
+            keys = _order_keys(self._order, batch.take(at.tolist()))  # the straddling records' only
+            for j, (i, code, bucket) in enumerate(zip(at.tolist(), codes[at].tolist(), buckets[at].tolist())):
                 lists = self._lists.get((code_name := names[code], bucket))
                 if lists is None:
                     bounds = boundaries[code_name, bucket]
                     lists = self._lists[code_name, bucket] = ([k for k, _ in bounds], [p for _, p in bounds])
-                parts[i] = lists[1][bisect.bisect_right(lists[0], keys[i]) - 1]
-        yield from self._gather.add(batch, zip(self._order.segments(batch), parts.tolist()))
+                parts[i] = lists[1][bisect.bisect_right(lists[0], keys[j]) - 1]
+        yield from self._gather.add_coded(batch, *_part_codes(codes, parts, names))
 
     def finish_bundle(self) -> Iterator:
         for item in self._gather.drain():

@@ -18,6 +18,7 @@ import collections
 from collections.abc import Iterable, Iterator
 
 import apache_beam as beam
+import numpy as np
 from apache_beam import pvalue
 from apache_beam.transforms.window import GlobalWindows
 
@@ -75,7 +76,7 @@ class KeyClassesFn(beam.DoFn):
 
     def setup(self) -> None:
         self._totals: dict | None = None
-        self._packs: dict[str, int] = {}
+        self._packs: strata.Packs | None = None
 
     def start_bundle(self) -> None:
         self._gather = KeyedGather()
@@ -83,15 +84,16 @@ class KeyClassesFn(beam.DoFn):
 
     def process(self, batch: RecordBatch, counts: dict) -> Iterator:
         if self._totals is not counts:  # the packs of a side input, once per worker
-            self._packs, self._totals = strata.pack_classes(counts, self._bucket), counts
+            self._packs, self._totals = strata.Packs(counts, self._bucket), counts
         batch = with_hashes(batch, self._seed)
         hashes = cuts.hash_columns(batch.hashes)[SPLIT_HASH]
-        keys = strata.group_keys(batch.class_keys(), hashes, self._packs, counts, self._bucket)
+        codes, keys = strata.group_keys(batch.class_keys(), hashes, self._packs)
         buckets = self._counts
-        for key in keys:
-            if key[0] == strata._BUCKET:
-                buckets[key[1:]] = buckets.get(key[1:], 0) + 1
-        yield from self._gather.add(batch, keys)
+        if any(key[0] == strata._BUCKET for key in keys):
+            for key, n in zip(keys, np.bincount(codes, minlength=len(keys)).tolist()):
+                if key[0] == strata._BUCKET:
+                    buckets[key[1:]] = buckets.get(key[1:], 0) + n
+        yield from self._gather.add_coded(batch, codes, keys)
 
     def finish_bundle(self) -> Iterator:
         for item in self._gather.drain():
@@ -133,7 +135,7 @@ class ResolveClassesFn(beam.DoFn):
             cuts.hash_columns(batch.hashes)[SPLIT_HASH],
             batch.relpaths,
             batch.paths,
-            counts,
+            counts if kind == strata._BUCKET else None,  # a pack holds its classes whole
             self._cumulative,
             start,
         )

@@ -20,6 +20,7 @@ count / 2**bits), whatever the number of images.
 
 from __future__ import annotations
 
+import bisect
 from collections.abc import Mapping, Sequence
 
 import numpy as np
@@ -33,7 +34,8 @@ _PACK, _BUCKET = 0, 1
 
 def pack_classes(counts: Mapping[str, int], bucket: int) -> dict[str, int]:
     """{class: pack number} for every class of at most `bucket` records: classes in name order,
-    each pack filled up to `bucket` records (the same on every worker: the counts alone)."""
+    each pack filled up to `bucket` records (the same on every worker: the counts alone). The
+    reference that `Packs` (what the keying reads) matches (tests/layout/test_strata.py)."""
     packs: dict[str, int] = {}
     number, held = 0, 0
     for name in sorted(counts):
@@ -52,32 +54,66 @@ def class_bits(count: int, bucket: int) -> int:
     return cuts.bits_for(count / bucket) if count > bucket else 0
 
 
+class Packs:
+    """Where each class goes, from the class counts alone: a pack of small classes (contiguous
+    in class-name order, so a pack is found by a binary search over each pack's first name, with
+    no per-record lookup in a table of every class), or hash bucket bits (a class above `bucket`
+    records: few, a small dict). The same packs as `pack_classes`.
+    """
+
+    def __init__(self, counts: Mapping[str, int], bucket: int):
+        self.firsts: list[str] = []  # the first (smallest) class name of each pack
+        self.big: dict[str, int] = {}  # {class above `bucket` records: its hash bucket bits}
+        held = None
+        for name in sorted(counts):
+            count = counts[name]
+            if count > bucket:
+                self.big[name] = class_bits(count, bucket)
+                continue
+            if held is None or held + count > bucket:
+                self.firsts.append(name)
+                held = 0
+            held += count
+
+    def pack_of(self, name: str) -> int:
+        """The pack of a class of at most `bucket` records (a class not above it)."""
+        return bisect.bisect_right(self.firsts, name) - 1
+
+
 def group_keys(
     classes: Sequence[str],
     split_hashes: np.ndarray,
-    packs: Mapping[str, int],
-    counts: Mapping[str, int],
-    bucket: int,
-) -> list[tuple[int, str, int]]:
-    """Each record's group key: its class's pack, or (a class above `bucket` records) its hash bucket."""
+    packs: Packs,
+) -> tuple[np.ndarray, list[tuple[int, str, int]]]:
+    """Each record's group key, as (codes, keys): record i goes to keys[codes[i]], its class's
+    pack or (a class above the pack size) its hash bucket; `keys` are distinct.
+
+    Per distinct class of the batch, a binary search over the packs' first names (a list of
+    ~N / bucket names: in cache, unlike a table of every class, where each lookup is a cache
+    miss: ~0.5 us at 200,000 classes); per record, numpy (and a dict lookup for the records
+    of the few classes above the pack size).
+    """
     index: dict[str, int] = {}
     codes = np.fromiter((index.setdefault(c, len(index)) for c in classes), np.int64, len(classes))
     names = list(index)
-    keys_of = [None] * len(names)
+    big, pack_of = packs.big, packs.pack_of
+    keys: dict[tuple[int, str, int], int] = {}
+    key_of = np.full(len(names), -1, dtype=np.int64)  # a class's key, for the packed classes
     bits = np.zeros(len(names), dtype=np.int64)
     for code, name in enumerate(names):
-        pack = packs.get(name)
-        if pack is None:
-            bits[code] = class_bits(counts[name], bucket)
+        b = big.get(name)
+        if b is None:
+            key_of[code] = keys.setdefault((_PACK, "", pack_of(name)), len(keys))
         else:
-            keys_of[code] = (_PACK, "", pack)
-    if not bits.any():
-        return [keys_of[c] for c in codes.tolist()]
-    buckets = cuts.buckets_of(split_hashes, bits[codes])
-    return [
-        keys_of[c] if keys_of[c] is not None else (_BUCKET, names[c], b)
-        for c, b in zip(codes.tolist(), buckets)
-    ]
+            bits[code] = b
+    out = key_of[codes]
+    if bits.any():
+        at = np.flatnonzero(bits[codes])
+        buckets = cuts.buckets_of(split_hashes[at], bits[codes[at]])
+        out[at] = [
+            keys.setdefault((_BUCKET, names[c], b), len(keys)) for c, b in zip(codes[at].tolist(), buckets)
+        ]
+    return out, list(keys)
 
 
 def bucket_starts(table: Mapping[int, Sequence[int]]) -> dict[int, int]:
@@ -94,7 +130,7 @@ def split_indexes_in_group(
     split_hashes: np.ndarray,
     relpaths: Sequence[str],
     paths: Sequence[str],
-    counts: Mapping[str, int],
+    counts: Mapping[str, int] | None,
     cumulative: Sequence[float],
     start: int = 0,
 ) -> np.ndarray:
@@ -102,7 +138,8 @@ def split_indexes_in_group(
 
     Args:
       classes, split_hashes, relpaths, paths: the group's records, as columns.
-      counts: each class's whole record count.
+      counts: each class's whole record count; None for a pack, which holds its classes
+        whole (their counts are the group's: no lookup in a table of every class).
       cumulative: the cumulative split ratios.
       start: records of the class before this group (a hash bucket of a big class; 0 for a
         pack, which holds its classes whole).
@@ -124,7 +161,10 @@ def split_indexes_in_group(
     firsts = np.flatnonzero(np.concatenate(([True], sorted_codes[1:] != sorted_codes[:-1])))
     runs = np.diff(np.append(firsts, n))
     ranks = np.arange(n) - np.repeat(firsts, runs) + start
-    totals = np.array([counts[name] for name in index], dtype=np.int64)[sorted_codes]
+    if counts is None:
+        totals = np.bincount(codes, minlength=len(index))[sorted_codes]
+    else:
+        totals = np.array([counts[name] for name in index], dtype=np.int64)[sorted_codes]
     # cuts.split_part: the first split whose cumulative ratio exceeds (2 * rank + 1) / (2 * count),
     # the same float64 division as Python's (both operands exact integers below 2**53).
     points = (2 * ranks + 1).astype(np.float64) / (2 * totals).astype(np.float64)
