@@ -213,18 +213,9 @@ class RecordBatch:
         hash_seed: int | None = None,
     ) -> RecordBatch:
         """A batch of equal-length columns (and, optionally, their seeded hashes)."""
-        n = len(paths)
-        if not n == len(relpaths) == len(sizes) == len(labels) == len(splits) == len(extras):
+        if len(paths) != len(relpaths):
             raise ValueError("RecordBatch columns of different lengths")
-        if hashes is not None and len(hashes) != n * HASH_BYTES:
-            raise ValueError("RecordBatch hashes of the wrong length")
-        batch = cls.__new__(cls)
-        batch._paths, batch._root = tuple(paths), None
-        batch.relpaths, batch.sizes = tuple(relpaths), tuple(sizes)
-        batch.labels, batch.splits, batch.extras = tuple(labels), tuple(splits), tuple(extras)
-        batch.hashes, batch.hash_seed = (hashes, hash_seed) if hashes is not None else (None, None)
-        batch._records = None
-        return batch
+        return cls._built(tuple(paths), None, (relpaths, sizes, labels, splits, extras), hashes, hash_seed)
 
     @classmethod
     def from_root(
@@ -239,17 +230,31 @@ class RecordBatch:
         hash_seed: int | None = None,
     ) -> RecordBatch:
         """A batch whose every path is `root` + its relpath (`paths` built when first read)."""
-        batch = cls.__new__(cls)
-        batch._records = None
+        return cls._built(None, root, (relpaths, sizes, labels, splits, extras), hashes, hash_seed)
+
+    @classmethod
+    def _built(
+        cls,
+        paths: tuple[str, ...] | None,
+        root: str | None,
+        rest: tuple[Sequence, ...],
+        hashes: bytes | None,
+        hash_seed: int | None,
+    ) -> RecordBatch:
+        """The batch of `from_columns` (paths given) or `from_root` (root given); `rest`: the
+        columns but the paths, checked to be of one length, as are the hashes."""
+        relpaths, sizes, labels, splits, extras = rest
         n = len(relpaths)
         if not n == len(sizes) == len(labels) == len(splits) == len(extras):
             raise ValueError("RecordBatch columns of different lengths")
         if hashes is not None and len(hashes) != n * HASH_BYTES:
             raise ValueError("RecordBatch hashes of the wrong length")
-        batch._paths, batch._root = None, root
+        batch = cls.__new__(cls)
+        batch._paths, batch._root = paths, root
         batch.relpaths, batch.sizes = tuple(relpaths), tuple(sizes)
         batch.labels, batch.splits, batch.extras = tuple(labels), tuple(splits), tuple(extras)
         batch.hashes, batch.hash_seed = (hashes, hash_seed) if hashes is not None else (None, None)
+        batch._records = None
         return batch
 
     @property
@@ -306,7 +311,7 @@ class RecordBatch:
 
     def with_columns(self, **columns: Any) -> RecordBatch:
         """A copy with some columns replaced (e.g. `splits=...`, `hashes=..., hash_seed=...`)."""
-        if self._paths is None and "paths" not in columns and "relpaths" not in columns:
+        if self._root is not None and "paths" not in columns and "relpaths" not in columns:
             fields = dict(zip(("relpaths", "sizes", "labels", "splits", "extras"), self._rest()))
             fields.update(hashes=self.hashes, hash_seed=self.hash_seed)
             fields.update(columns)
@@ -329,7 +334,7 @@ class RecordBatch:
         hashes = self.hashes
         if hashes is not None:
             hashes = np.frombuffer(hashes, dtype=_HASH_DTYPE)[np.asarray(indices, dtype=np.intp)].tobytes()
-        if self._paths is None:
+        if self._root is not None:
             return self._same_root(tuple(_pick(column, indices) for column in self._rest()), hashes)
         return RecordBatch.from_columns(
             *(_pick(column, indices) for column in self.columns()), hashes=hashes, hash_seed=self.hash_seed
@@ -339,7 +344,7 @@ class RecordBatch:
         """The records start..stop-1 (hashes kept)."""
         h = HASH_BYTES
         hashes = self.hashes[start * h : stop * h] if self.hashes is not None else None
-        if self._paths is None:
+        if self._root is not None:
             return self._same_root(tuple(column[start:stop] for column in self._rest()), hashes)
         return RecordBatch.from_columns(
             *(column[start:stop] for column in self.columns()), hashes=hashes, hash_seed=self.hash_seed
@@ -361,7 +366,7 @@ class RecordBatch:
         hashes = seed = None
         if len(seeds) == 1 and None not in seeds and all(b.hashes is not None for b in batches):
             hashes, seed = b"".join(b.hashes for b in batches), seeds.pop()
-        roots = {b._root if b._paths is None else None for b in batches}
+        roots = {b._root for b in batches}
         if len(roots) == 1 and None not in roots:  # one root: the paths stay unbuilt
             columns = [tuple(itertools.chain.from_iterable(c)) for c in zip(*(b._rest() for b in batches))]
             return RecordBatch.from_root(roots.pop(), *columns, hashes=hashes, hash_seed=seed)
