@@ -32,23 +32,6 @@ from transforms.layout import cuts
 _PACK, _BUCKET = 0, 1
 
 
-def pack_classes(counts: Mapping[str, int], bucket: int) -> dict[str, int]:
-    """{class: pack number} for every class of at most `bucket` records: classes in name order,
-    each pack filled up to `bucket` records (the same on every worker: the counts alone). The
-    reference that `Packs` (what the keying reads) matches (tests/layout/test_strata.py)."""
-    packs: dict[str, int] = {}
-    number, held = 0, 0
-    for name in sorted(counts):
-        count = counts[name]
-        if count > bucket:
-            continue
-        if held + count > bucket:
-            number, held = number + 1, 0
-        packs[name] = number
-        held += count
-    return packs
-
-
 def class_bits(count: int, bucket: int) -> int:
     """The hash-bucket bits of a class of `count` records (0: the class is packed whole)."""
     return cuts.bits_for(count / bucket) if count > bucket else 0
@@ -58,7 +41,8 @@ class Packs:
     """Where each class goes, from the class counts alone: a pack of small classes (contiguous
     in class-name order, so a pack is found by a binary search over each pack's first name, with
     no per-record lookup in a table of every class), or hash bucket bits (a class above `bucket`
-    records: few, a small dict). The same packs as `pack_classes`.
+    records: few, a small dict). Classes in name order fill each pack up to `bucket` records;
+    the same on every worker, from the counts alone.
     """
 
     def __init__(self, counts: Mapping[str, int], bucket: int):
