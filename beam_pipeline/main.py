@@ -43,15 +43,10 @@ from beam_pipeline.cli.progress import end_line as end_progress_line
 from beam_pipeline.pipeline import build_pipeline
 from transforms import progress
 from transforms.failures import user_error_text
+from transforms.output.marker import Claim
+from transforms.output.publish import FAILURES_FILE, SUMMARY_FILE, aborted_reason, temp_dir_for
 from transforms.paths import normalize_root
-from transforms.writing.marker import Claim
-from transforms.writing.publish import (
-    FAILURES_FILE,
-    SUMMARY_FILE,
-    aborted_reason,
-    delete_paths,
-    temp_dir_for,
-)
+from transforms.writing.files import delete_paths
 
 # Exit statuses (documented in README.md).
 EXIT_OK = 0
@@ -421,7 +416,7 @@ def _exit_on_interrupt(signum: int, frame: object) -> None:
     """Ctrl-C: one line instead of the runner's tracebacks, then the exit a kill would give.
 
     Stopping at once is safe: a run's output stays marked unfinished until its last file is
-    published (transforms/writing/publish.py), and the next run into the folder replaces it, as
+    published (transforms/output/publish.py), and the next run into the folder replaces it, as
     after a SIGKILL (tests/test_reliability_output.py). Forked shard writers, which get
     the terminal's SIGINT too, exit silently.
     """

@@ -40,11 +40,12 @@ from transforms.layout.beam_prescan import DropDuplicates, EstimateSizes
 from transforms.layout.plan import parse_split_ratios
 from transforms.listing.beam import ListedImages, ListImages
 from transforms.listing.beam_archives import archive_copies_dir
+from transforms.output.beam import WriteMetadata
+from transforms.output.publish import staging_dir, temp_dir_for
+from transforms.output.tfds import tfds_name
 from transforms.paths import normalize_root
 from transforms.progress import FAILED_ANYWHERE, CountProgress
-from transforms.writing.beam import WriteMetadata, WriteShards
-from transforms.writing.publish import staging_dir, temp_dir_for
-from transforms.writing.tfds import tfds_name
+from transforms.writing.beam import WriteShards
 
 
 @dataclasses.dataclass

@@ -24,7 +24,8 @@ from apache_beam.io.filesystems import FileSystems
 sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
 
 from tests.gcs_emulator import BUCKET, start_emulator  # noqa: E402
-from transforms.writing.publish import SUMMARY_FILE, delete_paths, is_dataset_file, list_children, publish  # noqa: E402
+from transforms.output.publish import SUMMARY_FILE, is_dataset_file, list_children, publish  # noqa: E402
+from transforms.writing.files import delete_paths
 
 METADATA = ("failures.jsonl", "labels.txt", SUMMARY_FILE)
 

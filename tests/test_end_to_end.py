@@ -143,7 +143,7 @@ def test_cli_entry_points(image_tree, tmp_path, command):
 
 
 def test_accounting_error_names_the_first_mismatch():
-    from transforms.writing.summary import accounting_error
+    from transforms.output.summary import accounting_error
 
     good = {
         "listed": 3,

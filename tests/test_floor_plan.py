@@ -2,7 +2,7 @@
 
 The stages, in the order the data flows (README's diagram, beam_pipeline/pipeline.py):
 
-    shared records -> listing -> labels -> images -> layout -> encoding -> writing -> verify
+    shared records -> listing -> labels -> images -> layout -> encoding -> writing -> output -> verify
     -> beam_pipeline.cli (options, checks) -> beam_pipeline.pipeline (the graph) and
     beam_pipeline.readers (load_dataset, verify, inspect) -> beam_pipeline (the verbs)
 
@@ -42,6 +42,7 @@ STAGES = (
     ("transforms.layout",),
     ("transforms.encoding",),
     ("transforms.writing",),
+    ("transforms.output",),
     ("transforms.verify",),
     ("beam_pipeline.cli",),
     ("beam_pipeline.pipeline", "beam_pipeline.readers"),

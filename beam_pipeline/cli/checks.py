@@ -24,13 +24,13 @@ from transforms.labels.table import check_table
 from transforms.listing.archives import archive_kind
 from transforms.listing.gcs import LIST_ERRORS, first_page
 from transforms.listing.local import is_archive_input, walk_folders
-from transforms.paths import escape_glob, has_image_extension, normalize_root
-from transforms.writing.claim import claim_output
-from transforms.writing.marker import Claim, NotWritable
-from transforms.writing.publish import (
+from transforms.output.claim import claim_output
+from transforms.output.marker import Claim, NotWritable
+from transforms.output.publish import (
     OutputBusy,
     list_children,
 )
+from transforms.paths import escape_glob, has_image_extension, normalize_root
 
 
 def check_input(root: str) -> None:
@@ -105,7 +105,7 @@ def claim_output_folder(output_dir: str, overwrite: bool, run_id: str) -> Claim:
     --overwrite), or raises UserError.
 
     The partial output of an interrupted run (its marker is there, its process is not) is
-    taken over without asking, so that a retried job succeeds. See transforms/writing/claim.py.
+    taken over without asking, so that a retried job succeeds. See transforms/output/claim.py.
     """
     if "://" in output_dir:
         try:  # a missing bucket or no permission to list: say so before anything else

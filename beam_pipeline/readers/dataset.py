@@ -18,8 +18,8 @@ import posixpath
 from transforms.encoding.dataset_format import DatasetFormat
 from transforms.encoding.schema import DEFAULT_SCHEMA, Schema, get_schema
 from transforms.images.decoding import decode_stored
-from transforms.writing.publish import SUMMARY_FILE
-from transforms.writing.tfds import is_single_label
+from transforms.output.publish import SUMMARY_FILE
+from transforms.output.tfds import is_single_label
 
 SHARD_GLOB = "{split}-*-of-*.tfrecord*"
 SHARD_SUFFIXES = (".tfrecord", ".tfrecord.gz")  # not the .idx files next to them

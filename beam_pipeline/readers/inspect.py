@@ -27,9 +27,9 @@ from PIL import Image
 from beam_pipeline.cli.help import prog_name
 from beam_pipeline.readers.verify import CommandParser, list_shards, load_format, load_summary
 from transforms.failures import reason_kind
+from transforms.output.publish import FAILURES_FILE
 from transforms.paths import normalize_root
 from transforms.verify.shards import ShardCheck, check_shard
-from transforms.writing.publish import FAILURES_FILE
 
 DEFAULT_SAMPLES = 8
 DEFAULT_FAILURE_EXAMPLES = 10

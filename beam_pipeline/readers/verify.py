@@ -28,12 +28,12 @@ from apache_beam.options.pipeline_options import PipelineOptions
 from beam_pipeline.cli.help import prog_name
 from beam_pipeline.cli.options import UserError, check_args
 from transforms.encoding.dataset_format import DatasetFormat
+from transforms.output.publish import SUMMARY_FILE
+from transforms.output.tfds import DATASET_INFO_FILE, FEATURES_FILE
 from transforms.paths import normalize_root
 from transforms.verify.beam import VerifyShards
 from transforms.verify.shards import ShardCheck, check_shard
 from transforms.writing.files import read_file
-from transforms.writing.publish import SUMMARY_FILE
-from transforms.writing.tfds import DATASET_INFO_FILE, FEATURES_FILE
 
 VERIFY_RESULTS_FILE = "verify.json"
 _SHARD_NAME = re.compile(r"^(?P<split>.+)-(?P<index>\d{5,})-of-(?P<count>\d{5,})\.tfrecord(\.gz)?$")

@@ -12,7 +12,7 @@ import pytest
 from beam_pipeline import main
 from tests.conftest import write_image
 from transforms.failures import user_error_text
-from transforms.writing.publish import MARKER_FILE
+from transforms.output.publish import MARKER_FILE
 
 
 @pytest.mark.parametrize(

@@ -23,7 +23,7 @@ from PIL import Image
 
 from beam_pipeline import main
 from tests.conftest import METADATA_FILES, write_image
-from transforms.writing.publish import MARKER_FILE
+from transforms.output.publish import MARKER_FILE
 
 IMAGE_SUFFIXES = (b".jpg", b".jpeg", b".png", b".gif", b".bmp")
 

@@ -23,7 +23,7 @@ from beam_pipeline.readers.verify import verify
 from tests.conftest import write_image
 from transforms.encoding.schema import get_schema
 from transforms.images.decoding import DECODED_4D_FORMATS, sniff_format
-from transforms.writing.tfds import FEATURES_FILE, features_json
+from transforms.output.tfds import FEATURES_FILE, features_json
 
 
 def _pixels(size, mode, seed):

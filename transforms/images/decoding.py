@@ -6,7 +6,7 @@ readers asks here, so they cannot drift apart:
 
 - the conversion (`transforms/images/check.py`): presets whose consumer decodes with
   `expand_animations=True` store the formats of DECODED_4D_FORMATS as PNG (first frame);
-- the reader metadata (`transforms/writing/tfds.py`): what `features.json` declares the
+- the reader metadata (`transforms/output/tfds.py`): what `features.json` declares the
   stored image as (`image_feature_kind`);
 - `load_dataset`, `verify` and `inspect`: `decode_stored` decodes a record the way
   `load_dataset` does, raw pixels included; verify also checks the 4-D rule for the

@@ -1,6 +1,5 @@
-"""writing: shards and everything next to them. In: ShardTask (one shard's records), ClassIndex,
-Failures. Out: shards written whole (shard.py, in worker processes: processes.py), their
-index files, reader metadata (tfds.py), failures.jsonl (failure_log.py), summary.json
-(summary.py), all published by renames (publish.py) into a folder claimed exclusively
-(claim.py, lease.py). beam.py and beam_failures.py are the Beam shells.
+"""writing: shards. In: ShardTask (one shard's records) and the ClassIndex. Out: shards written
+whole into the run's temp folder (shard.py, in worker processes: processes.py), their index files
+(index.py), a ShardResult each and a Failure per image not written; files.py reads, writes and
+deletes files on any Beam filesystem. beam.py is the Beam shell.
 """

@@ -1,10 +1,14 @@
-"""Reading and making paths of the output on any Beam filesystem (pure)."""
+"""Reading, writing, deleting and making paths of the output on any Beam filesystem (pure)."""
 
 from __future__ import annotations
+
+import os
+import shutil
 
 from apache_beam.io.filesystems import FileSystems
 
 from transforms.images.read import read_with_retries
+from transforms.paths import escape_glob
 
 
 def read_file(path: str) -> bytes:
@@ -16,9 +20,39 @@ def read_file(path: str) -> bytes:
     return read_with_retries(path)
 
 
-def _mkdirs(path: str) -> None:
+def make_dirs(path: str) -> None:
+    """Creates a folder and its parents (nothing to do on gs://, where folders are prefixes)."""
     try:
         FileSystems.mkdirs(path)
     except OSError:
         if not FileSystems.exists(path) and "://" not in path:
             raise
+
+
+def delete_paths(paths: list[str]) -> None:
+    """Deletes files and folders (recursively) that exist; missing ones are skipped.
+
+    Beam's delete matches its argument as a glob pattern, so local paths are deleted
+    directly and remote ones escaped; a remote folder is a prefix, deleted as `path/`.
+    """
+    for path in paths:
+        if "://" not in path:
+            if os.path.isdir(path) and not os.path.islink(path):
+                shutil.rmtree(path)
+            elif os.path.lexists(path):
+                os.remove(path)
+        elif FileSystems.exists(path):
+            FileSystems.delete([escape_glob(path)])
+        else:
+            FileSystems.delete([path.rstrip("/") + "/"])
+
+
+def write_bytes(path: str, data: bytes, mime_type: str = "application/octet-stream") -> None:
+    """Writes a whole file through Beam's filesystems (local or gs://)."""
+    with FileSystems.create(path, mime_type=mime_type) as f:
+        f.write(data)
+
+
+def write_text(path: str, text: str) -> None:
+    """Writes `text` as UTF-8."""
+    write_bytes(path, text.encode("utf-8"), mime_type="text/plain")

@@ -11,7 +11,7 @@ from __future__ import annotations
 from collections.abc import Iterable
 
 from transforms.encoding.tfrecord import RECORD_OVERHEAD
-from transforms.writing.publish import write_text
+from transforms.writing.files import write_text
 
 INDEX_SUFFIX = ".idx"
 

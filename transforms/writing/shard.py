@@ -41,8 +41,8 @@ from transforms.images.types import ImageError, ImageInfo
 from transforms.listing.members import parse_address
 from transforms.records import ClassIndex, ImageRecord, ShardResult, ShardTask
 from transforms.testhooks import PAUSE_ENV, pause_if_asked
+from transforms.writing.files import delete_paths
 from transforms.writing.index import write_index
-from transforms.writing.publish import delete_paths
 
 COMPRESSIONS = {"none": CompressionTypes.UNCOMPRESSED, "gzip": CompressionTypes.GZIP}
 # Records of a local shard are written in batches of about this many bytes, one writev each.

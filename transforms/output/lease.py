@@ -3,7 +3,7 @@
 In: a gs:// output folder and a run id. Out: a RemoteClaim whose thread refreshes the
 marker's heartbeat until the claim is released, or OutputBusy / NotWritable.
 
-Buckets have no locks, so liveness is a lease (see transforms/writing/claim.py): the
+Buckets have no locks, so liveness is a lease (see transforms/output/claim.py): the
 marker object is uploaded with `if_generation_match=0`, the claiming process rewrites
 the heartbeat in its custom metadata every HEARTBEAT_SECONDS (conditional on the
 marker's generation, so it stops by itself once the marker is published, abandoned or
@@ -22,7 +22,7 @@ from apache_beam.io.gcp.gcsio import GcsIO, parse_gcs_path
 from google.api_core import exceptions as gexc
 from google.cloud.storage.retry import DEFAULT_RETRY
 
-from transforms.writing.marker import (
+from transforms.output.marker import (
     CLAIM_TRIES,
     HEARTBEAT_KEY,
     HEARTBEAT_SECONDS,
@@ -34,7 +34,7 @@ from transforms.writing.marker import (
     marker_owner,
     parse_marker,
 )
-from transforms.writing.publish import OutputBusy
+from transforms.output.publish import OutputBusy
 
 # One request's retries (503s, resets) end after this long: a claim never hangs on a
 # bucket that does not answer.
@@ -83,7 +83,10 @@ class RemoteClaim(Claim):
             pass
 
     def _close(self) -> None:
+        """Stops the heartbeat and waits for a beat in flight (bounded by _REQUEST_RETRY), so no
+        beat lands after the claim is released."""
         self._stop.set()
+        self._thread.join()
 
 
 def _upload(blob, run_id: str, generation: int) -> None:

@@ -1,4 +1,4 @@
-"""Publishing many shards on gs:// (transforms/writing/publish.py), against the GCS emulator.
+"""Publishing many shards on gs:// (transforms/output/publish.py), against the GCS emulator.
 
 A staged run of 250 shards (with index files) replaces a finished dataset of 300 shards:
 the shards are renamed in one call of Beam's FileSystems.rename (GCS batch requests of 100
@@ -12,8 +12,8 @@ import pytest
 from apache_beam.io.filesystems import FileSystems
 
 from tests.gcs_emulator import BUCKET
-from transforms.writing import publish as output
-from transforms.writing.publish import MARKER_FILE, existing_files, publish
+from transforms.output import publish as output
+from transforms.output.publish import MARKER_FILE, existing_files, publish
 
 OUT = "pub/out"
 STAGE = f"{OUT}/beam-temp-img2tfrecord-r1"

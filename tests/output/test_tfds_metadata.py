@@ -18,16 +18,16 @@ from beam_pipeline.readers.verify import verify
 from transforms.encoding.encoder import encode_record
 from transforms.encoding.schema import SLIM, Schema
 from transforms.encoding.tfrecord import frame_record
-from transforms.records import ClassIndex, ImageRecord
-from transforms.writing.failure_log import FailureCounts
-from transforms.writing.summary import build_summary
-from transforms.writing.tfds import (
+from transforms.output.failure_log import FailureCounts
+from transforms.output.summary import build_summary
+from transforms.output.tfds import (
     class_label_names,
     features_json,
     label_map_pbtxt,
     tfds_name,
     write_reader_metadata,
 )
+from transforms.records import ClassIndex, ImageRecord
 
 
 def _png(w: int, h: int, seed: int) -> bytes:

@@ -26,7 +26,7 @@ from transforms.images.decoding import (
     STORE_ENCODED,
     image_feature_kind,
 )
-from transforms.writing.publish import write_text
+from transforms.writing.files import write_text
 
 DATASET_INFO_FILE = "dataset_info.json"
 FEATURES_FILE = "features.json"

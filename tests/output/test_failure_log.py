@@ -8,8 +8,8 @@ from beam_pipeline import main
 from tests.conftest import write_image
 from transforms.batching import GROUP_SIZE_NAMESPACE
 from transforms.failures import Failure
-from transforms.writing import failure_log
-from transforms.writing.failure_log import FailureCounts, merge_parts, write_part
+from transforms.output import failure_log
+from transforms.output.failure_log import FailureCounts, merge_parts, write_part
 
 
 def _failures(n):

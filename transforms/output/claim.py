@@ -3,7 +3,7 @@
 In: an output folder (local or gs://), a run id and --overwrite. Out: a `Claim` that the
 run holds until it ends, or OutputBusy / NotWritable with a one-line reason.
 
-The claim is the marker file `.img2tfrecord-in-progress.json` (transforms/writing/publish.py). It
+The claim is the marker file `.img2tfrecord-in-progress.json` (transforms/output/publish.py). It
 is created exclusively, so two runs started together into one folder cannot both claim
 it, and its liveness never rests on a pid, which another process may own after a
 restart (a container's fresh PID namespace keeps the host name and reuses low pids):
@@ -43,7 +43,7 @@ import os
 
 from apache_beam.io.filesystems import FileSystems
 
-from transforms.writing.marker import (
+from transforms.output.marker import (
     CLAIM_TRIES,
     PROBE_PREFIX,
     Claim,
@@ -53,14 +53,8 @@ from transforms.writing.marker import (
     marker_owner,
     parse_marker,
 )
-from transforms.writing.publish import (
-    MARKER_FILE,
-    TEMP_PREFIX,
-    OutputBusy,
-    delete_paths,
-    is_dataset_file,
-    list_children,
-)
+from transforms.output.publish import MARKER_FILE, TEMP_PREFIX, OutputBusy, is_dataset_file, list_children
+from transforms.writing.files import delete_paths
 
 # flock errors meaning "this filesystem has no locks" (some FUSE mounts): the claim is then
 # exclusive at creation only, and an existing marker counts as a dead run's.
@@ -207,7 +201,7 @@ def claim_output(output_dir: str, overwrite: bool, run_id: str) -> Claim:
       NotWritable: the folder cannot be written (nothing is left in it).
     """
     if "://" in output_dir:
-        from transforms.writing.lease import claim_remote  # the GCS client only where needed
+        from transforms.output.lease import claim_remote  # the GCS client only where needed
 
         claim: Claim = claim_remote(output_dir, run_id)
     else:

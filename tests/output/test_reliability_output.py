@@ -20,9 +20,9 @@ import pytest
 
 from beam_pipeline import main
 from tests.conftest import METADATA_FILES, read_records, write_image
+from transforms.output.claim import claim_output
+from transforms.output.publish import MARKER_FILE, OutputBusy, list_children, publish
 from transforms.testhooks import PAUSE_ENV
-from transforms.writing.claim import claim_output
-from transforms.writing.publish import MARKER_FILE, OutputBusy, list_children, publish
 
 FINISHED = ("summary.json", "labels.txt", "failures.jsonl")
 

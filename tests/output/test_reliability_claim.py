@@ -24,9 +24,9 @@ import pytest
 from beam_pipeline import main
 from tests.conftest import METADATA_FILES, write_image
 from tests.gcs_emulator import BUCKET
-from transforms.writing.claim import claim_output
-from transforms.writing.marker import HEARTBEAT_KEY, LEASE_SECONDS, PROBE_PREFIX, NotWritable
-from transforms.writing.publish import MARKER_FILE, OutputBusy
+from transforms.output.claim import claim_output
+from transforms.output.marker import HEARTBEAT_KEY, LEASE_SECONDS, PROBE_PREFIX, NotWritable
+from transforms.output.publish import MARKER_FILE, OutputBusy
 
 ROOT = Path(__file__).resolve().parents[2]
 
@@ -35,8 +35,8 @@ ROOT = Path(__file__).resolve().parents[2]
 # and holds every claim it won until its stdin closes.
 _CLAIMER = """
 import sys, time
-from transforms.writing.publish import OutputBusy
-from transforms.writing.claim import claim_output
+from transforms.output.publish import OutputBusy
+from transforms.output.claim import claim_output
 held = []
 for line in sys.stdin:
     folder, run_id, start = line.rstrip("\\n").split("\\t")
@@ -281,7 +281,7 @@ def test_gcs_claims_are_exclusive_and_a_stale_lease_is_taken_over(gcs_bucket):
 
 
 def test_a_gcs_claim_keeps_its_lease_alive_until_released(gcs_bucket, monkeypatch):
-    from transforms.writing import lease as output_lease
+    from transforms.output import lease as output_lease
 
     monkeypatch.setattr(output_lease, "HEARTBEAT_SECONDS", 0.2)
     claim = claim_output(f"gs://{BUCKET}/claims/beating", False, "beating")

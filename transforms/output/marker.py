@@ -13,11 +13,8 @@ import time
 
 from apache_beam.io.filesystems import FileSystems
 
-from transforms.writing.publish import (
-    MARKER_FILE,
-    delete_paths,
-    temp_dir_for,
-)
+from transforms.output.publish import MARKER_FILE, temp_dir_for
+from transforms.writing.files import delete_paths
 
 # Writability probes of earlier versions (created and deleted before the marker was
 # written): a run killed in between left one behind. The claim deletes them.

@@ -2,7 +2,7 @@
 
 A run works in `<output_dir>/beam-temp-img2tfrecord-<run_id>/` and leaves a marker file
 (`.img2tfrecord-in-progress.json`) in the output folder from the moment it claims it
-(transforms/writing/claim.py: exclusive, and how a live run's marker is told from a dead
+(transforms/output/claim.py: exclusive, and how a live run's marker is told from a dead
 one's) until its dataset is published. Publishing renames the staged shards, then
 failures.jsonl and labels.txt, and summary.json last: summary.json present and no marker
 means a finished dataset. A run killed at any point (SIGKILL included) therefore leaves
@@ -24,13 +24,13 @@ from __future__ import annotations
 
 import os
 import re
-import shutil
 
 from apache_beam.io.filesystems import FileSystems
 
 from transforms.listing.gcs import DELIMITER, gcs_io, gcs_lister, split_gcs_path
 from transforms.paths import escape_glob
 from transforms.testhooks import pause_if_asked
+from transforms.writing.files import delete_paths, write_text
 
 SUMMARY_FILE = "summary.json"
 LABELS_FILE = "labels.txt"
@@ -45,7 +45,7 @@ ABORTED_FAILURES_FILE = "aborted-failures.jsonl"
 ABORTED_FILE = "aborted.txt"
 TEMP_PREFIX = "beam-temp-img2tfrecord-"
 SHARD_NAME = re.compile(r".+-\d{5}-of-\d{5}\.tfrecord(\.gz|\.idx)?")
-# Reader metadata (transforms/writing/tfds.py) published next to the shards.
+# Reader metadata (transforms/output/tfds.py) published next to the shards.
 READER_FILES = ("dataset_info.json", "features.json", "label_map.pbtxt", "orphan_labels.jsonl")
 READER_FILE = re.compile(r".+\.labels\.txt")
 
@@ -88,24 +88,6 @@ def list_children(output_dir: str) -> list[str]:
     prefix = output_dir.rstrip("/") + "/"
     found = FileSystems.match([escape_glob(prefix) + "**"])[0].metadata_list
     return sorted({m.path[len(prefix) :].split("/", 1)[0] for m in found})
-
-
-def delete_paths(paths: list[str]) -> None:
-    """Deletes files and folders (recursively) that exist; missing ones are skipped.
-
-    Beam's delete matches its argument as a glob pattern, so local paths are deleted
-    directly and remote ones escaped; a remote folder is a prefix, deleted as `path/`.
-    """
-    for path in paths:
-        if "://" not in path:
-            if os.path.isdir(path) and not os.path.islink(path):
-                shutil.rmtree(path)
-            elif os.path.lexists(path):
-                os.remove(path)
-        elif FileSystems.exists(path):
-            FileSystems.delete([escape_glob(path)])
-        else:
-            FileSystems.delete([path.rstrip("/") + "/"])
 
 
 def existing_files(paths: list[str]) -> set[str]:
@@ -179,17 +161,6 @@ def aborted_reason(output_dir: str, run_id: str) -> str | None:
         return None
     with FileSystems.open(path) as f:
         return f.read().decode("utf-8")
-
-
-def write_bytes(path: str, data: bytes, mime_type: str = "application/octet-stream") -> None:
-    """Writes a whole file through Beam's filesystems (local or gs://)."""
-    with FileSystems.create(path, mime_type=mime_type) as f:
-        f.write(data)
-
-
-def write_text(path: str, text: str) -> None:
-    """Writes `text` as UTF-8."""
-    write_bytes(path, text.encode("utf-8"), mime_type="text/plain")
 
 
 def publish(output_dir: str, moves: list[tuple[str, str]], keep_marker: bool = False) -> None:

@@ -6,8 +6,8 @@ import collections
 
 from transforms.encoding.encoder import EncodeSettings
 from transforms.layout.prescan import DEDUPE_STAGE
+from transforms.output.failure_log import FailureCounts
 from transforms.records import ClassIndex, ShardResult
-from transforms.writing.failure_log import FailureCounts
 
 
 def build_summary(

@@ -12,7 +12,7 @@ import apache_beam as beam
 
 from transforms.batching import group_size
 from transforms.failures import Failure
-from transforms.writing.failure_log import (
+from transforms.output.failure_log import (
     FailureCounts,
     count_failure,
     counts_of,

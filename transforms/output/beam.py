@@ -1,0 +1,264 @@
+"""Output: once every shard is written, the metadata staged and everything published.
+
+In: ShardResults (WriteShards), the listed and labelled batches and every Failure. Out:
+failures.jsonl (merged from sorted parts), labels.txt, summary.json and the reader metadata,
+staged in the run's temp folder next to the temp shards, then renamed into place, summary.json
+last (transforms/output/publish.py): the summary dict.
+"""
+
+from __future__ import annotations
+
+import collections
+import dataclasses
+import json
+from collections.abc import Iterable, Sequence
+
+import apache_beam as beam
+from apache_beam import pvalue
+from apache_beam.io.filesystems import FileSystems
+
+from transforms.batching import images_in
+from transforms.coders import SideDict
+from transforms.encoding.encoder import EncodeSettings
+from transforms.encoding.schema import schema_from_summary
+from transforms.failures import USER_ERROR_MARKER, Failure, diagnosis_of_kinds
+from transforms.labels.beam import CountPerClassFn
+from transforms.labels.rows import ORPHANS_FILE
+from transforms.output.beam_failures import FailureCountsFn, WriteFailurePartsFn
+from transforms.output.failure_log import FailureCounts, merge_parts, part_of
+from transforms.output.publish import (
+    ABORTED_FAILURES_FILE,
+    FAILURES_FILE,
+    LABELS_FILE,
+    SUMMARY_FILE,
+    existing_files,
+    mark_aborted,
+    publish,
+    publish_failures_only,
+    staging_dir,
+)
+from transforms.output.summary import accounting_error, build_summary, too_many_failures
+from transforms.output.tfds import tfds_name, write_reader_metadata
+from transforms.records import ClassIndex, FileBatch, RecordBatch, ShardResult
+from transforms.writing.files import delete_paths, make_dirs, write_text
+from transforms.writing.index import index_path
+from transforms.writing.shard import shard_suffix
+
+
+class WrittenPerClassFn(beam.CombineFn):
+    """ShardResults -> {(split, class_key): images written}: bounded by splits x classes."""
+
+    def create_accumulator(self) -> dict:
+        return {}
+
+    def add_input(self, acc: dict, shard: ShardResult) -> dict:
+        for key, n in shard.written:
+            acc[key] = acc.get(key, 0) + n
+        return acc
+
+    def merge_accumulators(self, accs: Iterable[dict]) -> dict:
+        merged: dict = {}
+        for acc in accs:
+            for key, n in acc.items():
+                merged[key] = merged.get(key, 0) + n
+        return merged
+
+    def extract_output(self, acc: dict) -> dict:
+        return acc
+
+
+class FinalizeFn(beam.DoFn):
+    """Runs once after every shard is written: stage the metadata, then publish it all.
+
+    The shards and metadata are staged in the run's temp folder and renamed into place by
+    `transforms.output.publish`, summary.json last. Above `max_failure_ratio` only the
+    failures are published (`transforms.output.publish_failures_only`: a dataset already in
+    the folder is kept) and the reason is left in the run's staging folder, where the
+    entry point finds it (exit 3) before deleting that folder.
+    """
+
+    def __init__(
+        self,
+        output_dir: str,
+        temp_dir: str,
+        compression: str,
+        settings: EncodeSettings | None = None,
+        max_failure_ratio: float = 1.0,
+        dataset_name: str | None = None,
+    ):
+        self._output_dir, self._temp_dir, self._compression = output_dir, temp_dir, compression
+        self._settings = settings
+        self._max_failure_ratio = max_failure_ratio
+        self._dataset_name = dataset_name
+
+    def process(
+        self,
+        _,
+        listed_total,
+        listed,
+        written,
+        failures: FailureCounts,
+        failure_parts,
+        shards,
+        class_index,
+        extras=None,
+    ) -> Iterable[dict]:
+        if listed_total == 0:
+            delete_paths([self._temp_dir])
+            raise ValueError(f"{USER_ERROR_MARKER} the input holds no image files")
+        staging = staging_dir(self._temp_dir)
+        make_dirs(staging)
+        staged = {
+            name: FileSystems.join(staging, name) for name in (FAILURES_FILE, LABELS_FILE, SUMMARY_FILE)
+        }
+        merge_parts(failure_parts, staged[FAILURES_FILE])  # streamed: one line held per part
+        failed = failures.failed
+        if too_many_failures(failed, listed_total, self._max_failure_ratio):
+            # The job itself succeeds (a raise here would print the runner's traceback); the
+            # entry point finds the reason in the staging folder and exits with
+            # EXIT_TOO_MANY_FAILURES. A dataset already in the folder is kept.
+            kept = publish_failures_only(self._output_dir, staged[FAILURES_FILE])
+            where = FileSystems.join(self._output_dir, ABORTED_FAILURES_FILE if kept else FAILURES_FILE)
+            mark_aborted(
+                self._temp_dir,
+                f"{failed} of {listed_total} images failed ({failed / listed_total:.1%}), "
+                f"more than --max_failure_ratio {self._max_failure_ratio:g} allows; no dataset was "
+                f"written{' (the dataset already there is kept)' if kept else ''}, the failures are in {where}; "
+                + diagnosis_of_kinds(dict(failures.by_kind)),
+            )
+            return
+        write_text(staged[LABELS_FILE], "".join(n + "\n" for n in class_index.names))
+        summary = build_summary(
+            listed_total, dict(listed), dict(written), failures, shards, class_index, self._settings
+        )
+        summary.update(extras or {})  # sections added by optional steps (e.g. "labels")
+        problem = accounting_error(summary)
+        if problem:  # a bug, not bad input: fail loudly and publish nothing
+            raise RuntimeError(f"images lost or double-counted ({problem}); nothing was published")
+        write_text(staged[SUMMARY_FILE], json.dumps(summary, indent=2, ensure_ascii=False) + "\n")
+        # Shards (with their index files) in plan order per split, then the metadata,
+        # summary.json last.
+        moves = []
+        suffix = shard_suffix(self._compression)
+        by_split: dict[str, list[ShardResult]] = collections.defaultdict(list)
+        for s in shards:
+            by_split[s.split].append(s)
+        split_shards: dict[str, list[int]] = {}
+        # Which shards have an index file: one listing per temp folder, not a request per shard.
+        indexed = existing_files([index_path(s.temp_path) for s in shards])
+        for split, results in sorted(by_split.items()):
+            results = sorted(results, key=lambda s: (s.index, s.temp_path))  # plan order
+            n = len(results)
+            split_shards[split] = [s.records for s in results]
+            for i, result in enumerate(results):
+                final = f"{split}-{i:05d}-of-{n:05d}{suffix}"
+                moves.append((result.temp_path, final))
+                if index_path(result.temp_path) in indexed:
+                    moves.append((index_path(result.temp_path), index_path(final)))
+        formats = {f for s in shards for f in s.formats}
+        reader_files = write_reader_metadata(
+            staging,
+            summary,
+            schema_from_summary(summary),
+            split_shards,
+            self._compression,
+            formats,
+            name=self._dataset_name or tfds_name(self._output_dir),
+        )
+        if FileSystems.exists(FileSystems.join(staging, ORPHANS_FILE)):  # written by WriteOrphans
+            reader_files.append(ORPHANS_FILE)
+        moves += [(FileSystems.join(staging, name), name) for name in reader_files]
+        moves += [(staged[name], name) for name in (FAILURES_FILE, LABELS_FILE, SUMMARY_FILE)]
+        publish(self._output_dir, moves)
+        delete_paths([self._temp_dir])
+        yield summary
+
+
+class WriteMetadata(beam.PTransform):
+    """Waits for every shard, renames them into place and writes the metadata files.
+
+    `files` are the PCollections of listed images (FileBatches, Failures; or RecordBatches
+    and Failures after a join) and `records` the labelled ones (RecordBatches), counted for
+    summary.json.
+    """
+
+    def __init__(
+        self,
+        output_dir: str,
+        temp_dir: str,
+        compression: str,
+        *,
+        files: Sequence[beam.PCollection[FileBatch | RecordBatch | Failure]],
+        records: beam.PCollection[RecordBatch],
+        failed: beam.PCollection[Failure],
+        shards: beam.PCollection[ShardResult],
+        class_index: beam.PCollection[ClassIndex],
+        settings: EncodeSettings | None = None,
+        max_failure_ratio: float = 1.0,
+        dataset_name: str | None = None,
+        summary_extras: beam.PCollection[dict] | None = None,
+    ):
+        super().__init__()
+        self._fn = FinalizeFn(output_dir, temp_dir, compression, settings, max_failure_ratio, dataset_name)
+        self._staging = staging_dir(temp_dir)
+        self._files, self._records = tuple(files), records
+        self._failed, self._shards, self._class_index = failed, shards, class_index
+        self._extras = summary_extras
+
+    def expand(self, pbegin: beam.pvalue.PBegin) -> beam.PCollection[dict]:
+        # Lifted combiners without a default element (an empty input leaves the side inputs
+        # at their defaults): one cheap call per batch, no extra steps.
+        # Each input counted where it is made (a Map fused into its producer, no decode of
+        # the batches again), then the counts summed.
+        counts = [
+            pcoll | f"CountListed{i}" >> beam.Map(images_in).with_output_types(int)
+            for i, pcoll in enumerate(self._files)
+        ]
+        listed_total = (
+            counts
+            | "AllListed" >> beam.Flatten().with_output_types(int)
+            | "CountListed" >> beam.CombineGlobally(sum).without_defaults()
+        )
+        listed = (
+            self._records
+            | "CountListedPerClass" >> beam.CombineGlobally(CountPerClassFn()).without_defaults()
+            | "ListedSide" >> beam.Map(SideDict).with_output_types(SideDict)
+        )
+        extras = self._extras if self._extras is not None else pbegin | "NoExtras" >> beam.Create([{}])
+        # Failures: counted by a combiner (stages, classes), written as sorted parts of
+        # ~PART_SIZE failures (one group a part), merged into failures.jsonl by FinalizeFn.
+        failure_counts = pvalue.AsSingleton(
+            self._failed | "CountFailures" >> beam.CombineGlobally(FailureCountsFn()).without_defaults(),
+            default_value=FailureCounts(),
+        )
+        # Written per (split, class) from a combiner; the shard list without those counts (one
+        # small ShardResult a shard: per class, a shard's counts add up to the dataset's size).
+        written = (
+            self._shards
+            | "CountWritten" >> beam.CombineGlobally(WrittenPerClassFn()).without_defaults()
+            | "WrittenSide" >> beam.Map(SideDict).with_output_types(SideDict)
+        )
+        shards = self._shards | "ShardsOnly" >> beam.Map(lambda s: dataclasses.replace(s, written=()))
+        parts = (
+            self._failed
+            | "KeyFailures" >> beam.Map(lambda f, c: (part_of(f, c.failed), f), failure_counts)
+            | "GroupFailures" >> beam.GroupByKey()  # (part, [Failure]): ~PART_SIZE failures
+            | "WriteFailureParts"
+            >> beam.ParDo(WriteFailurePartsFn(self._staging, f"{self.label}/GroupFailures"))
+        )  # part file paths: one per PART_SIZE failures
+        return (
+            pbegin
+            | "Once" >> beam.Create([None])
+            | "Finalize"
+            >> beam.ParDo(
+                self._fn,
+                pvalue.AsSingleton(listed_total, default_value=0),
+                pvalue.AsSingleton(listed, default_value={}),
+                pvalue.AsSingleton(written, default_value={}),
+                failure_counts,
+                pvalue.AsList(parts),
+                pvalue.AsList(shards),
+                pvalue.AsSingleton(self._class_index),
+                pvalue.AsSingleton(extras),
+            )
+        )
