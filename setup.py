@@ -45,5 +45,5 @@ setuptools.setup(
     ),
     install_requires=REQUIRED,
     extras_require={"tfds": TFDS, "test": TEST},
-    entry_points={"console_scripts": ["img2tfrecord=beam_pipeline.main:cli"]},
+    entry_points={"console_scripts": ["img2tfrecord=beam_pipeline.__main__:cli"]},
 )

@@ -1,6 +1,17 @@
-"""`python -m beam_pipeline ...` runs the same CLI as the `img2tfrecord` script."""
+"""The console entry: `img2tfrecord ...` and `python -m beam_pipeline ...`."""
 
-from beam_pipeline.main import cli
+import sys
+
+from beam_pipeline.cli import startup  # no Beam import
+
+
+def cli() -> None:
+    """The process set up for the CLI (cli/startup.py), then the CLI itself (main.cli)."""
+    startup.prepare(sys.argv[1:])
+    from beam_pipeline import main
+
+    main.cli()
+
 
 if __name__ == "__main__":
     cli()

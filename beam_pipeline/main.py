@@ -7,13 +7,11 @@ user errors into one line on stderr and an exit status.
 from __future__ import annotations
 
 import contextlib
-import gc
 import json
 import logging
 import os
 import signal
 import sys
-import threading
 import uuid
 from collections.abc import Callable
 from typing import TypeVar
@@ -30,7 +28,7 @@ from apache_beam.runners.runner import PipelineResult
 
 from beam_pipeline.cli import preflight
 from beam_pipeline.cli.checks import check_all_would_fail, check_input, check_labels, claim_output_folder
-from beam_pipeline.cli.local_runner import in_process, local_defaults, short_state_sampling
+from beam_pipeline.cli.local_runner import in_process, local_defaults, writers_prestarted
 from beam_pipeline.cli.options import (
     ConvertOptions,
     UserError,
@@ -136,69 +134,6 @@ class RunOptions(PipelineOptions):
         return state
 
 
-# Generation-0 threshold of the collector while a conversion runs (CPython's default: 700).
-RUN_GC_THRESHOLD0 = 100_000
-
-
-@contextlib.contextmanager
-def collection_for_run(threshold0: int = RUN_GC_THRESHOLD0):
-    """While a conversion runs: what is alive frozen, and the collector's youngest generation 100,000.
-
-    Beam's modules and the pipeline graph (about a million objects) live for the whole run:
-    frozen (gc.freeze), the collector's passes no longer walk them again and again (0.2 s
-    of CPU down to 0.03 s for 16,000 images). During the run the runner allocates container
-    objects in the millions (decoded batches, Beam's per-bundle and per-element objects) and
-    frees nearly all of them by reference counting: with CPython's default threshold (a
-    generation-0 pass every 700 net new containers) the collector ran ~1,650 young passes
-    and 7 full ones while planning 400,000 images and freed ~12,000 objects in all, about
-    as many as at 100,000 (benchmarks/gc_cost.py): no cycle is made per image. A pass
-    every 100,000 keeps collecting (cyclic garbage waits for at most 100,000 net new
-    containers, then goes as before) at a fraction of the passes (~0.4 us of CPU an
-    image less while planning, ~0.8 with a labels table; benchmarks/README.md). The
-    writer processes forked during the run collect with the thresholds from before it
-    (`_writers_collect_as_before`): they allocate little, and a failure's traceback there
-    may hold an image.
-
-    When the last run of the process ends, the thresholds are put back and everything
-    unfrozen, so that repeated runs in one process can still free their graphs. They are
-    the process's own, so a program that runs conversions in one thread shares them with
-    its other threads meanwhile (and runs in several threads share one setting: the
-    thresholds from before the first are put back after the last).
-    """
-    global _before_run, _runs
-    with _runs_lock:
-        if _runs == 0:
-            _before_run = gc.get_threshold()
-            gc.set_threshold(threshold0, *_before_run[1:])
-        _runs += 1
-        gc.freeze()
-    try:
-        yield
-    finally:
-        with _runs_lock:
-            _runs -= 1
-            if _runs == 0:
-                gc.set_threshold(*_before_run)
-                _before_run = None
-                gc.unfreeze()
-
-
-# The collector's thresholds from before the conversions that run (None: none runs), and
-# how many run (in threads of this process).
-_before_run: tuple[int, ...] | None = None
-_runs = 0
-_runs_lock = threading.Lock()
-
-
-def _writers_collect_as_before() -> None:
-    """In a process forked during a conversion (a shard writer): the thresholds from before it."""
-    if _before_run is not None:
-        gc.set_threshold(*_before_run)
-
-
-os.register_at_fork(after_in_child=_writers_collect_as_before)
-
-
 def _described_only(options: PipelineOptions) -> bool:
     """A Dataflow dry run or template: the job is described (and staged), not run."""
     return bool(options.view_as(TestOptions).dry_run or options.view_as(GoogleCloudOptions).template_location)
@@ -263,9 +198,9 @@ def _run_claimed(
     reporter = None
     if not opts.quiet and in_process(options):
         reporter = ProgressReporter(progress.register(run_id), sys.stderr, opts.progress_interval).start()
-    sampling = short_state_sampling() if in_process(options) else contextlib.nullcontext()
+    writers = writers_prestarted() if in_process(options) else contextlib.nullcontext()
     try:
-        with collection_for_run(), sampling, quiet_user_errors():
+        with writers, quiet_user_errors():
             result = p.run()
             result.wait_until_finish()
             if on_result is not None:
@@ -435,16 +370,12 @@ _CLI_PID = 0  # the process that runs cli()
 
 
 def cli() -> None:
-    """The console entry (`img2tfrecord`, `python -m beam_pipeline`): main(), then exit.
+    """The CLI's process (beam_pipeline/__main__.py, after cli/startup.py): main(), then exit.
 
-    What is still alive is frozen first: the interpreter's last collection at exit would
-    walk Beam's million objects once more (about 0.4 s of CPU) right before the process
-    ends. Only here, not in main(), which tests and callers run in a long-lived process;
-    the same goes for Ctrl-C handling (`_exit_on_interrupt`).
+    Only here, not in main(), which tests and callers run in a long-lived process: Ctrl-C
+    handling (`_exit_on_interrupt`).
     """
     global _CLI_PID
     _CLI_PID = os.getpid()
     signal.signal(signal.SIGINT, _exit_on_interrupt)
-    status = main()
-    gc.freeze()
-    sys.exit(status)
+    sys.exit(main())

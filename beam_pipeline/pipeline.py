@@ -28,13 +28,16 @@ import apache_beam as beam
 
 from beam_pipeline.cli.image_options import encode_settings, label_offset
 from beam_pipeline.cli.options import ConvertOptions, join_settings, table_spec
+from transforms import coders
 from transforms.encoding.encoder import EncodeSettings
 from transforms.images.read import read_bytes
+from transforms.labels import beam_coders as label_coders
 from transforms.labels.beam import BuildClassIndex, LabelFromFolders
 from transforms.labels.beam_table import JoinLabels, ReadLabels, WriteOrphans
 from transforms.labels.beam_webdataset import WEBDATASET, WebDatasetLabels
 from transforms.labels.label_map import load_label_map
 from transforms.labels.rows import ORPHANS, STATS
+from transforms.layout import beam_cuts
 from transforms.layout.beam import AssignSplits, PlanShards
 from transforms.layout.beam_prescan import DropDuplicates, EstimateSizes
 from transforms.layout.plan import parse_split_ratios
@@ -46,6 +49,19 @@ from transforms.output.tfds import tfds_name
 from transforms.paths import normalize_root
 from transforms.progress import FAILED_ANYWHERE, CountProgress
 from transforms.writing.beam import WriteShards
+
+
+def register_coders() -> None:
+    """Our coders in Beam's registry, for every record type that crosses a stage boundary.
+
+    Beam looks a PCollection's coder up by its element type when the job is translated; a type
+    missing here would be pickled, silently (tests/test_coders_registered.py builds the graph
+    in a fresh interpreter and checks every PCollection's coder). Called by build_pipeline
+    (again for every graph: registering is idempotent), not on import.
+    """
+    for table in (coders.CODERS, label_coders.CODERS, beam_cuts.CODERS):
+        for record_type, coder in table.items():
+            beam.coders.registry.register_coder(record_type, coder)
 
 
 @dataclasses.dataclass
@@ -71,6 +87,7 @@ def build_pipeline(
         `opts.input` (benchmarks/scale.py generates millions of names without files).
       reader: seam for benchmarks and tests: how WriteShards reads an image's bytes.
     """
+    register_coders()
     output_dir = normalize_root(opts.output_dir)
     temp_dir = temp_dir_for(output_dir, run_id)
     ratios = parse_split_ratios(opts.splits) if opts.splits not in ("", "folders") else ()

@@ -29,6 +29,14 @@ METADATA_FILES = [
 ]
 
 
+def frame_record(data: bytes) -> bytes:
+    """`data` framed as one TFRecord (what the writer appends for an uncompressed shard)."""
+    from transforms.encoding.tfrecord import frame_parts
+
+    header, footer = frame_parts(data)
+    return header + data + footer
+
+
 def write_image(path: Path, size=(24, 16), mode: str = "RGB", fmt: str | None = None, seed: int = 0) -> Path:
     """Writes a random image of `size` (w, h) and `mode` to `path` (format from `fmt` or suffix)."""
     path.parent.mkdir(parents=True, exist_ok=True)

@@ -35,6 +35,7 @@ STAGES = (
         "transforms.batching",
         "transforms.progress",
         "transforms.testhooks",
+        "transforms.beam_internals",
     ),
     ("transforms.listing",),
     ("transforms.labels",),
@@ -51,7 +52,7 @@ STAGES = (
 SHARED = STAGES[0]
 # Shared modules that are Beam helpers by design (batching and progress counters are DoFns and
 # combiners every stage uses); every other shared module is pure.
-SHARED_BEAM = ("transforms.batching", "transforms.progress", "transforms.coders")
+SHARED_BEAM = ("transforms.batching", "transforms.progress", "transforms.coders", "transforms.beam_internals")
 FILESYSTEM_ONLY = ("apache_beam.io.filesystem", "apache_beam.io.filesystems", "apache_beam.io.gcp")
 MAX_LINES = 500
 

@@ -11,7 +11,7 @@ import numpy as np
 from apache_beam.metrics import Metrics
 from apache_beam.transforms.window import GlobalWindows
 
-from transforms.records import BATCH_SIZE, FileBatch, ImageRecord, RecordBatch
+from transforms.records import BATCH_SIZE, FileBatch, RecordBatch
 
 T = TypeVar("T")
 
@@ -79,20 +79,6 @@ class RebatchFn(beam.DoFn):
     def _take(self) -> Any:
         batch, self._pending = type(self).make_batch(tuple(self._pending)), []
         return batch
-
-
-def key_batch(batch: RecordBatch, key: Callable[[ImageRecord], str]) -> list[tuple[str, RecordBatch]]:
-    """`batch` cut by `key` into one (key, RecordBatch) per distinct key, records in order.
-
-    A batch whose records all share one key (a single split, say) is passed on as it is.
-    """
-    keys = [key(r) for r in batch.records]
-    if all(k == keys[0] for k in keys):
-        return [(keys[0], batch)] if keys else []
-    groups: dict[str, list[int]] = {}
-    for i, k in enumerate(keys):
-        groups.setdefault(k, []).append(i)
-    return [(k, batch.take(indices)) for k, indices in groups.items()]
 
 
 class KeyedGather:

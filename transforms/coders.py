@@ -13,7 +13,8 @@ bytes value), decoded without building one object per image (a RecordBatch's pat
 built from its root only when read: RecordBatch.from_root); so is a ShardTask (its batch's columns,
 the split column left out when every record is in the task's split). A size estimate (Beam samples element sizes for its counters, about every
 element of a short PCollection) is one record's size times the count instead of a full
-encode. Registered for every record type on import; a PCollection gets them when
+encode. Registered with Beam where a pipeline is built (beam_pipeline/pipeline.py
+`register_coders`: CODERS here and in the stages' coder modules); a PCollection gets them when
 its element type is declared (`with_output_types`). The labels table's batches (LabelRows,
 JoinPart) are coded the same way by coders in transforms/labels/beam_table.py (TupleCoder, tagged).
 """
@@ -26,9 +27,8 @@ from typing import Any
 
 import numpy as np
 from apache_beam import coders
-from apache_beam.coders import coder_impl
-from apache_beam.runners.worker.statecache import CacheAware
 
+from transforms.beam_internals import CacheAware
 from transforms.records import (
     FileBatch,
     ImageFile,
@@ -273,9 +273,9 @@ class TupleCoder(coders.Coder):
     def decode(self, encoded: bytes) -> Any:
         return type(self)._decode(encoded)
 
-    def _create_impl(self) -> coder_impl.CoderImpl:
-        cls = type(self)
-        return coder_impl.CallbackCoderImpl(cls._encode, cls._decode, cls._estimate)
+    def estimate_size(self, value: Any) -> int:
+        estimate = type(self)._estimate
+        return len(self.encode(value)) if estimate is None else estimate(value)
 
     def is_deterministic(self) -> bool:
         return True
@@ -309,13 +309,6 @@ class FileBatchCoder(TupleCoder):
 class RecordBatchCoder(TupleCoder):
     _type, _encode, _decode = RecordBatch, encode_record_batch, decode_record_batch
     _estimate = estimate_record_batch
-
-
-coders.registry.register_coder(ImageFile, ImageFileCoder)
-coders.registry.register_coder(ImageRecord, ImageRecordCoder)
-coders.registry.register_coder(ShardTask, ShardTaskCoder)
-coders.registry.register_coder(FileBatch, FileBatchCoder)
-coders.registry.register_coder(RecordBatch, RecordBatchCoder)
 
 
 class SideDict(dict, CacheAware):
@@ -368,5 +361,13 @@ class SideListCoder(SideDictCoder):
     _plain, _side = list, SideList
 
 
-coders.registry.register_coder(SideDict, SideDictCoder)
-coders.registry.register_coder(SideList, SideListCoder)
+# Record type -> its coder (registered by beam_pipeline/pipeline.py `register_coders`).
+CODERS = {
+    ImageFile: ImageFileCoder,
+    ImageRecord: ImageRecordCoder,
+    ShardTask: ShardTaskCoder,
+    FileBatch: FileBatchCoder,
+    RecordBatch: RecordBatchCoder,
+    SideDict: SideDictCoder,
+    SideList: SideListCoder,
+}

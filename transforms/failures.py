@@ -99,11 +99,6 @@ def likely_fix(kind: str) -> str:
     return next((fix for start, fix in _FIXES if kind.startswith(start)), _DAMAGED)
 
 
-def top_reasons(reasons: Iterable[str], n: int = 3) -> list[tuple[str, int]]:
-    """The `n` commonest reason kinds with their counts, commonest first (ties by kind)."""
-    return top_kinds(collections.Counter(reason_kind(r) for r in reasons), n)
-
-
 def top_kinds(counts: Mapping[str, int], n: int = 3) -> list[tuple[str, int]]:
     """The `n` commonest of `counts` (reason kind -> failures), commonest first (ties by kind)."""
     return sorted(counts.items(), key=lambda kv: (-kv[1], kv[0]))[:n]

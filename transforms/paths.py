@@ -9,8 +9,6 @@ import os
 import posixpath
 import re
 
-from transforms.coders import FileBatchCoder  # noqa: F401 - registers the record coders
-
 # Matched case-insensitively against the file name's last suffix.
 IMAGE_EXTENSIONS = (".jpg", ".jpeg", ".png", ".gif", ".bmp", ".tif", ".tiff", ".webp", ".psd", ".ico", ".tga")
 

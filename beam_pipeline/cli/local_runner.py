@@ -1,4 +1,4 @@
-"""The local runner's defaults: the in-process FnApiRunner, writer processes, a short state-sampling period.
+"""The local runner's defaults: the in-process FnApiRunner and its writer processes.
 
 Used by every verb that runs a pipeline locally (convert, verify --beam).
 """
@@ -12,7 +12,6 @@ from apache_beam.options.pipeline_options import (
     PipelineOptions,
     StandardOptions,
 )
-from apache_beam.runners.worker import statesampler
 
 from beam_pipeline.cli.options import (
     ConvertOptions,
@@ -70,41 +69,25 @@ def local_defaults(options: PipelineOptions, argv: list[str]) -> None:
 
 
 # Writer processes of the local run that local_defaults configured last: (processes,
-# --read_threads), forked by `short_state_sampling` before the run; None: nothing to fork.
+# --read_threads), forked by `writers_prestarted` before the run; None: nothing to fork.
 _writers: tuple[int, int] | None = None
 
 
-# Period (ms) of the state sampler thread of each in-process bundle (Beam: 200).
-LOCAL_SAMPLING_PERIOD_MS = 10
-
-
 @contextlib.contextmanager
-def short_state_sampling(period_ms: int = LOCAL_SAMPLING_PERIOD_MS):
-    """Around a local run: a shorter state-sampling period, and the writers forked first.
-
-    Sampling: the end of every bundle joins Beam's per-bundle state sampler thread, which
-    first finishes its sleep: up to 200 ms with Beam's default period, in the runner's one
-    thread (measured: 0.08 to 0.19 s of a 4 s local run on 16,000 images). Beam has no
-    option for it, so the default of `StateSampler.__init__` is swapped for the run and
-    put back after. Waking every 10 ms costs nothing measurable.
-
-    Writers: the worker processes that local_defaults configured (`--write_processes` > 1)
-    are forked on entry, before the runner holds any image's metadata, so they do not
-    inherit (and later copy) its buffers (transforms/writing/processes.py `prestart`);
-    WriteShardFn takes them when it writes. Any not taken are stopped on exit. Enter it in
-    the thread that waits for the run (the workers die with that thread).
+def writers_prestarted():
+    """Around a local run: the writer processes that local_defaults configured
+    (`--write_processes` > 1) forked on entry, before the runner holds any image's metadata, so
+    they do not inherit (and later copy) its buffers (transforms/writing/processes.py
+    `prestart`); WriteShardFn takes them when it writes. Any not taken are stopped on exit.
+    Enter it in the thread that waits for the run (the workers die with that thread).
     """
     global _writers
-    init = statesampler.StateSampler.__init__
-    saved = init.__defaults__
-    init.__defaults__ = (period_ms,)
     writers, _writers = _writers, None
     try:
         if writers is not None and writers[0] > 1:
             prestart(*writers)
         yield
     finally:
-        init.__defaults__ = saved
         stop_prestarted()
 
 

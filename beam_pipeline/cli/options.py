@@ -5,7 +5,7 @@ from __future__ import annotations
 import argparse
 import re
 
-from apache_beam.options.pipeline_options import PipelineOptions, _BeamArgumentParser
+from apache_beam.options.pipeline_options import PipelineOptions
 
 from beam_pipeline.cli.image_options import add_image_arguments, encode_settings
 from transforms.encoding.schema import SLIM
@@ -314,24 +314,23 @@ def join_settings(opts: ConvertOptions, label_map: LabelMap | None = None) -> Jo
     )
 
 
-class _StrictParser(_BeamArgumentParser):
-    def error(self, message: str):
-        raise UserError(message)
+def _usage_error(message: str):
+    raise UserError(message)
 
 
 def check_args(argv: list[str]) -> None:
-    """Rejects flags that neither ConvertOptions nor any Beam options class knows.
+    """Rejects flags that neither ConvertOptions nor any Beam options class knows, and bad values.
 
     Beam itself only warns about (and drops) unknown flags; a misspelt `--ouput_dir`
-    must be an error here.
+    must be an error here. Beam's own parser of every options class (handed to
+    `add_extra_args_fn`) parses `argv`, its usage errors raised as UserError.
     """
-    parser = _StrictParser(allow_abbrev=False)
-    subset: dict[str, type] = {}
-    for cls in PipelineOptions.__subclasses__():
-        subset.setdefault(str(cls), cls)
-    for cls in subset.values():
-        cls._add_argparse_args(parser)
-    _, unknown = parser.parse_known_args(argv)
-    flags = [a for a in unknown if a.startswith("-")]
-    if flags:
-        raise UserError(f"unrecognized arguments: {' '.join(flags)}")
+
+    def strict(parser: argparse.ArgumentParser) -> None:
+        parser.error = _usage_error
+        _, unknown = parser.parse_known_args(argv)
+        flags = [a for a in unknown if a.startswith("-")]
+        if flags:
+            raise UserError(f"unrecognized arguments: {' '.join(flags)}")
+
+    PipelineOptions(argv).get_all_options(add_extra_args_fn=strict)

@@ -3,6 +3,7 @@ line's top reasons and fix, and gs:// without credentials."""
 
 from __future__ import annotations
 
+import collections
 import os
 import subprocess
 import sys
@@ -15,7 +16,7 @@ from PIL import Image
 from beam_pipeline import main
 from beam_pipeline.cli import preflight
 from beam_pipeline.cli.options import UserError
-from transforms.failures import diagnosis, likely_fix, reason_kind, top_reasons
+from transforms.failures import diagnosis, likely_fix, reason_kind, top_kinds
 from transforms.labels.rows import TableSpec
 
 SCRIPT = Path(sys.executable).parent / "img2tfrecord"
@@ -112,7 +113,7 @@ def test_exit_3_for_images_outside_class_folders(tmp_path, capsys):
 def test_reason_kinds_group_failures_without_their_particulars():
     reasons = [f"label missing: no row for key 'k{i}' in the labels table" for i in range(5)]
     reasons += ["duplicate of a/b.jpg", "duplicate of c/d.jpg", "too large: 90000x90000 exceeds 5 pixels"]
-    assert top_reasons(reasons, 2) == [
+    assert top_kinds(collections.Counter(map(reason_kind, reasons)), 2) == [
         ("label missing: no row for key … in the labels table", 5),
         ("duplicate", 2),
     ]

@@ -1,11 +1,11 @@
-"""Start-up costs of ours: the options' views made once, one OpenBLAS thread in the CLI, Beam's
-imports of IOs that a local run never uses left out; the collector's settings of a run."""
+"""Start-up: the options' views made once; the CLI's process set-up (cli/startup.py: gRPC's fork
+support off, Beam's imports of IOs that a local run never uses left out), and nothing of it, nor
+any other process-wide state, changed by importing the package."""
 
 from __future__ import annotations
 
 import argparse
 import copy
-import gc
 import os
 import pickle
 import subprocess
@@ -15,9 +15,10 @@ import apache_beam as beam
 import pytest
 from apache_beam.options.pipeline_options import PipelineOptions, StandardOptions, TypeOptions
 
-from beam_pipeline import runner_named, started_as_cli
+from beam_pipeline.cli import startup
 from beam_pipeline.cli.options import ConvertOptions
-from beam_pipeline.main import RUN_GC_THRESHOLD0, RunOptions, collection_for_run, run
+from beam_pipeline.cli.runners import runner_named
+from beam_pipeline.main import RunOptions, run
 from beam_pipeline.pipeline import build_pipeline
 from tests.conftest import read_records
 
@@ -77,54 +78,13 @@ def test_building_the_graph_parses_the_options_a_few_times_not_at_every_step(mon
     assert RunOptions(ARGV).view_as(TypeOptions).pipeline_type_check  # Beam's checks still on
 
 
-@pytest.mark.parametrize(
-    "argv, cli",
-    [
-        (["/usr/bin/python3", "-m", "beam_pipeline", "convert", "--input", "x"], True),
-        (["python", "-X", "importtime", "-m", "beam_pipeline"], True),
-        (["/venv/bin/python", "/venv/bin/img2tfrecord", "convert"], True),
-        (["python", "-m", "pytest", "tests"], False),
-        (["python", "train.py", "-m", "beam_pipeline"], False),
-        (["python", "-c", "import beam_pipeline"], False),
-        (["python"], False),
-    ],
-)
-def test_started_as_cli(argv, cli):
-    assert started_as_cli(argv) is cli
-
-
-def _after_import(orig_argv: list[str] | None) -> tuple[str, int]:
-    """(OPENBLAS_NUM_THREADS, threads of the process) once the package is imported by a
-    fresh interpreter whose command line was `orig_argv` (None: a plain program)."""
-    code = (
-        (f"import sys; sys.orig_argv = {orig_argv!r}\n" if orig_argv else "")
-        + "import os, beam_pipeline\n"
-        + "print(os.environ.get('OPENBLAS_NUM_THREADS'), len(os.listdir('/proc/self/task')))"
-    )
-    env = {k: v for k, v in os.environ.items() if k != "OPENBLAS_NUM_THREADS"}
-    out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, env=env, check=True)
-    value, threads = out.stdout.split()
-    return value, int(threads)
-
-
-@pytest.mark.skipif(not sys.platform.startswith("linux"), reason="counts threads in /proc")
-def test_only_the_cli_asks_openblas_for_one_thread():
-    value, threads = _after_import(["python", "-m", "beam_pipeline", "convert"])
-    assert value == "1"
-    plain_value, plain_threads = _after_import(None)  # a program importing the package: untouched
-    assert plain_value == "None"
-    if os.cpu_count() > 1:  # OpenBLAS's pool: one thread per core but the caller's
-        assert threads < plain_threads
-
-
 # A process that has started gRPC forks children with `subprocess` (what the local runner's
 # multi_processing mode does for its workers, and what tests do for CLIs).
 _FORKS_AFTER_GRPC = """
 import subprocess
 from concurrent import futures
 
-import beam_pipeline
-import grpc
+{prepare}import grpc
 
 server = grpc.server(futures.ThreadPoolExecutor(2))
 server.add_insecure_port("localhost:0")
@@ -140,17 +100,19 @@ print(sum(child.returncode != 0 for child in children))
 @pytest.mark.skipif(not sys.platform.startswith("linux"), reason="gRPC's epoll poller")
 def test_the_cli_process_forks_children_that_grpc_never_aborts():
     # With gRPC's fork handlers on, 3-12 children in 1,000 died of SIGABRT before running.
-    code = 'import sys; sys.orig_argv = ["python", "-m", "beam_pipeline", "convert"]\n'
-    code += _FORKS_AFTER_GRPC.format(spawns=1500)
+    code = _FORKS_AFTER_GRPC.format(spawns=1500, prepare=_PREPARE.format(argv=["convert"]))
     env = {k: v for k, v in os.environ.items() if k != "GRPC_ENABLE_FORK_SUPPORT"}
     out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, env=env, check=True)
     assert out.stdout.split() == ["0"], out.stderr[-2000:]
 
 
+_PREPARE = "from beam_pipeline.cli import startup\nstartup.prepare({argv!r})\n"
+
 _LOADED = """
 import sys
-{set_argv}import beam_pipeline
-skipped = [name for name in beam_pipeline.SKIPPED_BY_LOCAL_RUNS if name in sys.modules]
+{prepare}import beam_pipeline.main
+from beam_pipeline.cli import startup
+skipped = [name for name in startup.SKIPPED_BY_LOCAL_RUNS if name in sys.modules]
 print(" ".join(skipped) or "-")
 from apache_beam.utils import retry  # what a local run does use: gs:// and its retries
 print(retry.HttpError is not None, retry.GoogleAPICallError is not None, "apache_beam.io.gcp.gcsio" in sys.modules)
@@ -159,10 +121,10 @@ print(pymongo.__name__, google.cloud.bigquery.__name__)
 """
 
 
-def _loaded_with(orig_argv: list[str] | None) -> tuple[list[str], str]:
-    """(Lines printed, stderr) of a fresh interpreter that imports the package with `orig_argv`."""
-    set_argv = f"sys.orig_argv = {orig_argv!r}\n" if orig_argv else ""
-    code = _LOADED.format(set_argv=set_argv)
+def _loaded_with(argv: list[str] | None) -> tuple[list[str], str]:
+    """(Lines printed, stderr) of a fresh interpreter that imports the CLI after the CLI's set-up
+    for `argv` (None: none, as a program that imports the package)."""
+    code = _LOADED.format(prepare=_PREPARE.format(argv=argv) if argv is not None else "")
     out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, check=True)
     return out.stdout.splitlines(), out.stderr
 
@@ -181,18 +143,18 @@ def test_runner_named(argv, runner):
 
 
 def test_a_local_cli_run_leaves_out_beams_unused_imports_and_they_still_import_later():
-    lines, stderr = _loaded_with(["python", "-m", "beam_pipeline", "convert", "--input", "x"])
+    lines, stderr = _loaded_with(["convert", "--input", "x"])
     assert lines == ["-", "True True True", "pymongo google.cloud.bigquery"]
     assert "bson" not in stderr  # Beam's "Could not find a compatible bson package" muted
     assert stderr == ""
 
 
 @pytest.mark.parametrize(
-    "orig_argv",
-    [None, ["python", "-m", "beam_pipeline", "convert", "--runner", "DataflowRunner", "--input", "x"]],
+    "argv",
+    [None, ["convert", "--runner", "DataflowRunner", "--input", "x"]],
 )
-def test_programs_and_other_runners_import_beam_whole(orig_argv):
-    lines, _ = _loaded_with(orig_argv)
+def test_programs_and_other_runners_import_beam_whole(argv):
+    lines, _ = _loaded_with(argv)
     assert lines[1] == "True True True"
     assert set(lines[0].split()) >= {"pymongo", "bson", "google.cloud.bigquery", "google.cloud.dataflow"}
 
@@ -228,79 +190,86 @@ def test_the_cli_converts_with_the_imports_left_out(image_tree, tmp_path):
         assert shard.read_bytes() == (lib_out / shard.name).read_bytes()
 
 
-def test_a_program_importing_the_package_keeps_its_collector_settings():
-    # Importing freezes what Beam's import made, nothing else: thresholds and on/off as set.
-    code = (
-        "import gc\n"
-        "gc.set_threshold(1234, 5, 6)\n"
-        "import beam_pipeline, beam_pipeline.main\n"
-        "print(gc.get_threshold(), gc.isenabled())"
+def test_the_skipped_imports_were_checked_against_this_beam():
+    # SKIPPED_BY_LOCAL_RUNS relies on which of its imports Beam guards with `except ImportError`:
+    # a new Beam may import one of them unguarded (the CLI would then fail to start) or add
+    # others. Read apache_beam's imports of each again, then update BEAM_CHECKED.
+    assert beam.__version__ == startup.BEAM_CHECKED, (
+        f"Beam {beam.__version__}: check beam_pipeline/cli/startup.py SKIPPED_BY_LOCAL_RUNS "
+        f"against it (checked with {startup.BEAM_CHECKED})"
     )
-    out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, check=True)
-    assert out.stdout.split("\n")[0] == "(1234, 5, 6) True"
 
 
-def test_a_conversion_runs_frozen_with_a_large_young_generation_and_puts_both_back(image_tree, tmp_path):
-    seen = []
+# A fresh interpreter: the process-wide state before and after importing every module of ours.
+_STATE = """
+import gc, importlib, json, os, pkgutil, sys
+import apache_beam
+from apache_beam import coders
+from apache_beam.runners.worker import statesampler
 
-    def during(result):  # called by run() once the job has finished, still inside the run
-        seen.append((gc.get_threshold(), gc.get_freeze_count(), gc.isenabled()))
+def state():
+    return dict(
+        gc=[gc.get_threshold(), gc.get_freeze_count(), gc.isenabled()],
+        environ=dict(os.environ),
+        sampler=repr(statesampler.StateSampler.__init__.__defaults__),
+        handlers=[repr(h) for h in __import__("logging").getLogger().handlers],
+    )
 
-    saved = gc.get_threshold()
-    gc.set_threshold(1234, 5, 6)
-    try:
-        run(
-            ["--input", str(image_tree), "--output_dir", str(tmp_path / "out")],
-            save_main_session=False,
-            on_result=during,
-        )
-        assert gc.get_threshold() == (1234, 5, 6)
-        assert gc.get_freeze_count() == 0  # unfrozen: repeated runs in a program free their graphs
-    finally:
-        gc.set_threshold(*saved)
-    ((thresholds, frozen, enabled),) = seen
-    assert thresholds == (RUN_GC_THRESHOLD0, 5, 6)
-    assert frozen > 100_000  # Beam's modules and the graph
-    assert enabled
-    assert read_records(tmp_path / "out")
-
-
-@pytest.mark.skipif(not hasattr(os, "fork"), reason="forks")
-def test_processes_forked_during_a_conversion_collect_as_before_it():
-    # The shard writers are forked while a run's thresholds are set: they get the ones from before.
-    saved = gc.get_threshold()
-    gc.set_threshold(1234, 5, 6)
-    try:
-        with collection_for_run():
-            assert gc.get_threshold() == (RUN_GC_THRESHOLD0, 5, 6)
-            read, write = os.pipe()
-            pid = os.fork()
-            if pid == 0:  # the child
-                os.write(write, repr(gc.get_threshold()).encode())
-                os._exit(0)
-            os.close(write)
-            child = os.read(read, 100).decode()
-            os.close(read)
-            os.waitpid(pid, 0)
-            assert gc.get_threshold() == (RUN_GC_THRESHOLD0, 5, 6)  # the parent keeps the run's
-        assert child == "(1234, 5, 6)"
-        assert gc.get_threshold() == (1234, 5, 6)
-    finally:
-        gc.set_threshold(*saved)
+before, loaded = state(), set(sys.modules)
+import beam_pipeline, transforms
+ours = ["beam_pipeline"] + [
+    m.name for p, pre in ((beam_pipeline, "beam_pipeline."), (transforms, "transforms."))
+    for m in pkgutil.walk_packages(p.__path__, pre)
+]
+for name in ours:
+    if name not in ("beam_pipeline.__main__",):
+        importlib.import_module(name)
+from transforms.records import ImageRecord
+print(json.dumps(dict(
+    before=before, after=state(), added=sorted(set(sys.modules) - loaded),
+    record_coder=type(coders.registry.get_coder(ImageRecord)).__name__,
+)))
+"""
 
 
-def test_runs_that_overlap_put_back_the_thresholds_from_before_the_first():
-    # Two conversions in threads of one program: the first ends while the second runs.
-    saved = gc.get_threshold()
-    gc.set_threshold(1234, 5, 6)
-    try:
-        first, second = collection_for_run(), collection_for_run()
-        first.__enter__()
-        second.__enter__()
-        first.__exit__(None, None, None)
-        assert gc.get_threshold() == (RUN_GC_THRESHOLD0, 5, 6)  # the second still runs
-        second.__exit__(None, None, None)
-        assert gc.get_threshold() == (1234, 5, 6)
-        assert gc.get_freeze_count() == 0
-    finally:
-        gc.set_threshold(*saved)
+def _top_level_of_requirements() -> set[str]:
+    """Top-level import names of img2tfrecord's requirements and theirs (not the extras')."""
+    from importlib import metadata
+
+    providers = metadata.packages_distributions()
+    dists, todo = set(), ["img2tfrecord"]
+    while todo:
+        try:
+            requires = metadata.requires(todo.pop()) or []
+        except metadata.PackageNotFoundError:
+            continue
+        for req in requires:
+            if "extra ==" in req:
+                continue
+            name = req.split(";")[0].split("[")[0].split()[0]
+            for sep in "<>=!~":
+                name = name.split(sep)[0]
+            key = name.lower().replace("_", "-")
+            if key not in dists:
+                dists.add(key)
+                todo.append(name)
+    return {
+        top for top, owners in providers.items() if any(o.lower().replace("_", "-") in dists for o in owners)
+    }
+
+
+def test_importing_the_package_changes_no_process_wide_state():
+    # Collector settings and frozen objects, the environment, Beam's state-sampler defaults,
+    # logging's handlers, Beam's coder registry; modules loaded beyond ours and our requirements'.
+    import json
+
+    env = {
+        k: v for k, v in os.environ.items() if k not in ("GRPC_ENABLE_FORK_SUPPORT", "OPENBLAS_NUM_THREADS")
+    }
+    out = subprocess.run([sys.executable, "-c", _STATE], capture_output=True, text=True, env=env, check=True)
+    seen = json.loads(out.stdout.splitlines()[-1])
+    assert seen["after"] == seen["before"]
+    assert seen["record_coder"] != "ImageRecordCoder"  # registered where a pipeline is built
+    allowed = _top_level_of_requirements() | set(sys.stdlib_module_names) | {"beam_pipeline", "transforms"}
+    foreign = sorted({m for m in seen["added"] if m.split(".")[0] not in allowed})
+    assert foreign == []

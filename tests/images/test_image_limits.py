@@ -38,5 +38,14 @@ def test_a_side_over_a_million_pixels_is_refused_not_written_for_tensorflow_to_r
 
 
 def test_a_jpeg_cannot_be_asked_for_beyond_its_16_bit_sides():
-    with pytest.raises(ImageError, match="too wide: 70000x1 has a side over 65,535 pixels"):
+    with pytest.raises(ImageError, match="too wide: 70000x1 has a side over 65,500 pixels"):
         check_image(_encoded((70_000, 1), "PNG"), ImageOptions(image_format="jpeg"))
+
+
+def test_a_jpeg_side_is_limited_to_libjpegs_65500_pixels():
+    # libjpeg's JPEG_MAX_DIMENSION (jmorecfg.h), below the format's 16-bit 65,535: libjpeg-turbo
+    # (Pillow's encoder, TensorFlow's decoder) refuses a longer side.
+    data = _encoded((65_501, 1), "PNG")
+    with pytest.raises(ImageError, match="too wide: 65501x1 has a side over 65,500 pixels"):
+        check_image(data, ImageOptions(image_format="jpeg"))
+    assert check_image(_encoded((65_500, 1), "PNG"), ImageOptions(image_format="jpeg")).info.width == 65_500

@@ -9,7 +9,7 @@ from apache_beam.testing.test_pipeline import TestPipeline
 from apache_beam.testing.util import assert_that, equal_to
 
 from transforms import progress
-from transforms.batching import KeyedGather, chunked, key_batch
+from transforms.batching import KeyedGather, chunked
 from transforms.failures import FAILED
 from transforms.labels.beam import LabelFromFolders
 from transforms.layout.beam import AssignSplits, PlanShards
@@ -34,19 +34,9 @@ def _records(n: int, classes: int = 3) -> list[ImageRecord]:
     ]
 
 
-def test_chunked_and_key_batch():
+def test_chunked():
     assert [len(c) for c in chunked(range(2 * BATCH_SIZE + 1))] == [BATCH_SIZE, BATCH_SIZE, 1]
     assert list(chunked([])) == []
-    batch = RecordBatch(tuple(_records(7)))
-    same = key_batch(batch, lambda r: r.split)
-    assert same == [("train", batch)] and same[0][1] is batch  # one key: passed on as it is
-    by_class = key_batch(batch, lambda r: r.class_key)
-    assert [(k, [r.relpath for r in b.records]) for k, b in by_class] == [
-        ("c0", ["c0/0.jpg", "c0/3.jpg", "c0/6.jpg"]),
-        ("c1", ["c1/1.jpg", "c1/4.jpg"]),
-        ("c2", ["c2/2.jpg", "c2/5.jpg"]),
-    ]
-    assert key_batch(RecordBatch(()), lambda r: r.split) == []
 
 
 def test_listing_batches_at_the_boundaries(tmp_path):

@@ -1,6 +1,6 @@
 """Reader metadata for multi-label data, label offsets and per-object presets (no pipeline run).
 
-A small multi-label dataset is written directly (encode_record + TFRecord framing), with the
+A small multi-label dataset is written directly (encode_image + TFRecord framing), with the
 metadata files FinalizeFn writes, and read back with TFDS, load_dataset and verify.
 """
 
@@ -15,9 +15,9 @@ from PIL import Image
 
 from beam_pipeline import load_dataset
 from beam_pipeline.readers.verify import verify
-from transforms.encoding.encoder import encode_record
+from tests.conftest import frame_record
+from transforms.encoding.encoder import encode_image
 from transforms.encoding.schema import SLIM, Schema
-from transforms.encoding.tfrecord import frame_record
 from transforms.output.failure_log import FailureCounts
 from transforms.output.summary import build_summary
 from transforms.output.tfds import (
@@ -43,7 +43,7 @@ def test_multi_label_dataset_with_offset_loads_in_tfds_load_dataset_and_verify(t
     index = ClassIndex(("a", "b"), offset=1)
     labels = [("a",), ("a", "b"), (), ("b",)]
     records = [ImageRecord(f"/x/{i}.png", f"{i}.png", 1, labels=ls) for i, ls in enumerate(labels)]
-    serialized = [encode_record(r, _png(5 + i, 4, i), index) for i, r in enumerate(records)]
+    serialized = [encode_image(r, _png(5 + i, 4, i), index)[0] for i, r in enumerate(records)]
     (tmp_path / "train-00000-of-00001.tfrecord").write_bytes(b"".join(frame_record(s) for s in serialized))
     written = {("train", r.class_key): 1 for r in records}
     summary = build_summary(4, written, written, FailureCounts(), [], index)
@@ -67,9 +67,9 @@ def test_multi_label_dataset_with_offset_loads_in_tfds_load_dataset_and_verify(t
     # A record whose label id is not in the dataset's classes is reported at its offset.
     shard = tmp_path / "train-00000-of-00001.tfrecord"
     good = shard.read_bytes()
-    stray = encode_record(
+    stray = encode_image(
         ImageRecord("/x/c.png", "c.png", 1, labels=("c",)), _png(3, 3, 9), ClassIndex(("a", "b", "c"), 1)
-    )
+    )[0]
     shard.write_bytes(good + frame_record(stray))
     _, problems = verify(str(tmp_path))
     assert problems[0] == f"{shard}: offset {len(good)}: label ids [3] outside the 2 classes of summary.json"

@@ -188,7 +188,8 @@ def test_raw_pixels_read_back_everywhere(tmp_path, preset):
 
 
 def test_verify_names_raw_pixels_that_do_not_fit_their_shape(tmp_path):
-    from transforms.encoding.tfrecord import frame_record, iter_records
+    from tests.conftest import frame_record
+    from transforms.encoding.tfrecord import iter_records
 
     out = tmp_path / "out"
     _convert(_tree(tmp_path / "in", ["grey.png"]), out, "--store", "raw")

@@ -19,9 +19,9 @@ import pytest
 from PIL import Image
 
 from beam_pipeline import load_dataset, main, parse_spec
-from tests.conftest import chromium_screenshot, read_records, write_image
+from tests.conftest import chromium_screenshot, frame_record, read_records, write_image
 from transforms.encoding.schema import get_schema
-from transforms.encoding.tfrecord import frame_record, iter_records
+from transforms.encoding.tfrecord import iter_records
 from transforms.writing.index import parse_index
 
 CLASSES = ["cat", "dog house", "서울광장"]

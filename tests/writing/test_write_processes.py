@@ -18,6 +18,9 @@ from pathlib import Path
 
 import apache_beam as beam
 import pytest
+from apache_beam import coders
+from apache_beam.io.filesystems import FileSystems
+from apache_beam.io.tfrecordio import _TFRecordSink  # Beam's own writer, for a byte-for-byte check
 from apache_beam.metrics.metric import MetricsFilter
 from apache_beam.options.pipeline_options import PipelineOptions
 from apache_beam.testing.test_pipeline import TestPipeline
@@ -25,16 +28,27 @@ from apache_beam.testing.test_pipeline import TestPipeline
 from beam_pipeline import main
 from beam_pipeline.cli import local_runner
 from beam_pipeline.cli.options import ConvertOptions
-from tests.conftest import read_records, write_image
+from tests.conftest import frame_record, read_records, write_image
 from transforms import progress
 from transforms.encoding.encoder import EncodeSettings
-from transforms.encoding.tfrecord import frame_record
 from transforms.images.read import read_bytes
 from transforms.records import ClassIndex, ImageRecord, ShardTask
 from transforms.writing import beam as write
-from transforms.writing.beam import WriteShards, make_sink
+from transforms.writing.beam import SHARD_TEMPLATE, WriteShards
 from transforms.writing.processes import ShardProcesses
-from transforms.writing.shard import ShardFile, ShardJob, split_shards
+from transforms.writing.shard import COMPRESSIONS, ShardFile, ShardJob, shard_suffix, split_shards
+
+
+def make_sink(output_dir: str, split: str, compression: str) -> _TFRecordSink:
+    """Beam's TFRecord sink for one split, as WriteToTFRecord makes it."""
+    return _TFRecordSink(
+        file_path_prefix=FileSystems.join(output_dir, split),
+        coder=coders.BytesCoder(),
+        file_name_suffix=shard_suffix(compression),
+        num_shards=0,
+        shard_name_template=SHARD_TEMPLATE,
+        compression_type=COMPRESSIONS[compression],
+    )
 
 
 @pytest.mark.parametrize("compression", ["none", "gzip"])

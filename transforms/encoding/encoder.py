@@ -75,10 +75,3 @@ def encode_image_chunks(
     prepared = check_image(data, settings)
     features = schema.features(record, prepared.data, prepared.info, class_index)
     return serialize_example_chunks(features, schema.kinds), prepared.info
-
-
-def encode_record(
-    record: ImageRecord, data: bytes, class_index: ClassIndex, settings: EncodeSettings = EncodeSettings()
-) -> bytes:
-    """The serialized Example for `record` (see `encode_image`)."""
-    return encode_image(record, data, class_index, settings)[0]

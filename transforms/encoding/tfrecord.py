@@ -55,12 +55,6 @@ def frame_chunks(chunks: Sequence[bytes], size: int) -> tuple[bytes, bytes]:
     return length + struct.pack("<I", masked_crc32c(length)), struct.pack("<I", _mask(crc))
 
 
-def frame_record(data: bytes) -> bytes:
-    """`data` framed as one TFRecord (what the writer appends for an uncompressed shard)."""
-    header, footer = frame_parts(data)
-    return header + data + footer
-
-
 def _read_exactly(f: BinaryIO, n: int) -> bytes:
     chunks, left = [], n
     while left:

@@ -17,7 +17,7 @@ rejected with a reason. What TensorFlow 2.21 does, verified by tests/test_image_
   palette BMPs give palette indices, 1-bit fails -> PNG.
 - WebP: animated ones (even of one frame) corrupt TensorFlow's heap (a crash at training
   time), and TensorFlow's libwebp refuses containers Pillow reads (transforms/images/webp.py) ->
-  PNG of frame 1. Sides TensorFlow refuses (PNG above 1,000,000, JPEG above 65,535 pixels)
+  PNG of frame 1. Sides TensorFlow refuses (PNG above 1,000,000, JPEG above 65,500 pixels)
   -> rejected, kept or converted.
 - TIFF, PSD, ICO, TGA, PPM, ... (`_FALLBACK_FORMATS`) are not decodable by TensorFlow -> PNG.
 
@@ -189,9 +189,13 @@ def check_size(width: int, height: int, max_pixels: int) -> None:
         raise ImageError(f"too large: {width}x{height} exceeds {max_pixels} pixels")
 
 
+# libjpeg's JPEG_MAX_DIMENSION (jmorecfg.h: "a tad under 64K to prevent overflows"): the longest
+# side libjpeg-turbo encodes (Pillow) or decodes (TensorFlow), below the format's 16-bit 65,535.
+JPEG_MAX_SIDE = 65_500
+
 # The longest side TensorFlow's decoders accept: libpng's default user limit ("Invalid PNG.
-# Failed to initialize decoder" above it), and JPEG's 16-bit dimensions.
-_MAX_SIDE = {"png": 1_000_000, "jpeg": 65_535}
+# Failed to initialize decoder" above it), and libjpeg's.
+_MAX_SIDE = {"png": 1_000_000, "jpeg": JPEG_MAX_SIDE}
 
 
 def _check_sides(fmt: str, width: int, height: int) -> None:

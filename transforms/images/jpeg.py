@@ -33,7 +33,7 @@ import re
 
 import numpy as np
 
-from transforms.images.check import check_size, colorspace_of, detect_format
+from transforms.images.check import JPEG_MAX_SIDE, check_size, colorspace_of, detect_format
 from transforms.images.types import ImageError, ImageInfo, ImageOptions, PreparedImage
 
 # 0xFF followed by anything but a stuffed zero: a marker (or the first of several fill 0xFF).
@@ -46,7 +46,6 @@ _OTHER_SOF = (0xC3, 0xC5, 0xC6, 0xC7, 0xC9, 0xCA, 0xCB, 0xCD, 0xCE, 0xCF)  # mod
 _SKIPPED = frozenset((*range(0xE0, 0xF0), 0xFE, 0xDC))  # APPn, COM, DNL: skipped by libjpeg
 _DAC = 0xCC  # arithmetic-coding tables
 _WITH_LENGTH = frozenset((*_HUFFMAN_SOF, *_OTHER_SOF, *_SKIPPED, _SOS, _DQT, _DHT, _DRI, _DAC))
-_MAX_SIDE = 65500  # libjpeg-turbo's JPEG_MAX_DIMENSION
 _MAX_OUTPUT_BYTES = 1 << 29  # TensorFlow refuses to decode to more bytes than this
 _MAX_BLOCKS_IN_MCU = 10
 _DEFAULT_HUFFMAN = frozenset({(0, 0), (0, 1), (1, 0), (1, 1)})
@@ -320,7 +319,7 @@ def _frame(body: bytes) -> tuple[int, int, dict[int, tuple[int, int, int]]]:
 
 def _check_frame_size(height: int, width: int, comps: dict) -> None:
     """Sizes libjpeg-turbo and TensorFlow decode; others are left to the full check."""
-    if not (0 < height <= _MAX_SIDE and 0 < width <= _MAX_SIDE):
+    if not (0 < height <= JPEG_MAX_SIDE and 0 < width <= JPEG_MAX_SIDE):
         raise _Unmodelled
     if height * width * (1 if len(comps) == 1 else 3) >= _MAX_OUTPUT_BYTES:
         raise _Unmodelled

@@ -12,8 +12,6 @@ from __future__ import annotations
 
 import pickle
 
-from apache_beam import coders
-
 from transforms.coders import (
     TupleCoder,
     decode_record_batch,
@@ -177,22 +175,13 @@ class OrphanLinesCoder(TupleCoder):
     )
 
 
-coders.registry.register_coder(Listed, ListedCoder)
-
-
-coders.registry.register_coder(OrphanRow, OrphanRowCoder)
-
-
-coders.registry.register_coder(OrphanLines, OrphanLinesCoder)
-
-
-coders.registry.register_coder(LabelRows, LabelRowsCoder)
-
-
-coders.registry.register_coder(JoinPart, JoinPartCoder)
-
-
-coders.registry.register_coder(KeyedFiles, KeyedFilesCoder)
-
-
-coders.registry.register_coder(HashedColumns, HashedColumnsCoder)
+# Record type -> its coder (registered by beam_pipeline/pipeline.py `register_coders`).
+CODERS = {
+    Listed: ListedCoder,
+    OrphanRow: OrphanRowCoder,
+    OrphanLines: OrphanLinesCoder,
+    LabelRows: LabelRowsCoder,
+    JoinPart: JoinPartCoder,
+    KeyedFiles: KeyedFilesCoder,
+    HashedColumns: HashedColumnsCoder,
+}

@@ -8,7 +8,6 @@ from __future__ import annotations
 
 from collections.abc import Iterable
 
-from transforms.coders import RecordBatchCoder  # noqa: F401 - registers the record coders
 from transforms.records import ClassIndex
 
 

@@ -9,8 +9,6 @@ from __future__ import annotations
 
 import functools
 
-from transforms.coders import RecordBatchCoder  # noqa: F401 - registers the record coders
-
 DEFAULT_SPLIT = "train"
 
 

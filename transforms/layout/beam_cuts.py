@@ -19,7 +19,6 @@ from collections.abc import Callable, Iterable, Iterator, Sequence
 
 import apache_beam as beam
 import numpy as np
-from apache_beam import coders as beam_coders
 from apache_beam import pvalue
 from apache_beam.transforms.window import GlobalWindows
 
@@ -257,7 +256,7 @@ class LocatedCoder(coders.TupleCoder):
     _type, _encode, _decode = Located, _encode_located, _decode_located
 
 
-beam_coders.registry.register_coder(Located, LocatedCoder)
+CODERS = {Located: LocatedCoder}  # registered by beam_pipeline/pipeline.py `register_coders`
 
 KeyedBatch = tuple[tuple[str, int], RecordBatch]
 

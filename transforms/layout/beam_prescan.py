@@ -23,7 +23,6 @@ from apache_beam import pvalue
 from apache_beam.metrics import Metrics
 
 from transforms.batching import RebatchFn, group_size
-from transforms.coders import RecordBatchCoder  # noqa: F401 - registers the record coders
 from transforms.failures import FAILED
 from transforms.images.limits import check_header
 from transforms.images.types import ImageError, ImageOptions

@@ -11,7 +11,6 @@ from collections.abc import Callable, Iterable, Sequence
 
 import numpy as np
 
-from transforms.coders import RecordBatchCoder  # noqa: F401 - registers the record coders
 from transforms.layout import cuts
 from transforms.records import ImageRecord, RecordBatch
 

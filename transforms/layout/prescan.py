@@ -10,7 +10,6 @@ import dataclasses
 import hashlib
 from collections.abc import Iterable
 
-from transforms.coders import RecordBatchCoder  # noqa: F401 - registers the record coders
 from transforms.failures import Failure
 from transforms.images.convert import estimate_stored_size
 from transforms.images.read import CHECK_ABOVE, HEADER_BYTES, HeaderCheck, open_source

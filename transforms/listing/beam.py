@@ -20,7 +20,6 @@ from typing import NamedTuple
 import apache_beam as beam
 from apache_beam.io import fileio
 
-from transforms.coders import FileBatchCoder  # noqa: F401 - registers the record coders
 from transforms.failures import FAILED, Failure
 from transforms.listing.beam_walk import ARCHIVES, KeepImagesFn, WalkLocalFn
 from transforms.listing.local import is_archive_input

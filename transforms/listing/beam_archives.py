@@ -37,7 +37,6 @@ from apache_beam.io.filesystems import FileSystems
 from apache_beam.metrics import Metrics
 
 from transforms.batching import chunked
-from transforms.coders import FileBatchCoder  # noqa: F401 - registers the record coders
 from transforms.failures import FAILED, Failure
 from transforms.listing.archives import ArchiveFile, Member, Problem, archive_kind, glob_base, index_tar
 from transforms.listing.beam_walk import _ListFn

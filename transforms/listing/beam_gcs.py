@@ -15,7 +15,6 @@ from apache_beam import pvalue
 from apache_beam.metrics import Metrics
 
 from transforms.batching import RebatchFn
-from transforms.coders import FileBatchCoder  # noqa: F401 - registers the record coders
 from transforms.listing.archives import archive_kind
 from transforms.listing.beam_walk import ARCHIVES, _ListFn
 from transforms.listing.gcs import (

@@ -13,7 +13,6 @@ from apache_beam.io.filesystem import FileMetadata
 from apache_beam.metrics import Metrics
 
 from transforms.batching import RebatchFn, chunked
-from transforms.coders import FileBatchCoder  # noqa: F401 - registers the record coders
 from transforms.listing.archives import ArchiveFile, archive_kind
 from transforms.listing.local import archive_in, is_listed, walk_local
 from transforms.paths import has_image_extension, relative_path

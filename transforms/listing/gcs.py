@@ -41,7 +41,6 @@ from apache_beam.io.filesystems import FileSystems
 from google.api_core.exceptions import GoogleAPIError
 from google.auth.exceptions import GoogleAuthError
 
-from transforms.coders import FileBatchCoder  # noqa: F401 - registers the record coders
 from transforms.failures import USER_ERROR_MARKER
 
 GCS_SCHEME = "gs://"

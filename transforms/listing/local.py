@@ -11,7 +11,6 @@ import os
 from collections.abc import Callable, Iterable
 from typing import NamedTuple
 
-from transforms.coders import FileBatchCoder  # noqa: F401 - registers the record coders
 from transforms.failures import USER_ERROR_MARKER
 from transforms.listing.archives import ArchiveFile, archive_kind
 from transforms.paths import IMAGE_EXTENSIONS, has_image_extension, relative_path

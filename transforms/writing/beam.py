@@ -12,9 +12,7 @@ from collections.abc import Callable, Iterable
 from concurrent.futures import ThreadPoolExecutor
 
 import apache_beam as beam
-from apache_beam import coders, pvalue
-from apache_beam.io.filesystems import FileSystems
-from apache_beam.io.tfrecordio import _TFRecordSink
+from apache_beam import pvalue
 from apache_beam.metrics import Metrics
 from apache_beam.transforms.window import GlobalWindows
 
@@ -25,25 +23,13 @@ from transforms.images.read import DEFAULT_RETRY, RetryPolicy, read_bytes
 from transforms.progress import Progress, lookup
 from transforms.records import ClassIndex, ShardTask
 from transforms.writing.processes import ShardProcesses
-from transforms.writing.shard import COMPRESSIONS, ShardJob, ShardOutcome, shard_suffix, write_shard
+from transforms.writing.shard import COMPRESSIONS, ShardJob, ShardOutcome, write_shard
 
 SHARD_TEMPLATE = "-SSSSS-of-NNNNN"
 
 
 # Records WriteShardFn holds before its worker processes write them (a round of shards).
 HELD_RECORDS = 20_000
-
-
-def make_sink(output_dir: str, split: str, compression: str = "none") -> _TFRecordSink:
-    """Beam's TFRecord sink for one split, whose writer ShardFile matches byte for byte (tested)."""
-    return _TFRecordSink(
-        file_path_prefix=FileSystems.join(output_dir, split),
-        coder=coders.BytesCoder(),
-        file_name_suffix=shard_suffix(compression),
-        num_shards=0,
-        shard_name_template=SHARD_TEMPLATE,
-        compression_type=COMPRESSIONS[compression],
-    )
 
 
 class WriteShardFn(beam.DoFn):

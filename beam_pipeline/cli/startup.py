@@ -1,0 +1,85 @@
+"""The CLI process's set-up before Beam is imported: the one place that changes process-wide state.
+
+Called only by the console entry (beam_pipeline/__main__.py `cli`: `img2tfrecord`, `python -m
+beam_pipeline`) before it imports anything of Beam's: importing the
+package, or running `main.run()` from a program, changes none of it (tests/cli/test_startup.py).
+What is here stays because it is a tested correctness fix or a start-up gain measured outside the
+rounds' spread (CONTRIBUTING.md, benchmarks/README.md "Start-up"):
+
+- `GRPC_ENABLE_FORK_SUPPORT=false` (correctness): with gRPC's fork support on (grpcio's default),
+  a process whose gRPC has started (Beam's portable and multi-process runners, Google's clients)
+  restarts gRPC's poller thread in every child it forks, before the child execs; `subprocess`
+  then closes the child's descriptors, the poller's among them, and gRPC aborts the child
+  (SIGABRT) before it runs: 3-12 children in 1,000 here (grpc/grpc#43055). Beam's own tests turn
+  it off for the same reason. gRPC reads it when imported.
+- Beam imported without the client libraries of IOs and runners a local run never uses
+  (SKIPPED_BY_LOCAL_RUNS): ~0.25 s of CPU and ~45 MB of RSS less at every start. Beam imports each
+  under `try: ... except ImportError`, and the IO or runner that needs it reports itself
+  unavailable; they import as usual afterwards. Which modules Beam guards that way is checked
+  against BEAM_CHECKED: a Beam upgrade fails tests/cli/test_startup.py until it is checked again.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import logging
+import os
+import sys
+
+from beam_pipeline.cli.runners import LOCAL_RUNNERS, runner_named  # argv only: no Beam
+
+# The Beam release whose guarded imports SKIPPED_BY_LOCAL_RUNS was checked against.
+BEAM_CHECKED = "2.77.0"
+
+# What `import apache_beam` loads for IOs and runners that a local run never uses: MongoDB's
+# client (apache_beam.io.mongodbio), Pub/Sub and BigQuery with its Storage API
+# (apache_beam.io.gcp), Parquet's pyarrow (apache_beam.io.parquetio, apache_beam.typehints) and
+# the Dataflow API client (apache_beam.runners.dataflow). Not listed: anything a local run uses,
+# or that Beam imports without such a guard or next to something it uses (oauth2client.crypt:
+# apitools imports it unguarded, and apache_beam.utils.retry would lose its HttpError checks).
+SKIPPED_BY_LOCAL_RUNS = (
+    "bson",
+    "pymongo",
+    "google.cloud.pubsub",
+    "google.cloud.pubsub_v1",
+    "google.cloud.bigquery",
+    "google.cloud.bigquery_storage_v1",
+    "google.cloud.dataflow",
+    "pyarrow",
+)
+
+# Beam's loggers that announce, at import, an optional package they did not find.
+_ANNOUNCE_MISSING = ("apache_beam.io.mongodbio",)
+
+
+@contextlib.contextmanager
+def imports_skipped(names: tuple[str, ...]):
+    """While in the block, importing any of `names` (or a module under it) raises ImportError;
+    afterwards each imports as usual.
+
+    A `None` in sys.modules is Python's own way to make an import fail
+    (https://docs.python.org/3/reference/import.html#the-module-cache). Names already imported
+    are left alone. Beam's warning that it found no MongoDB driver is muted for the block.
+    """
+    added = [name for name in names if name not in sys.modules]
+    muted = [logger for logger in map(logging.getLogger, _ANNOUNCE_MISSING) if not logger.disabled]
+    for name in added:
+        sys.modules[name] = None
+    for logger in muted:
+        logger.disabled = True
+    try:
+        yield
+    finally:
+        for logger in muted:
+            logger.disabled = False
+        for name in added:
+            if name in sys.modules and sys.modules[name] is None:
+                del sys.modules[name]
+
+
+def prepare(argv: list[str]) -> None:
+    """Sets the CLI process up for the command line `argv` (without the program), before Beam loads."""
+    os.environ.setdefault("GRPC_ENABLE_FORK_SUPPORT", "false")
+    local = runner_named(argv) in LOCAL_RUNNERS  # Dataflow's runner needs its API client
+    with imports_skipped(SKIPPED_BY_LOCAL_RUNS if local else ()):
+        import apache_beam  # noqa: F401 - the bulk of the start-up
