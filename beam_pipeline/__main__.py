@@ -10,7 +10,10 @@ def cli() -> None:
     startup.prepare(sys.argv[1:])
     from beam_pipeline import main
 
-    main.cli()
+    try:
+        main.cli()
+    finally:
+        startup.before_exit()
 
 
 if __name__ == "__main__":

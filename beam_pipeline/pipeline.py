@@ -55,7 +55,7 @@ def register_coders() -> None:
     """Our coders in Beam's registry, for every record type that crosses a stage boundary.
 
     Beam looks a PCollection's coder up by its element type when the job is translated; a type
-    missing here would be pickled, silently (tests/test_coders_registered.py builds the graph
+    missing here would be pickled, silently (tests/cli/test_coders_registered.py builds the graph
     in a fresh interpreter and checks every PCollection's coder). Called by build_pipeline
     (again for every graph: registering is idempotent), not on import.
     """

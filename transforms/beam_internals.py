@@ -2,7 +2,7 @@
 
 Beam's private names (a leading `_`, or a module outside its documented API) change without
 notice between releases; apache-beam is pinned exactly (setup.py) and this list is all a Beam
-upgrade needs to check (tests/test_beam_internals.py fails on a new Beam until it is checked).
+upgrade needs to check (tests/cli/test_beam_internals.py fails on a new Beam until it is checked).
 
 - `CacheAware` (apache_beam.runners.worker.statecache): Beam's state cache sizes every side
   input it loads by walking all its objects (objsize, ~1 us an object: a 200,000-class table of

@@ -27,6 +27,7 @@ from apache_beam.io.filesystems import FileSystems
 from beam_pipeline.cli.options import UserError
 from transforms.labels.rows import IMAGE_KEYS, TableError, TableSpec
 from transforms.labels.table import check_table, image_key, normalize_key
+from transforms.listing.local import walk_folders
 from transforms.paths import escape_glob, has_image_extension, relative_path
 
 # The key check reads at most this many table rows (a set of short strings, a few MB).
@@ -37,8 +38,9 @@ REMOTE_PAGE = 1000
 
 
 def _local_images(root: str):
-    """Yields the relative paths of the image files under local `root`, one at a time."""
-    for folder, _, names in os.walk(root):  # as transforms.listing.walk_local lists them
+    """Yields the relative paths of the image files under local `root`, one at a time, walked as
+    the listing walks it (hidden entries left out, folder links followed)."""
+    for folder, names in walk_folders(root):
         for name in names:
             if has_image_extension(name):
                 yield relative_path(os.path.join(folder, name), root)

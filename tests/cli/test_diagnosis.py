@@ -18,6 +18,7 @@ from beam_pipeline.cli import preflight
 from beam_pipeline.cli.options import UserError
 from transforms.failures import diagnosis, likely_fix, reason_kind, top_kinds
 from transforms.labels.rows import TableSpec
+from transforms.listing.local import walk_local
 
 SCRIPT = Path(sys.executable).parent / "img2tfrecord"
 
@@ -83,6 +84,21 @@ def test_one_matching_key_is_enough_and_large_tables_are_left_to_the_pipeline(tm
         preflight.check_keys_match(str(tmp_path / "in"), spec, "stem")
     monkeypatch.setattr(preflight, "MAX_KEY_ROWS", 2)
     preflight.check_keys_match(str(tmp_path / "in"), spec, "stem")  # too big to tell: no error
+
+
+def test_the_flat_folder_check_walks_the_tree_as_the_listing_does(tmp_path):
+    # A hidden folder is no class folder (the listing leaves it out); a link to a folder is one.
+    hidden, linked = tmp_path / "hidden", tmp_path / "linked"
+    _png(hidden / "a.png")
+    _png(hidden / ".cache" / "b.png")
+    _png(linked / "a.png")
+    _png(tmp_path / "elsewhere" / "c.png")
+    (linked / "cls").symlink_to(tmp_path / "elsewhere", target_is_directory=True)
+    assert [f.relpath for f in walk_local(str(hidden))] == ["a.png"]
+    assert [f.relpath for f in walk_local(str(linked))] == ["a.png", "cls/c.png"]
+    with pytest.raises(UserError, match="none of its 1 images is inside a class folder"):
+        preflight.check_class_folders(str(hidden), split_from_folders=False)
+    preflight.check_class_folders(str(linked), split_from_folders=False)
 
 
 def test_exit_3_names_the_top_reasons_and_the_fix(tmp_path, capsys):

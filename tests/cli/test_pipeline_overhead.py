@@ -13,7 +13,7 @@ from apache_beam.options.pipeline_options import PipelineOptions
 
 from beam_pipeline import main
 from beam_pipeline.cli.options import ConvertOptions
-from beam_pipeline.pipeline import build_pipeline
+from beam_pipeline.pipeline import build_pipeline, register_coders
 from tests.conftest import write_image
 from transforms.batching import CountImagesFn
 from transforms.coders import (
@@ -26,6 +26,8 @@ from transforms.coders import (
 from transforms.failures import Failure
 from transforms.labels.beam import ClassNamesFn, CountPerClassFn
 from transforms.records import FileBatch, ImageFile, ImageRecord, RecordBatch, ShardTask
+
+register_coders()  # as build_pipeline does
 
 RECORDS = [
     ImageRecord("/in/cat/a.jpg", "cat/a.jpg", 1234, ("cat",)),

@@ -225,24 +225,3 @@ def test_local_defaults_and_overrides():
     direct = options.view_as(DirectOptions)
     assert (direct.direct_running_mode, direct.direct_num_workers) == ("multi_processing", 3)
     assert not local_runner.in_process(options)
-
-
-def test_local_runs_sample_bundle_state_with_a_short_period(jpeg_tree, tmp_path, monkeypatch):
-    """Every bundle of a local run ends without waiting out Beam's 200 ms sampler sleep,
-    and the default is Beam's again after the run."""
-    from apache_beam.runners.worker import statesampler
-
-    default = statesampler.StateSampler("before", None).sampling_period_ms
-    periods: list[int] = []
-    stop = statesampler.StateSampler.stop
-
-    def recording_stop(self):
-        periods.append(self.sampling_period_ms)
-        stop(self)
-
-    monkeypatch.setattr(statesampler.StateSampler, "stop", recording_stop)
-    argv = ["--input", str(jpeg_tree), "--output_dir", str(tmp_path / "out"), "--quiet"]
-    main.run([*argv, "--max_failure_ratio", "0.5"], save_main_session=False)
-    assert default == 200
-    assert len(periods) > 3 and set(periods) == {local_runner.LOCAL_SAMPLING_PERIOD_MS}
-    assert statesampler.StateSampler("after", None).sampling_period_ms == default

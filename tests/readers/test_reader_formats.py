@@ -22,7 +22,8 @@ from beam_pipeline.readers.inspect import collect_stats
 from beam_pipeline.readers.verify import verify
 from tests.conftest import write_image
 from transforms.encoding.schema import get_schema
-from transforms.images.decoding import DECODED_4D_FORMATS, sniff_format
+from transforms.images.check import detect_format
+from transforms.images.decoding import DECODED_4D_FORMATS
 from transforms.output.tfds import FEATURES_FILE, features_json
 
 
@@ -76,7 +77,7 @@ def test_the_formats_tensorflow_decodes_4d_by_default():
     four_d = set()
     for name, make in SAMPLES.items():
         data = make()
-        fmt = sniff_format(data)
+        fmt = detect_format(data)
         assert fmt == name.rsplit(".", 1)[1].replace("jpg", "jpeg")
         assert tuple(tf.io.decode_image(data, expand_animations=False).shape)[:2] == (5, 7)
         if len(tf.io.decode_image(data).shape) == 4:  # expand_animations=True by default
@@ -111,7 +112,7 @@ def test_tfds_and_odapi_presets_store_what_their_decoders_read_as_3d(tmp_path, p
     ]
     assert len(stored) == len(SAMPLES)
     for data in stored:  # the consumer's call: decode_image with expand_animations=True
-        assert sniff_format(data) not in DECODED_4D_FORMATS
+        assert detect_format(data) not in DECODED_4D_FORMATS
         assert len(tf.image.decode_image(data, channels=3).shape) == 3
     if preset == "tfds":
         examples = _tfds_examples(out)

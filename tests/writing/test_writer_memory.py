@@ -19,13 +19,15 @@ from pathlib import Path
 import pytest
 from apache_beam import coders
 
-import transforms.coders  # noqa: F401  (registers the ShardTask coder)
 from beam_pipeline import main
+from beam_pipeline.pipeline import register_coders
 from tests.conftest import read_records, write_image
 from transforms.encoding.encoder import EncodeSettings
 from transforms.records import ClassIndex, ImageRecord, ShardTask
 from transforms.writing import processes
 from transforms.writing.shard import ShardJob
+
+register_coders()  # as build_pipeline does: the ShardTask coder
 
 PARTS_LOG = "IMG2TFRECORD_TEST_PARTS_LOG"
 

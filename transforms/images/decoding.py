@@ -33,22 +33,6 @@ def decodes_4d(fmt: str) -> bool:
     return fmt in DECODED_4D_FORMATS
 
 
-def sniff_format(data: bytes) -> str:
-    """The format TensorFlow's `decode_image` takes `data` for (from its first bytes, as it
-    does): 'jpeg', 'png', 'gif', 'bmp', 'webp', or 'unknown'."""
-    if data[:3] == b"\xff\xd8\xff":
-        return "jpeg"
-    if data[:8] == b"\x89PNG\r\n\x1a\n":
-        return "png"
-    if data[:3] == b"GIF":
-        return "gif"
-    if data[:2] == b"BM":
-        return "bmp"
-    if data[:4] == b"RIFF" and data[8:12] == b"WEBP":
-        return "webp"
-    return "unknown"
-
-
 def image_feature_kind(store: str, formats: set[str] | frozenset[str]) -> str:
     """What TFDS can be told the stored image is.
 

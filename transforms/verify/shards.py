@@ -26,7 +26,8 @@ from apache_beam.io.filesystems import FileSystems
 from transforms.encoding.dataset_format import DatasetFormat
 from transforms.encoding.schema import Schema
 from transforms.encoding.tfrecord import RECORD_OVERHEAD, RecordError, iter_records
-from transforms.images.decoding import decodes_4d, raw_size, sniff_format
+from transforms.images.check import detect_format
+from transforms.images.decoding import decodes_4d, raw_size
 from transforms.writing.index import index_path, parse_index
 
 _PARSE_BATCH = 256
@@ -187,7 +188,7 @@ class _Checker:
 
     def _check_format(self, encoded: bytes, offset: int) -> None:
         """Every record, without decoding: no stored format that a strict reader decodes 4-D."""
-        fmt = sniff_format(encoded)
+        fmt = detect_format(encoded)
         if decodes_4d(fmt):
             raise RecordError(
                 offset,
