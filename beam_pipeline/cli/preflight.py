@@ -39,8 +39,9 @@ REMOTE_PAGE = 1000
 
 def _local_images(root: str):
     """Yields the relative paths of the image files under local `root`, one at a time, walked as
-    the listing walks it (hidden entries left out, folder links followed)."""
-    for folder, names in walk_folders(root):
+    the listing walks it (hidden entries left out, folder links followed). A folder that cannot
+    be listed, or a root that is a file (an archive), is check_input's to report."""
+    for folder, names in walk_folders(root, onerror=lambda error: None):
         for name in names:
             if has_image_extension(name):
                 yield relative_path(os.path.join(folder, name), root)
