@@ -9,9 +9,6 @@ upgrade needs to check (tests/cli/test_beam_internals.py fails on a new Beam unt
   [count, weight] lists is ~600,000 of them) for each stage that reads it. A side input that is
   CacheAware names what to walk (transforms/coders.py SideDict, SideList): nothing, its table is
   sized on its own. Beam offers no public hook for it.
-
-Not here yet: `GcsFileSystem._gcsIO()` in transforms/listing/gcs.py, which the branch that
-makes one GCS module (issue 24 items 5-6) replaces with a client of its own.
 """
 
 from apache_beam.runners.worker.statecache import CacheAware

@@ -15,6 +15,8 @@ from apache_beam import pvalue
 from apache_beam.metrics import Metrics
 
 from transforms.batching import RebatchFn
+from transforms.gcs import ERRORS as LIST_ERRORS
+from transforms.gcs import GCS_SCHEME, Lister, lister, split_gcs_path
 from transforms.listing.archives import archive_kind
 from transforms.listing.beam_walk import ARCHIVES, _ListFn
 from transforms.listing.gcs import (
@@ -22,15 +24,10 @@ from transforms.listing.gcs import (
     EXPAND,
     FANOUT_LEVELS,
     FANOUT_TARGET,
-    GCS_SCHEME,
-    LIST_ERRORS,
     OBJECT,
-    Lister,
     _cannot_list,
-    gcs_lister,
     list_below,
     list_level,
-    split_gcs_path,
 )
 from transforms.listing.local import archive_in, is_listed
 from transforms.paths import has_image_extension, relative_path
@@ -52,7 +49,7 @@ class _GcsListFn(_ListFn, RebatchFn):
 
     def setup(self) -> None:
         super().setup()
-        self._lister = gcs_lister(self._bucket)
+        self._lister = lister(self._bucket)
 
     def _image(self, name: str, size: int) -> Iterator[FileBatch | pvalue.TaggedOutput]:
         """An object's FileBatch (an image) or ARCHIVES output (a tar archive); nothing else."""
