@@ -1,8 +1,8 @@
 """The CLI process's set-up before Beam is imported: the one place that changes process-wide state.
 
 Called only by the console entry (beam_pipeline/__main__.py `cli`: `img2tfrecord`, `python -m
-beam_pipeline`) before it imports anything of Beam's: importing the
-package, or running `main.run()` from a program, changes none of it (tests/cli/test_startup.py).
+beam_pipeline`) before it imports anything of Beam's: importing the package, or running
+`main.run()` from a program, changes none of it (tests/cli/test_startup.py).
 What is here stays because it is a tested correctness fix or a start-up gain measured outside the
 rounds' spread (CONTRIBUTING.md, benchmarks/README.md "Start-up"):
 
@@ -13,10 +13,11 @@ rounds' spread (CONTRIBUTING.md, benchmarks/README.md "Start-up"):
   (SIGABRT) before it runs: 3-12 children in 1,000 here (grpc/grpc#43055). Beam's own tests turn
   it off for the same reason. gRPC reads it when imported.
 - The interpreter's last collection skipped (`before_exit`): at exit it would walk the ~1
-  million objects of Beam's modules and the graph once more, ~0.3 s of CPU a run (a 40-image
-  run: 0.89x the CPU without it, lower in 8 of 9 interleaved rounds).
+  million objects of Beam's modules and the graph once more: ~0.3-0.4 s of CPU a run (a
+  40-image run's CPU 0.89x and 0.88x with it, lower in 17 of 19 interleaved rounds).
 - Beam imported without the client libraries of IOs and runners a local run never uses
-  (SKIPPED_BY_LOCAL_RUNS): ~0.25 s of CPU and ~45 MB of RSS less at every start. Beam imports each
+  (SKIPPED_BY_LOCAL_RUNS): ~0.25 s of CPU and ~45-60 MB of RSS less at every start (a 40-image
+  run's CPU 0.80x with it, lower in 8 of 9 interleaved rounds). Beam imports each
   under `try: ... except ImportError`, and the IO or runner that needs it reports itself
   unavailable; they import as usual afterwards. Which modules Beam guards that way is checked
   against BEAM_CHECKED: a Beam upgrade fails tests/cli/test_startup.py until it is checked again.
