@@ -53,6 +53,36 @@ class CountImagesFn(beam.CombineFn):
         return count
 
 
+class SumPerKeyFn(beam.CombineFn):
+    """Elements -> {key: sum of ints}, where `pairs(element)` gives an element's (key, int)
+    pairs: a lifted combiner (one small dict a bundle). Its output holds one int per distinct
+    key (a class, a split's totals, a hash bucket): bounded by what its callers key on."""
+
+    def __init__(self, pairs: Callable[[Any], Iterable[tuple[Any, int]]]):
+        self._pairs = pairs
+
+    def create_accumulator(self) -> dict:
+        return {}
+
+    def add_input(self, acc: dict, element: Any) -> dict:
+        get = acc.get
+        for key, n in self._pairs(element):
+            acc[key] = get(key, 0) + n
+        return acc
+
+    def merge_accumulators(self, accs: Iterable[dict]) -> dict:
+        it = iter(accs)
+        merged = next(it, {})
+        get = merged.get
+        for acc in it:
+            for key, n in acc.items():
+                merged[key] = get(key, 0) + n
+        return merged
+
+    def extract_output(self, acc: dict) -> dict:
+        return acc
+
+
 class RebatchFn(beam.DoFn):
     """Base of DoFns whose main output is batched again after per-image work.
 
