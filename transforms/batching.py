@@ -54,19 +54,19 @@ class CountImagesFn(beam.CombineFn):
 
 
 class SumPerKeyFn(beam.CombineFn):
-    """Elements -> {key: sum of ints}, where `pairs(element)` gives an element's (key, int)
-    pairs: a lifted combiner (one small dict a bundle). Its output holds one int per distinct
-    key (a class, a split's totals, a hash bucket): bounded by what its callers key on."""
+    """Elements -> {key: sum}, where `pairs(element, *args)` gives an element's (key, value)
+    pairs (ints, or numpy arrays added elementwise): a lifted combiner, one small dict a
+    bundle. Bounded by what its callers key on (a class, a split, a hash bucket)."""
 
-    def __init__(self, pairs: Callable[[Any], Iterable[tuple[Any, int]]]):
-        self._pairs = pairs
+    def __init__(self, pairs: Callable[..., Iterable[tuple[Any, Any]]], *args: Any):
+        self._pairs, self._args = pairs, args
 
     def create_accumulator(self) -> dict:
         return {}
 
     def add_input(self, acc: dict, element: Any) -> dict:
         get = acc.get
-        for key, n in self._pairs(element):
+        for key, n in self._pairs(element, *self._args):
             acc[key] = get(key, 0) + n
         return acc
 

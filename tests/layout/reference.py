@@ -11,10 +11,11 @@ from collections.abc import Iterable, Sequence
 
 from transforms.layout.plan import (
     DEFAULT_SEED,
+    FINE_BITS,
     cumulative,
     record_hashes,
     record_sizes,
-    shard_units,
+    weight_floor,
 )
 from transforms.records import ImageRecord, RecordBatch
 
@@ -56,17 +57,29 @@ def plan_shards(
     num_shards: int | None = None,
     max_records: int | None = None,
 ) -> list[list[ImageRecord]]:
-    """One split sorted whole in the shuffle order and cut into its hash ranges: shard k holds
-    the records whose shuffle hash h has floor(h / 2**64 * units) == k (the last: k and above).
-    Empty shards are dropped."""
+    """One split sorted whole in the shuffle order and cut by its weight: a record's place is
+    the weight of the hash buckets (the top FINE_BITS bits) before its own plus its hash's
+    fraction of its bucket's weight; shard k holds the places in [k x shard, (k + 1) x shard),
+    the last shard the rest. Empty shards are dropped."""
+    floor = 0 if num_shards else weight_floor(target_bytes, max_records)
     ordered = sorted(records, key=lambda r: (seeded_hashes(r.relpath, seed)[1], r.relpath, r.path))
     if not ordered:
         return []
-    size = sum(map(record_size, ordered))
-    units = shard_units(len(ordered), size, target_bytes, num_shards, max_records)
-    last = max(1, math.ceil(units)) - 1
+    low = 64 - FINE_BITS
+    hashes = [seeded_hashes(r.relpath, seed)[1] for r in ordered]
+    bucket_weight: dict[int, int] = {}
+    for h, r in zip(hashes, ordered):
+        bucket_weight[h >> low] = bucket_weight.get(h >> low, 0) + max(record_size(r), floor)
+    before, running = {}, 0
+    for b in sorted(bucket_weight):
+        before[b], running = running, running + bucket_weight[b]
+    if num_shards:
+        shard, last = running / min(num_shards, len(ordered)), min(num_shards, len(ordered)) - 1
+    else:
+        shard, last = float(target_bytes), max(1, math.ceil(running / target_bytes)) - 1
     shards: dict[int, list[ImageRecord]] = {}
-    for r in ordered:
-        k = min(int((seeded_hashes(r.relpath, seed)[1] >> 11) * 2.0**-53 * units), last)
-        shards.setdefault(k, []).append(r)
+    for h, r in zip(hashes, ordered):
+        b = h >> low
+        place = before[b] + (h & ((1 << low) - 1)) * 2.0**-low * bucket_weight[b]
+        shards.setdefault(min(int(place / shard), last), []).append(r)
     return [shards[k] for k in sorted(shards)]

@@ -2,8 +2,7 @@
 
 The graph runs on real images at two sizes (1x and 4x); every GroupByKey of ours reports the
 records of each group to a Beam distribution (batching.group_size), read from the run's
-metrics. Shard planning groups one shard's records (a range of the shuffle hash: about
-PER_SHARD records); stratified splits a pack of small classes of up to 512 images in
+metrics. Shard planning groups one shard's records; stratified splits a pack of small classes of up to 512 images in
 all (here PACK = 16 records: one class of 10 a pack), or one bucket of a larger class; dedupe
 the copies of one content. The labels join (GroupByBucket) is bounded
 by its bucket size (transforms/labels/beam_table.py) and is not run here.
@@ -19,7 +18,7 @@ from transforms.batching import GROUP_SIZE_NAMESPACE
 from transforms.layout import beam_strata
 
 PER_CLASS = 10  # images per class: a class is placed whole in its stratify group
-PER_SHARD = 16  # records per shard on average: every record weighs the same
+PER_SHARD = 16  # records per shard: every record weighs the same, so shards are exact
 PACK = PER_SHARD  # records a pack of small classes holds at most (512 in a real run): one class of 10
 NAME_WIDTH = 4
 
@@ -30,12 +29,6 @@ def _dataset(root, classes):
         for i in range(PER_CLASS):
             write_image(root / f"c{c:03d}" / f"{i:0{NAME_WIDTH}d}.bmp", (6, 6), seed=c * 100 + i)
     return root
-
-
-def _records_in(path) -> int:
-    import tensorflow as tf
-
-    return sum(1 for _ in tf.data.TFRecordDataset([str(path)]))
 
 
 def _largest_groups(root, out) -> tuple[dict[str, int], dict]:
@@ -70,17 +63,15 @@ def test_largest_group_is_the_same_at_1x_and_4x(tmp_path, monkeypatch):
         "DropDuplicates/GroupByContent",
     }
     assert set(g1) == set(g4) == steps, (g1, g4)
-    # The largest group anywhere is one shard (a hash range of PER_SHARD records on average),
-    # at 1x and 4x: the largest shard written.
-    for g, out in ((g1, tmp_path / "out1"), (g4, tmp_path / "out4")):
-        largest = max(_records_in(path) for path in out.glob("*-of-*.tfrecord"))
-        assert max(g.values()) == g["PlanShards/GroupByShard"] == largest <= 2 * PER_SHARD, (g, largest)
+    # The largest group anywhere is one shard, the same at 1x and 4x.
+    assert max(g1.values()) == max(g4.values()) == PER_SHARD, (g1, g4)
+    assert g1["PlanShards/GroupByShard"] == g4["PlanShards/GroupByShard"] == PER_SHARD
     # Classes are packed whole, at most PACK records a group: one class of 10 at both sizes.
     assert (
         g1["AssignSplits/CutClasses/GroupClasses"] == g4["AssignSplits/CutClasses/GroupClasses"] == PER_CLASS
     )
     assert g1["DropDuplicates/GroupByContent"] == g4["DropDuplicates/GroupByContent"] == 1
-    # What the groups are for still holds at 4x: each class cut 8/2, 12 shards' worth in 12 shards.
+    # What the groups are for still holds at 4x: each class cut 8/2, shards exact.
     for cls, counts in s4["splits"]["test"]["classes"].items():
         assert counts["written"] == 2, cls
     assert s4["splits"]["train"]["shards"] == 192 // PER_SHARD
@@ -89,7 +80,7 @@ def test_largest_group_is_the_same_at_1x_and_4x(tmp_path, monkeypatch):
 
 
 def test_stratified_plan_is_byte_identical_on_one_and_two_workers(tmp_path):
-    """The plan (totals, class counts, bucket table) does not depend on how bundles fall."""
+    """The plan (split totals, class counts, bucket table) does not depend on how bundles fall."""
     import filecmp
     import os
 

@@ -24,20 +24,20 @@ from apache_beam import pvalue
 from apache_beam.transforms.window import GlobalWindows
 
 from transforms.batching import KeyedGather, SumPerKeyFn, group_size
-from transforms.coders import SideDict
 from transforms.layout.beam_strata import CutClasses
 from transforms.layout.plan import (
-    BYTES,
     DEFAULT_SEED,
     RECORDS,
     SHUFFLE_HASH,
     SPLIT_HASH,
+    WEIGHTS,
     hash_columns,
     shard_indexes,
-    shard_units,
+    shard_scale,
     shuffle_order,
     split_indexes,
-    split_totals,
+    split_weights,
+    weight_floor,
     with_hashes,
 )
 from transforms.records import RecordBatch, ShardTask
@@ -97,23 +97,37 @@ KeyedBatch = tuple[tuple[str, int], RecordBatch]
 
 class KeyShardsFn(beam.DoFn):
     """RecordBatch -> ((split, shard), RecordBatch), gathered per key over the bundle
-    (batching.KeyedGather: at most 50,000 records held). A record's shard is its shuffle
-    hash's range (plan.shard_indexes), from its split's totals (a side input: two ints a split)."""
+    (batching.KeyedGather: at most 50,000 records held). A record's shard is the range of
+    its split's weight its shuffle hash falls in (plan.shard_indexes), from the split's
+    totals (a side input: a record count and 65,536 bucket weights a split)."""
 
-    def __init__(self, target_bytes: int | None, num_shards: int | None, max_records: int | None):
-        self._shape = target_bytes, num_shards, max_records
+    def __init__(self, target_bytes: int | None, num_shards: int | None):
+        self._target, self._num = target_bytes, num_shards
+
+    def setup(self) -> None:
+        self._totals: dict | None = None
+        self._scales: dict = {}
 
     def start_bundle(self) -> None:
         self._gather = KeyedGather()
 
     def process(self, batch: RecordBatch, totals: dict) -> Iterator[KeyedBatch]:
+        if self._totals is not totals:  # each split's scale once per side input
+            self._totals, self._scales = totals, {}
         index: dict[str, int] = {}
         splits = batch.splits
         codes = np.fromiter((index.setdefault(s, len(index)) for s in splits), np.int64, len(splits))
         names = list(index)
         hashes = hash_columns(batch.hashes)[SHUFFLE_HASH]
-        units = np.array([shard_units(totals[s, RECORDS], totals[s, BYTES], *self._shape) for s in names])
-        shards = shard_indexes(hashes, units[codes])
+        shards = np.empty(len(splits), dtype=np.int64)
+        for code, split in enumerate(names):
+            scale = self._scales.get(split)
+            if scale is None:
+                scale = self._scales[split] = shard_scale(
+                    totals[split, RECORDS], totals[split, WEIGHTS], self._target, self._num
+                )
+            mine = slice(None) if len(names) == 1 else codes == code
+            shards[mine] = shard_indexes(hashes[mine], *scale)
         width = int(shards.max(initial=0)) + 1
         distinct, inverse = np.unique(codes * width + shards, return_inverse=True)
         keys = [(names[d // width], d % width) for d in distinct.tolist()]
@@ -139,21 +153,24 @@ class CutShardsFn(beam.DoFn):
 
 class PlanShards(beam.PTransform):
     """Cuts each split into ShardTasks by ranges of its seeded shuffle hash, without
-    gathering a split (TensorFlow Datasets' BeamWriter: shard from the hash range, the
-    totals as side inputs, one group per shard).
+    gathering a split (as TensorFlow Datasets' BeamWriter: the shard from the hash's range,
+    the totals as a side input, one group per shard).
 
-    One lifted combiner sums each split's records and estimated bytes (a side input of two
-    ints a split); then every record goes to the shard that holds its hash (plan.shard_units,
-    shard_indexes) and one GroupByKey gathers each (split, shard): the largest group is one
-    shard's metadata (a few hundred bytes a record), whatever the number of images.
+    One lifted combiner sums each split's record count and its planning weight (estimated
+    bytes) per hash bucket, 65,536 buckets a split (a side input of 512 KB a split); then
+    every record goes to the shard whose range of the split's weight holds its place in the
+    hash order (plan.shard_indexes), and one GroupByKey gathers each (split, shard): the
+    largest group is one shard's metadata (a few hundred bytes a record), whatever the
+    number of images.
 
-    With `target_bytes` each shard but the last holds a range of the hash worth the target
-    on average (within 10% from 1,000 records a shard up; a shard of a few dozen records
-    varies more), the last the rest. With `max_records` too, a split has at least
-    records / max_records shards: a shard of tiny images holds about `max_records` records
-    (a few % more at most) and fewer bytes than the target. With `num_shards`, that many
-    equal ranges (at most one a record); a range that holds no record makes no shard, and
-    the shards are numbered again when written. The order inside a shard is the hash order.
+    With `target_bytes` every shard but the last is within a few records of the target
+    (within part of a hash bucket's weight at each end; a single image larger than the
+    target makes a shard of its own), the last holds the rest. With `max_records` too, a
+    record weighs at least target // max_records + 1 bytes in the plan (plan.weight_floor),
+    so a shard of tiny images holds about `max_records` of them and fewer bytes than the
+    target. With `num_shards`, that many equal parts of the weight (at most one a record).
+    A range that holds no record makes no shard; the shards are numbered again when
+    written. The order inside a shard is the hash order, so classes are mixed.
     """
 
     def __init__(
@@ -166,20 +183,20 @@ class PlanShards(beam.PTransform):
         super().__init__()
         if not target_bytes and not num_shards:
             raise ValueError("PlanShards needs target_bytes or num_shards")
-        self._seed = seed
-        self._shape = (None, num_shards, None) if num_shards else (target_bytes, None, max_records)
+        self._seed, self._target, self._num = seed, target_bytes, num_shards
+        self._floor = 0 if num_shards else weight_floor(target_bytes, max_records)
 
     def expand(self, records: beam.PCollection[RecordBatch]) -> beam.PCollection[ShardTask]:
         hashed = records | "HashRecords" >> HashRecords(self._seed)  # the batches AssignSplits hashed
         totals = pvalue.AsSingleton(
             hashed
-            | "Totals" >> beam.CombineGlobally(SumPerKeyFn(split_totals)).without_defaults()
-            | "TotalsSide" >> beam.Map(SideDict).with_output_types(SideDict),
+            | "Totals" >> beam.CombineGlobally(SumPerKeyFn(split_weights, self._floor)).without_defaults(),
             default_value={},
-        )  # {(split, RECORDS or BYTES): int}: two ints a split
+        )  # {(split, RECORDS): int, (split, WEIGHTS): 65,536 int64}: a few numpy arrays, no walk
+        keys = KeyShardsFn(None if self._num else self._target, self._num)
         return (
             hashed
-            | "KeyShards" >> beam.ParDo(KeyShardsFn(*self._shape), totals).with_output_types(KeyedBatch)
+            | "KeyShards" >> beam.ParDo(keys, totals).with_output_types(KeyedBatch)
             | "GroupByShard" >> beam.GroupByKey()  # ((split, shard), [RecordBatch]): one shard's metadata
             | "CutShards"
             >> beam.ParDo(CutShardsFn(f"{self.label}/GroupByShard")).with_output_types(ShardTask)

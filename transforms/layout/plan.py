@@ -137,50 +137,70 @@ def record_sizes(batch: RecordBatch) -> np.ndarray:
     return np.fromiter(batch.sizes, np.int64, n) + text + _RECORD_OVERHEAD
 
 
-# A split's totals are two keys of the summed side input: (split, RECORDS) and (split, BYTES).
-RECORDS, BYTES = "records", "bytes"
+def weight_floor(target_bytes: int | None, max_records: int | None) -> int:
+    """The least planning weight of a record, so that a shard of `target_bytes` holds about
+    `max_records` records at most (0: no floor; only with a target and a cap). Only records
+    smaller than the floor (tiny images: ~13 KB at the defaults) weigh more than their bytes."""
+    if not target_bytes or not max_records:
+        return 0
+    return target_bytes // max_records + 1
 
 
-def split_totals(batch: RecordBatch) -> list[tuple[tuple[str, str], int]]:
-    """((split, RECORDS), records) and ((split, BYTES), estimated bytes) per split of `batch`:
-    what batching.SumPerKeyFn sums into each split's totals."""
-    if len(set(batch.splits)) == 1:
-        split = batch.splits[0]
-        return [((split, RECORDS), len(batch)), ((split, BYTES), int(record_sizes(batch).sum()))]
-    out: collections.Counter = collections.Counter()
-    for split, size in zip(batch.splits, record_sizes(batch).tolist()):
-        out[split, RECORDS] += 1
-        out[split, BYTES] += size
-    return list(out.items())
+# Bits of the hash buckets of a split's weight histogram: 65,536 buckets (512 KB) a split.
+FINE_BITS = 16
+_FINE = np.uint64(64 - FINE_BITS)
+
+# A split's totals are two keys of the summed side input: (split, RECORDS), its record count,
+# and (split, WEIGHTS), its planning weight per hash bucket (an int64 array of 2**FINE_BITS).
+RECORDS, WEIGHTS = "records", "weights"
 
 
-def shard_units(
-    records: int, size: int, target_bytes: int | None, num_shards: int | None, max_records: int | None
-) -> float:
-    """How many shards' worth a split of `records` records and `size` estimated bytes holds.
+def split_weights(batch: RecordBatch, floor: int) -> list[tuple[tuple[str, str], object]]:
+    """((split, RECORDS), records) and ((split, WEIGHTS), weight per hash bucket) per split
+    of a hashed `batch` (weights: record_sizes raised to `floor`): what batching.SumPerKeyFn
+    sums into each split's totals."""
+    buckets = (hash_columns(batch.hashes)[SHUFFLE_HASH] >> _FINE).astype(np.int64)
+    weights = np.maximum(record_sizes(batch), floor)
+    counts = collections.Counter(batch.splits)
+    out: list[tuple[tuple[str, str], object]] = []
+    for split, n in counts.items():
+        mine = slice(None) if n == len(buckets) else np.array(batch.splits) == split
+        hist = np.bincount(buckets[mine], weights=weights[mine], minlength=1 << FINE_BITS)
+        out += [((split, RECORDS), n), ((split, WEIGHTS), hist.astype(np.int64))]
+    return out
 
-    `num_shards` (at most one a record) gives that many equal hash ranges. Else a shard's
-    range is target_bytes / size of the hash range (so every shard but the last holds
-    `target_bytes` on average, the last the rest), or count / max_records if that is more
-    (a shard of tiny images holds about `max_records` records, fewer bytes than the target).
-    """
+
+def shard_scale(
+    records: int, weights: np.ndarray, target_bytes: int | None, num_shards: int | None
+) -> tuple[np.ndarray, float, int]:
+    """(cumulative weight before each hash bucket and the total, weight of a shard, last
+    shard) of a split from its totals: `num_shards` (at most one a record) equal parts of
+    its weight, or parts of `target_bytes`."""
+    cum = np.concatenate(([0], np.cumsum(weights)))
     if num_shards:
-        return float(min(num_shards, records))
+        n = min(num_shards, records)
+        return cum, int(cum[-1]) / n, n - 1
     if not target_bytes or target_bytes <= 0:
         raise ValueError("shard planning needs target_bytes or num_shards")
-    units = size / target_bytes
-    return max(units, records / max_records) if max_records else units
+    return cum, float(target_bytes), max(1, -(-int(cum[-1]) // target_bytes)) - 1
 
 
-def shard_indexes(shuffle_hashes: np.ndarray, units: float) -> np.ndarray:
-    """Each record's shard: floor(hash / 2**64 x units), the last shard ceil(units) - 1 (as
-    TFDS's get_bucket_number, without a modulo, so the shards keep the hash order).
+def shard_indexes(shuffle_hashes: np.ndarray, cum: np.ndarray, shard: float, last: int) -> np.ndarray:
+    """Each record's shard: the range of its shuffle hash, as TFDS's get_bucket_number
+    assigns shards (without a modulo, so the shards keep the hash order), but a range of
+    the split's weight rather than of the hash: a record's place is the weight of the hash
+    buckets before its own plus its hash's fraction of its bucket's weight, and shard k
+    holds the places in [k x shard, (k + 1) x shard), the last shard the rest.
 
-    A shard holds a fixed range of the hash, so its size is a sum of random records: for
-    shards of n records of similar sizes, within about 3/sqrt(n) of the mean (benchmarks/
-    README.md: within 10% from 1,000 records a shard up). Float64 arithmetic on the top 53
-    bits of the hash: the same on every platform.
+    So a shard's size is exact at the bucket edges and off by at most part of a bucket's
+    weight at each end (a bucket holds 1/65,536 of the split: a few records at 4 M images);
+    the hash range alone would leave it a sum of random records, ~3% (sd) at 1,000 records a
+    shard (benchmarks/README.md). Float64 arithmetic: the same on every platform.
     """
-    points = (shuffle_hashes >> np.uint64(11)).astype(np.float64) * 2.0**-53
-    last = np.maximum(np.ceil(units), 1).astype(np.int64) - 1
-    return np.minimum((points * units).astype(np.int64), last)
+    buckets = (shuffle_hashes >> _FINE).astype(np.int64)
+    within = (shuffle_hashes & np.uint64((1 << (64 - FINE_BITS)) - 1)).astype(np.float64) * 2.0 ** -(
+        64 - FINE_BITS
+    )
+    before = cum[buckets]
+    place = before + within * (cum[buckets + 1] - before)
+    return np.minimum((place / shard).astype(np.int64), last)
