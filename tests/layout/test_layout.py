@@ -60,6 +60,25 @@ def test_plan_by_size_fills_every_shard_but_last_near_target():
     assert sum(record_size(r) for r in shards[-1]) <= 1.1 * target
 
 
+def test_shards_of_a_thousand_records_are_within_two_percent_of_the_target():
+    """A shard is a range of the split's weight, not of the hash alone: an equal hash range
+    holds a random sum of records, ~3% (sd) off at 1,000 records (issue 25 item 4)."""
+    import numpy as np
+
+    from transforms.layout import plan
+
+    n, sizes = 40_000, np.random.default_rng(3).integers(40_000, 200_000, 40_000).tolist()
+    batch = plan.with_hashes(
+        RecordBatch(tuple(ImageRecord(f"/in/c/{i}.jpg", f"c/{i}.jpg", sizes[i], ("c",)) for i in range(n))), 7
+    )
+    totals, weights = dict(plan.split_weights(batch, 0)), plan.record_sizes(batch)
+    target = 1000 * int(weights.mean())
+    scale = plan.shard_scale(totals["train", plan.RECORDS], totals["train", plan.WEIGHTS], target, None)
+    shards = plan.shard_indexes(plan.hash_columns(batch.hashes)[1], *scale)
+    per_shard = np.bincount(shards, weights=weights)
+    assert len(per_shard) == 40 and np.all(np.abs(per_shard[:-1] / target - 1) <= 0.02), per_shard / target
+
+
 def test_plan_by_count_and_determinism_and_mixing():
     records = _records(300)
     a = plan_shards(records, seed=3, num_shards=4)

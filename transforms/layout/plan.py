@@ -148,7 +148,8 @@ def weight_floor(target_bytes: int | None, max_records: int | None) -> int:
 
 # Bits of the hash buckets of a split's weight histogram: 65,536 buckets (512 KB) a split.
 FINE_BITS = 16
-_FINE = np.uint64(64 - FINE_BITS)
+_FINE = np.uint64(64 - FINE_BITS)  # a hash >> _FINE: its bucket
+_WITHIN = np.uint64((1 << (64 - FINE_BITS)) - 1)  # a hash & _WITHIN: its place in its bucket
 
 # A split's totals are two keys of the summed side input: (split, RECORDS), its record count,
 # and (split, WEIGHTS), its planning weight per hash bucket (an int64 array of 2**FINE_BITS).
@@ -195,12 +196,10 @@ def shard_indexes(shuffle_hashes: np.ndarray, cum: np.ndarray, shard: float, las
     So a shard's size is exact at the bucket edges and off by at most part of a bucket's
     weight at each end (a bucket holds 1/65,536 of the split: a few records at 4 M images);
     the hash range alone would leave it a sum of random records, ~3% (sd) at 1,000 records a
-    shard (benchmarks/README.md). Float64 arithmetic: the same on every platform.
+    shard (`benchmarks/scale.py --spread`). Float64 arithmetic: the same on every platform.
     """
     buckets = (shuffle_hashes >> _FINE).astype(np.int64)
-    within = (shuffle_hashes & np.uint64((1 << (64 - FINE_BITS)) - 1)).astype(np.float64) * 2.0 ** -(
-        64 - FINE_BITS
-    )
+    within = (shuffle_hashes & _WITHIN).astype(np.float64) * 2.0 ** -(64 - FINE_BITS)  # exact
     before = cum[buckets]
     place = before + within * (cum[buckets + 1] - before)
     return np.minimum((place / shard).astype(np.int64), last)
