@@ -477,6 +477,22 @@ def test_read_labels_from_gcs(gcs_bucket):
         check_table(TableSpec(path="gs://labels-bkt/nope.csv", format="csv"))
 
 
+def test_read_labels_from_compressed_tables(tmp_path):
+    """A .gz table (CSV and JSON Lines) is read decompressed, as a stream, by ReadLabels."""
+    import gzip
+
+    (tmp_path / "t.csv.gz").write_bytes(gzip.compress('\ufeffid,label\nk1,"a\nb"\nk2,서울\n'.encode()))
+    (tmp_path / "t.jsonl.gz").write_bytes(gzip.compress(b'{"id": "k3", "label": ["x", "y"]}\n'))
+    for name, expected in (
+        ("t.csv.gz", [("k1", (), 2), ("k2", ("서울",), 4)]),
+        ("t.jsonl.gz", [("k3", ("x", "y"), 1)]),
+    ):
+        spec = TableSpec(path=str(tmp_path / name), format=detect_format(name))
+        with TestPipeline() as p:
+            rows = p | ReadLabels(spec) | beam.FlatMap(lambda batch: batch.rows)
+            assert_that(rows | beam.Map(lambda r: (r.key, r.labels, r.line)), equal_to(expected))
+
+
 def test_join_labels_with_an_empty_table(tmp_path):
     """No rows at all: the counts read as 0 (one bucket) and every image is unlabeled."""
     (tmp_path / "t.csv").write_text("id,label\n")

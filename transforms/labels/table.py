@@ -436,11 +436,11 @@ def _first_record(f: BinaryIO, spec: TableSpec, source: str) -> tuple[list[str],
     Raises:
       TableError: the file is empty, or its header is not UTF-8 text or not CSV.
     """
-    raw = [f.readline(_BLOCK_BYTES)]
+    raw = [f.readline()]
     if not raw[0]:
         raise TableError(f"labels table {source} is empty")
     while raw[-1] and b"".join(raw).count(b'"') % 2 and len(raw) < 100:
-        raw.append(f.readline(_BLOCK_BYTES))
+        raw.append(f.readline())
     try:
         text = b"".join(raw).decode("utf-8").removeprefix("\ufeff")
         return next(csv.reader(text.splitlines(keepends=True), delimiter=_delimiter(spec)), []), len(raw)
@@ -552,9 +552,7 @@ def _jsonl_columns(f: BinaryIO, spec: TableSpec, source: str) -> Iterator[tuple]
     first line that is not JSON instead of naming it.
     """
     rows: list[LabelRow] = []
-    for line, raw in enumerate(iter(lambda: f.readline(_BLOCK_BYTES), b""), 1):
-        if len(raw) == _BLOCK_BYTES and not raw.endswith(b"\n"):
-            raise TableError(f"labels table {source} line {line}: longer than {_BLOCK_BYTES >> 20} MiB")
+    for line, raw in enumerate(iter(f.readline, b""), 1):  # (Beam's CompressedFile.readline takes no limit)
         try:
             text = raw.decode("utf-8")
         except UnicodeDecodeError:
@@ -647,7 +645,7 @@ def read_header(path: str, spec: TableSpec) -> list[str]:
             return _first_record(f, spec, path)[0]
         first = b" "
         while not first.strip():
-            first = f.readline(_BLOCK_BYTES)
+            first = f.readline()
             if not first:
                 raise TableError(f"labels table {path} is empty")
     try:
