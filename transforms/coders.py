@@ -15,7 +15,7 @@ the split column left out when every record is in the task's split). A size esti
 element of a short PCollection) is one record's size times the count instead of a full
 encode. Registered for every record type on import; a PCollection gets them when
 its element type is declared (`with_output_types`). The labels table's batches (LabelRows,
-JoinPart) are coded the same way by coders in transforms/labels/beam_table.py (TupleCoder, tagged).
+KeyedFiles, HashedColumns) are coded the same way by transforms/labels/beam_coders.py (TupleCoder, tagged).
 """
 
 from __future__ import annotations

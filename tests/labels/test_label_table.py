@@ -12,7 +12,7 @@ from apache_beam.testing.util import assert_that, equal_to
 
 from beam_pipeline.cli.options import ConvertOptions, is_job_label, route_labels_flag
 from transforms.batching import CountImagesFn, chunked
-from transforms.labels.beam_coders import JoinPartCoder, LabelRowsCoder
+from transforms.labels.beam_coders import KeyedFilesCoder, LabelRowsCoder
 from transforms.labels.beam_table import JoinLabels, ReadLabels
 from transforms.labels.buckets import bucket_count
 from transforms.labels.classes import class_index_for
@@ -386,15 +386,15 @@ def test_bucket_count_and_orphan_order():
     ]
 
 
-def test_label_rows_and_join_part_coders_round_trip():
+def test_label_rows_and_keyed_files_coders_round_trip():
     images, rows = _mixed_join_input()
     batch = LabelRows.of(rows)
-    assert LabelRowsCoder().decode(LabelRowsCoder().encode(batch)) == batch
+    decoded = LabelRowsCoder().decode(LabelRowsCoder().encode(batch))
+    assert decoded == batch and type(decoded.extras[0][0][1]) is float
     for files in (tuple(images[:3]), tuple(images)):  # the last image has an undecodable name
-        part = _part(files, rows[:5])
-        decoded = JoinPartCoder().decode(JoinPartCoder().encode(part))
-        assert decoded == part and type(decoded.rows.extras[0][0][1]) is float
-    assert JoinPartCoder().decode(JoinPartCoder().encode(JoinPart())) == JoinPart()
+        keyed = _part(files).files
+        assert KeyedFilesCoder().decode(KeyedFilesCoder().encode(keyed)) == keyed
+    assert KeyedFilesCoder().decode(KeyedFilesCoder().encode(KeyedFiles())) == KeyedFiles()
 
 
 @pytest.mark.parametrize("per_bucket", [1_000_000, 15])  # one bucket; 21 buckets
