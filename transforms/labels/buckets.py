@@ -17,8 +17,9 @@ How a column is coded (code_column; decode_column reverses it):
   (decoded with one split; a column holding a NUL itself is kept as a tuple);
 - a column of ints (sizes, lines) as one array of little-endian int64;
 - labels, splits, sources and errors by coders.dictionary_code (the codec of RecordBatches):
-  their distinct values and an array of 1-4-byte indices (cut by position at the width the
-  part's codes have), the value alone when all are equal, the tuple when most are distinct;
+  their distinct values and an array of 1-4-byte indices (cut by position at the codes'
+  width; a cut of fewer items than the values keeps its items' values instead), the value
+  alone when all are equal, the tuple when most are distinct;
 - anything else (the extras) as the tuple it is (packed when all empty: their numbers may be
   1, 1.0 or True, which are equal but not the same);
 - the images' paths, when each is one root followed by its relpath, as that root (hash_sorted).
@@ -193,7 +194,14 @@ def _cutter(coded: tuple, n: int) -> Callable[[int, int], tuple]:
     if how == "d":
         table, codes = coded[1], coded[2]
         width = len(codes) // n
-        return lambda start, stop: ("d", table, codes[width * start : width * stop])
+
+        def cut_few(start: int, stop: int) -> tuple:
+            part = codes[width * start : width * stop]
+            if len(table) > stop - start:  # more values than the part has items: its values
+                return ("t", tuple(dictionary_decode(table, part, stop - start)))
+            return ("d", table, part)
+
+        return cut_few
     values = coded[1]
     return lambda start, stop: ("t", tuple(values[start:stop]))
 
