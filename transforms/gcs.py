@@ -26,10 +26,11 @@ from typing import TypeVar
 
 from apache_beam.io.filesystem import CompressedFile, CompressionTypes
 from apache_beam.io.filesystems import FileSystems
-from google.api_core.exceptions import GoogleAPIError
+from google.api_core.exceptions import GoogleAPIError, NotFound
 from google.auth.exceptions import GoogleAuthError
 
 from transforms.failures import USER_ERROR_MARKER
+from transforms.paths import escape_glob
 from transforms.retry import DEFAULT_RETRY, RetryPolicy, StoreUnreachable, describe, store_of
 
 GCS_SCHEME = "gs://"
@@ -84,12 +85,13 @@ def split_gcs_path(path: str) -> tuple[str, str]:
     return bucket, (name + "/" if name else "")
 
 
-def blob(path: str, generation: int | None = None):
-    """The Blob of gs:// object `path` (at `generation` if given); makes no request."""
+def blob(path: str, generation: int | None = None, on=None):
+    """The Blob of gs:// object `path` (at `generation` if given) on client `on` (default:
+    the shared one); makes no request."""
     bucket, _, name = path[len(GCS_SCHEME) :].partition("/")
     if not bucket or not name:
         raise ValueError(f"not a gs:// object path: {path}")
-    return client().bucket(bucket).blob(name, generation=generation)
+    return (on or client()).bucket(bucket).blob(name, generation=generation)
 
 
 def call(fn: Callable[[], T], path: str, policy: RetryPolicy = DEFAULT_RETRY) -> T:
@@ -112,8 +114,14 @@ def read(
       google.api_core.exceptions.GoogleAPICallError: the answer was an HTTP error.
       requests.exceptions.RequestException: no answer (refused, reset, timed out).
     """
+    whole = start is None and end is None  # the client checks a whole object's checksum
     return blob(path, generation).download_as_bytes(
-        raw_download=True, start=start, end=end, timeout=timeout, retry=None, checksum=None
+        raw_download=True,
+        start=start,
+        end=end,
+        timeout=timeout,
+        retry=None,
+        checksum="auto" if whole else None,
     )
 
 
@@ -122,6 +130,27 @@ def stat(path: str, timeout: float = REQUEST_TIMEOUT) -> tuple[int, int]:
     b = blob(path)
     b.reload(timeout=timeout, retry=None)
     return b.size, b.generation
+
+
+def exists(path: str, policy: RetryPolicy = DEFAULT_RETRY) -> bool:
+    """True if file or object `path` exists (local, gs:// in one request a try, other Beam filesystems)."""
+    if "://" not in path:
+        return os.path.exists(path)
+    if not path.startswith(GCS_SCHEME):
+        return FileSystems.exists(path)
+    if not path[len(GCS_SCHEME) :].partition("/")[2]:
+        return False  # a bucket is not a file
+    try:
+        call(lambda: stat(path), path, policy)
+    except NotFound:
+        return False
+    return True
+
+
+def literal_or_glob(path: str) -> str:
+    """The pattern for Beam's match of a path the user gave: the path itself, taken literally
+    (`[`, `*`, `?` escaped) if it exists as a file or folder; otherwise `path` as a glob."""
+    return escape_glob(path) if exists(path) else path
 
 
 def lister(bucket: str) -> Lister:
@@ -251,6 +280,88 @@ class _Writer(io.RawIOBase):
                 super().close()
 
 
+class _Reader(io.RawIOBase):
+    """A streamed read (google-cloud-storage's BlobReader, ranged requests) whose failures are
+    one-line errors."""
+
+    mode = "rb"  # for Beam's CompressedFile
+
+    def __init__(self, path: str, policy: RetryPolicy):
+        self.path = path
+        self._file = blob(path).open(
+            "rb",
+            chunk_size=UPLOAD_CHUNK,
+            raw_download=True,
+            timeout=REQUEST_TIMEOUT,
+            retry=policy.as_api_retry(),
+        )
+
+    def readable(self) -> bool:
+        return True
+
+    def seekable(self) -> bool:
+        return True
+
+    def readinto(self, buffer) -> int:
+        data = self.read(len(buffer))
+        buffer[: len(data)] = data
+        return len(data)
+
+    def read(self, size: int = -1) -> bytes:
+        try:
+            return self._file.read(size)
+        except NotFound:
+            raise FileNotFoundError(f"no such object: {self.path}") from None
+        except ERRORS as e:
+            raise cannot_read(self.path, e) from None
+
+    def readall(self) -> bytes:
+        return self.read(-1)
+
+    def seek(self, offset: int, whence: int = io.SEEK_SET) -> int:
+        try:
+            return self._file.seek(offset, whence)
+        except NotFound:
+            raise FileNotFoundError(f"no such object: {self.path}") from None
+        except ERRORS as e:
+            raise cannot_read(self.path, e) from None
+
+    def tell(self) -> int:
+        return self._file.tell()
+
+    def close(self) -> None:
+        if not self.closed:
+            self._file.close()
+            super().close()
+
+
+def cannot_read(path: str, error: BaseException) -> StoreUnreachable:
+    """The one-line error (exit 2) of a read of a file the job needs whole (a table, metadata)."""
+    if isinstance(error, StoreUnreachable):
+        return error
+    return StoreUnreachable(
+        f"{USER_ERROR_MARKER} cannot read {path}: {describe(error)}; rerun when it is reachable"
+    )
+
+
+def open_read(
+    path: str,
+    mime_type: str = "application/octet-stream",
+    compression_type: str = CompressionTypes.AUTO,
+    policy: RetryPolicy = DEFAULT_RETRY,
+):
+    """`path` open for reading: gs:// through the policy (see module docstring), any other path
+    through Beam's FileSystems. `compression_type` as FileSystems.open's (AUTO: by extension)."""
+    if not path.startswith(GCS_SCHEME):
+        return FileSystems.open(path, mime_type=mime_type, compression_type=compression_type)
+    if compression_type == CompressionTypes.AUTO:
+        compression_type = CompressionTypes.detect_compression_type(path)
+    raw = _Reader(path, policy)
+    if compression_type == CompressionTypes.UNCOMPRESSED:
+        return io.BufferedReader(raw, buffer_size=1 << 20)
+    return CompressedFile(raw, compression_type=compression_type)
+
+
 def create(
     path: str,
     mime_type: str = "application/octet-stream",
@@ -269,8 +380,8 @@ def create(
     return CompressedFile(raw, compression_type=compression_type)
 
 
-def _batch(add: Callable[[object], None], items: list, path: str, policy: RetryPolicy) -> list[int]:
-    """HTTP status of each deferred request `add(item)`, in batches of BATCH_SIZE; transient
+def _batch(add: Callable[[object, object], None], items: list, path: str, policy: RetryPolicy) -> list[int]:
+    """HTTP status of each deferred request `add(client, item)`, in batches of BATCH_SIZE; transient
     statuses are sent again under `policy` (one batch request per attempt)."""
     statuses = [0] * len(items)
     for first in range(0, len(items), BATCH_SIZE):
@@ -304,12 +415,20 @@ class _Sent(Exception):
     """Leaves a batch's `with` block once it was sent (so it is not sent again)."""
 
 
-def _send(add: Callable[[object], None], items: list) -> list:
+def _send(add: Callable[[object, object], None], items: list) -> list:
+    """One batch request of `add(client, item)` for each item: the HTTP answers, in order.
+
+    On a client of its own: while a batch is open, its client defers every JSON API call made
+    through it, so the shared client (other threads' reads) must not hold one.
+    """
+    from apache_beam.io.gcp.gcsio import GcsIO
+
     responses: list = []
+    own = GcsIO().client
     try:
-        with client().batch(raise_exception=False) as batch:
+        with own.batch(raise_exception=False) as batch:
             for item in items:
-                add(item)
+                add(own, item)
             responses = batch.finish(raise_exception=False)
             raise _Sent
     except _Sent:
@@ -324,8 +443,8 @@ def delete_batch(paths: list[str], policy: RetryPolicy = DEFAULT_RETRY) -> None:
       StoreUnreachable: an object could not be deleted (one line).
     """
 
-    def add(path: str) -> None:
-        blob(path).delete(timeout=REQUEST_TIMEOUT, retry=None)
+    def add(own, path: str) -> None:
+        blob(path, on=own).delete(timeout=REQUEST_TIMEOUT, retry=None)
 
     statuses = _batch(add, paths, paths[0] if paths else "", policy) if paths else []
     failed = [(p, s) for p, s in zip(paths, statuses, strict=True) if s >= 400 and s != 404]
@@ -342,8 +461,8 @@ def rename_batch(pairs: list[tuple[str, str]], policy: RetryPolicy = DEFAULT_RET
       StoreUnreachable: an object could not be copied or deleted (one line).
     """
 
-    def add(pair: tuple[str, str]) -> None:
-        src, dst = blob(pair[0]), blob(pair[1])
+    def add(own, pair: tuple[str, str]) -> None:
+        src, dst = blob(pair[0], on=own), blob(pair[1], on=own)
         src.bucket.copy_blob(src, dst.bucket, dst.name, timeout=REQUEST_TIMEOUT, retry=None)
 
     if not pairs:

@@ -21,6 +21,8 @@ from collections.abc import Callable, Iterable, Iterator, Mapping
 
 from apache_beam.io.filesystems import FileSystems
 
+from transforms import gcs
+from transforms.gcs import literal_or_glob
 from transforms.labels.folders import class_name_problem
 from transforms.labels.rows import (
     _COMPRESSED_SUFFIXES,
@@ -528,7 +530,7 @@ def read_header(path: str, spec: TableSpec) -> list[str]:
 
     Reads only the beginning of the file. Raises TableError (or OSError if unreadable).
     """
-    with FileSystems.open(path) as f:
+    with gcs.open_read(path) as f:
         first = b""
         while not first.strip():
             first = f.readline()
@@ -589,7 +591,7 @@ def check_table(spec: TableSpec) -> list[str]:
       TableError: no such file, not a regular file, or a required column is missing.
     """
     try:
-        found = FileSystems.match([spec.path])[0].metadata_list
+        found = FileSystems.match([literal_or_glob(spec.path)])[0].metadata_list
     except Exception:  # noqa: BLE001 - Beam raises BeamIOError/OSError/ValueError per filesystem
         found = []
     paths = sorted(m.path for m in found)
