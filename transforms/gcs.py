@@ -1,22 +1,29 @@
 """gs:// for every stage: one storage client, one request per call, the one retry policy.
 
-In: gs:// paths. Out: object bytes (whole or a range, optionally pinned to a generation), sizes
-and generations, listings (with the delimiter), uploads (whole objects or a streamed writer),
-and batch copies/deletes. Everything goes through google-cloud-storage with Beam's credentials
-(GcsIO's client), one client per process and endpoint.
+In: gs:// paths. Out: object bytes (whole or a range, optionally pinned to a generation),
+(size, generation), existence, listings (with the delimiter, page by page), uploads (whole
+objects, or streamed with `create`), streamed reads (`open_read`), batch renames and deletes.
+`create`, `open_read`, `exists` and `literal_or_glob` take any path: other schemes and local
+paths go to Beam's FileSystems (or os), so callers need not branch. Everything on gs:// goes
+through google-cloud-storage with Beam's credentials (GcsIO's client), one client per process
+and endpoint (a batch uses one of its own: an open batch defers every call of its client).
 
-Retries: the functions here make one request and do not retry (`retry=None`), with a
-REQUEST_TIMEOUT on connecting and on each read, so the caller's `RetryPolicy`
-(transforms/retry.py) is the whole budget: `call` wraps them in it. Writes use it themselves:
-an upload or batch that still fails when the budget is spent stops the job with one line
-(StoreUnreachable, exit 2) — a write has no image to fail instead. The streamed writer's
-chunks are retried by the client with the same policy as a google.api_core Retry.
-Beam's own gs:// filesystem hides a 120 s retry inside every request (the storage client's
-default); nothing here goes through it.
+Retries (transforms/retry.py): `read`, `stat` and each list page make one request and do not
+retry (`retry=None`), with REQUEST_TIMEOUT on connecting and on each read, so the caller's
+`RetryPolicy` is the whole budget (`call` wraps a request in it). Writes, batches and the
+streamed reads/uploads apply it themselves (streams as the same policy in google.api_core
+Retry form, per chunk); one that still fails when the budget is spent stops the job with one
+line (StoreUnreachable, exit 2): a write or a table has no image to fail instead. Beam's own gs://
+filesystem hides a 120 s retry inside every request (the storage client's default); nothing
+here goes through it. The local emulator ignores list paging; pages are followed by their token,
+so an endpoint that answers everything in one page is read the same way.
+
+Bounds: a listing page (at most 1,000 entries) is held at a time; a batch sends 100 operations.
 """
 
 from __future__ import annotations
 
+import contextlib
 import functools
 import io
 import os
@@ -39,8 +46,8 @@ DELIMITER = "/"
 REQUEST_TIMEOUT = 20.0
 # Operations in one batch request (GCS's limit).
 BATCH_SIZE = 100
-# Bytes sent in one request of a streamed upload (Beam's writer uses the same).
-UPLOAD_CHUNK = 16 << 20
+# Bytes sent or asked for in one request of a streamed upload or read (as Beam's writer).
+CHUNK = 16 << 20
 # What a request may raise once its retries are spent (requests' errors are OSErrors).
 ERRORS = (GoogleAPIError, GoogleAuthError, OSError)
 
@@ -242,97 +249,67 @@ def upload(
         raise cannot_write(path, e) from None
 
 
-class _Writer(io.RawIOBase):
-    """A streamed upload (google-cloud-storage's BlobWriter) whose failures are one-line errors."""
+class _Stream(io.RawIOBase):
+    """A streamed read or upload (google-cloud-storage's BlobReader / BlobWriter: ranged
+    requests / resumable chunks, each retried by the client under the policy as a google.api_core
+    Retry) whose failures are one-line errors."""
 
-    mode = "wb"  # for Beam's CompressedFile
-
-    def __init__(self, path: str, content_type: str, policy: RetryPolicy):
-        self.path = path
+    def __init__(self, path: str, mode: str, policy: RetryPolicy, **kwargs):
+        self.path, self.mode = path, mode  # mode: for Beam's CompressedFile
         self._file = blob(path).open(
-            "wb",
-            chunk_size=UPLOAD_CHUNK,
-            ignore_flush=True,
-            content_type=content_type,
-            timeout=REQUEST_TIMEOUT,
-            retry=policy.as_api_retry(),
+            mode, chunk_size=CHUNK, timeout=REQUEST_TIMEOUT, retry=policy.as_api_retry(), **kwargs
         )
 
-    def writable(self) -> bool:
-        return True
-
-    def tell(self) -> int:
-        return self._file.tell()
-
-    def write(self, data) -> int:
+    @contextlib.contextmanager
+    def _one_line(self) -> Iterator[None]:
         try:
-            return self._file.write(data)
+            yield
+        except NotFound:
+            if self.mode == "wb":
+                raise cannot_write(self.path, OSError("no such bucket")) from None
+            raise FileNotFoundError(f"no such object: {self.path}") from None
         except ERRORS as e:
-            raise cannot_write(self.path, e) from None
-
-    def close(self) -> None:
-        if not self.closed:
-            try:
-                self._file.close()
-            except ERRORS as e:
-                raise cannot_write(self.path, e) from None
-            finally:
-                super().close()
-
-
-class _Reader(io.RawIOBase):
-    """A streamed read (google-cloud-storage's BlobReader, ranged requests) whose failures are
-    one-line errors."""
-
-    mode = "rb"  # for Beam's CompressedFile
-
-    def __init__(self, path: str, policy: RetryPolicy):
-        self.path = path
-        self._file = blob(path).open(
-            "rb",
-            chunk_size=UPLOAD_CHUNK,
-            raw_download=True,
-            timeout=REQUEST_TIMEOUT,
-            retry=policy.as_api_retry(),
-        )
+            raise (cannot_write if self.mode == "wb" else cannot_read)(self.path, e) from None
 
     def readable(self) -> bool:
-        return True
+        return self.mode == "rb"
+
+    def writable(self) -> bool:
+        return self.mode == "wb"
 
     def seekable(self) -> bool:
-        return True
+        return self.readable()
+
+    def read(self, size: int = -1) -> bytes:
+        with self._one_line():
+            return self._file.read(size)
+
+    def readall(self) -> bytes:
+        return self.read(-1)
 
     def readinto(self, buffer) -> int:
         data = self.read(len(buffer))
         buffer[: len(data)] = data
         return len(data)
 
-    def read(self, size: int = -1) -> bytes:
-        try:
-            return self._file.read(size)
-        except NotFound:
-            raise FileNotFoundError(f"no such object: {self.path}") from None
-        except ERRORS as e:
-            raise cannot_read(self.path, e) from None
-
-    def readall(self) -> bytes:
-        return self.read(-1)
+    def write(self, data) -> int:
+        with self._one_line():
+            return self._file.write(data)
 
     def seek(self, offset: int, whence: int = io.SEEK_SET) -> int:
-        try:
+        with self._one_line():
             return self._file.seek(offset, whence)
-        except NotFound:
-            raise FileNotFoundError(f"no such object: {self.path}") from None
-        except ERRORS as e:
-            raise cannot_read(self.path, e) from None
 
     def tell(self) -> int:
         return self._file.tell()
 
     def close(self) -> None:
         if not self.closed:
-            self._file.close()
-            super().close()
+            try:
+                with self._one_line():
+                    self._file.close()
+            finally:
+                super().close()
 
 
 def cannot_read(path: str, error: BaseException) -> StoreUnreachable:
@@ -356,7 +333,7 @@ def open_read(
         return FileSystems.open(path, mime_type=mime_type, compression_type=compression_type)
     if compression_type == CompressionTypes.AUTO:
         compression_type = CompressionTypes.detect_compression_type(path)
-    raw = _Reader(path, policy)
+    raw = _Stream(path, "rb", policy, raw_download=True)
     if compression_type == CompressionTypes.UNCOMPRESSED:
         return io.BufferedReader(raw, buffer_size=1 << 20)
     return CompressedFile(raw, compression_type=compression_type)
@@ -374,7 +351,7 @@ def create(
         return FileSystems.create(path, mime_type=mime_type, compression_type=compression_type)
     if compression_type == CompressionTypes.AUTO:
         compression_type = CompressionTypes.detect_compression_type(path)
-    raw = _Writer(path, mime_type, policy)
+    raw = _Stream(path, "wb", policy, content_type=mime_type, ignore_flush=True)
     if compression_type == CompressionTypes.UNCOMPRESSED:
         return raw
     return CompressedFile(raw, compression_type=compression_type)
