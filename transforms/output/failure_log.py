@@ -26,7 +26,7 @@ from apache_beam.io.filesystems import FileSystems
 
 from transforms import gcs
 from transforms.failures import Failure, reason_kind
-from transforms.layout.cuts import hash64
+from transforms.layout.plan import hash64
 
 # Failures per part file (and per group): a few MB of JSON lines.
 PART_SIZE = 10_000
