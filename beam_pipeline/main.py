@@ -41,7 +41,7 @@ from beam_pipeline.cli.options import (
 from beam_pipeline.cli.progress import ProgressReporter
 from beam_pipeline.cli.progress import end_line as end_progress_line
 from beam_pipeline.pipeline import build_pipeline
-from transforms import progress
+from transforms import gcs, progress
 from transforms.failures import user_error_text
 from transforms.output.marker import Claim
 from transforms.output.publish import FAILURES_FILE, SUMMARY_FILE, aborted_reason, temp_dir_for
@@ -292,9 +292,9 @@ def _run_claimed(
     summary_path = FileSystems.join(output_dir, SUMMARY_FILE)
     try:
         # (gs:// raises its own NotFound, not an OSError, on a missing object.)
-        if not FileSystems.exists(summary_path):
+        if not gcs.exists(summary_path):
             raise OSError(summary_path)
-        with FileSystems.open(summary_path) as f:
+        with gcs.open_read(summary_path) as f:
             summary = json.loads(f.read().decode("utf-8"))
     except OSError:
         raise UserError(f"the job finished without writing {SUMMARY_FILE}") from None

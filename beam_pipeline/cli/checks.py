@@ -19,7 +19,7 @@ from beam_pipeline.cli.options import (
     table_spec,
 )
 from transforms.gcs import ERRORS as LIST_ERRORS
-from transforms.gcs import first_page
+from transforms.gcs import first_page, literal_or_glob
 from transforms.labels.beam_webdataset import WEBDATASET
 from transforms.labels.label_map import load_label_map
 from transforms.labels.table import check_table
@@ -63,7 +63,7 @@ def is_input_file(name: str) -> bool:
 
 def check_archives(pattern: str) -> None:
     try:
-        found = FileSystems.match([pattern], limits=[_REMOTE_CHECK_LIMIT])[0].metadata_list
+        found = FileSystems.match([literal_or_glob(pattern)], limits=[_REMOTE_CHECK_LIMIT])[0].metadata_list
     except BeamIOError as e:
         raise UserError(f"--input {pattern}: cannot list: {_first_line(e)}") from None
     if not any(archive_kind(m.path) for m in found):

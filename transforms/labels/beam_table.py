@@ -28,8 +28,10 @@ from apache_beam.io.filesystems import FileSystems
 from apache_beam.metrics import Metrics
 from apache_beam.transforms.window import GlobalWindows
 
+from transforms import gcs
 from transforms.batching import CountImagesFn, group_size
 from transforms.failures import FAILED
+from transforms.gcs import literal_or_glob
 from transforms.labels.beam_coders import Listed
 from transforms.labels.buckets import bucket_count, concat_parts, cut_parts, hash_sorted, join_part
 from transforms.labels.join import (
@@ -103,7 +105,7 @@ class ReadLabels(beam.PTransform):
     def expand(self, pbegin: beam.pvalue.PBegin) -> beam.PCollection[LabelRows]:
         return (
             pbegin
-            | "MatchTable" >> fileio.MatchFiles(self._spec.path)
+            | "MatchTable" >> fileio.MatchFiles(literal_or_glob(self._spec.path))
             | "OpenTable" >> fileio.ReadMatches()
             | "ParseRows" >> beam.ParDo(ReadLabelsFn(self._spec)).with_output_types(LabelRows)
         )
@@ -408,9 +410,9 @@ def write_orphan_part(chunk: tuple[str, int], lines: Iterable[tuple[tuple, str]]
 def concatenate_parts(path: str, parts: Iterable[tuple[tuple[str, int], str]]) -> str:
     """Appends the parts, in chunk order, into `path` (empty if none), then deletes them."""
     ordered = [part for _, part in sorted(parts)]
-    with FileSystems.create(path) as out:
+    with gcs.create(path) as out:
         for part in ordered:
-            with FileSystems.open(part, compression_type=CompressionTypes.UNCOMPRESSED) as f:
+            with gcs.open_read(part, compression_type=CompressionTypes.UNCOMPRESSED) as f:
                 while block := f.read(_BLOCK_BYTES):
                     out.write(block)
     if ordered:

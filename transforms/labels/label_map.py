@@ -9,8 +9,7 @@ import csv
 import posixpath
 import unicodedata
 
-from apache_beam.io.filesystems import FileSystems
-
+from transforms import gcs
 from transforms.labels.folders import class_name_problem
 from transforms.labels.rows import _COMPRESSED_SUFFIXES, LabelMap
 
@@ -32,7 +31,7 @@ def load_label_map(path: str, offset: int = 0) -> LabelMap:
         cannot be a class name, or a table that is not id,name pairs.
     """
     try:
-        with FileSystems.open(path) as f:
+        with gcs.open_read(path) as f:
             text = f.read().decode("utf-8-sig")
     except (OSError, UnicodeDecodeError) as e:
         raise ValueError(f"--label_map {path}: cannot read: {e}") from None

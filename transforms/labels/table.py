@@ -31,6 +31,8 @@ import pyarrow.compute as pc
 import pyarrow.csv as pacsv
 from apache_beam.io.filesystems import FileSystems
 
+from transforms import gcs
+from transforms.gcs import literal_or_glob
 from transforms.labels.folders import class_name_problem
 from transforms.labels.rows import (
     _COMPRESSED_SUFFIXES,
@@ -640,7 +642,7 @@ def read_header(path: str, spec: TableSpec) -> list[str]:
 
     Reads only the beginning of the file. Raises TableError (or OSError if unreadable).
     """
-    with FileSystems.open(path) as f:
+    with gcs.open_read(path) as f:
         if spec.format != "jsonl":
             return _first_record(f, spec, path)[0]
         first = b" "
@@ -686,7 +688,7 @@ def check_table(spec: TableSpec) -> list[str]:
       TableError: no such file, not a regular file, or a required column is missing.
     """
     try:
-        found = FileSystems.match([spec.path])[0].metadata_list
+        found = FileSystems.match([literal_or_glob(spec.path)])[0].metadata_list
     except Exception:  # noqa: BLE001 - Beam raises BeamIOError/OSError/ValueError per filesystem
         found = []
     paths = sorted(m.path for m in found)
