@@ -102,3 +102,32 @@ def test_map_whose_ids_start_at_300000_pads_the_tfds_names_in_linear_time(tmp_pa
     assert len(names) == first + 4 and names[first:] == ["cat", "dog", "background_1", "emu"]
     assert names[:3] == ["background", "background_2", "background_3"]
     assert names[first - 1] == f"background_{first}" and len(set(names)) == len(names)
+
+
+def test_graph_with_gldv2_sized_map_stays_under_2_mb(tmp_path):
+    """203,094 classes named by ~70-character URLs (GLDv2's train_label_to_category.csv) and a
+    labels table: the names reach the workers as a side input read from the file, so the
+    serialized job graph is about its size with ten classes (9.5 MB to 29 MB before, the map
+    pickled into BuildClassIndex, JoinLabels and WriteOrphans; Dataflow refuses 10 MB)."""
+    import random
+    import string
+
+    import apache_beam as beam
+
+    from beam_pipeline.cli.options import ConvertOptions, route_labels_flag
+    from beam_pipeline.pipeline import build_pipeline
+
+    rnd = random.Random(0)
+    letters = string.ascii_letters + "_()0123456789"
+    label_map = tmp_path / "train_label_to_category.csv"
+    with label_map.open("w") as f:
+        f.write("landmark_id,category\n")
+        for i in range(203_094):
+            name = "".join(rnd.choice(letters) for _ in range(27))
+            f.write(f"{i},http://commons.wikimedia.org/wiki/Category:{name}\n")
+    args = _table_args(tmp_path, label_map) + ["--label_column", "label"]
+    options = main.RunOptions(route_labels_flag(args))
+    p = beam.Pipeline(options=options)
+    build_pipeline(p, options.view_as(ConvertOptions), "0" * 32)
+    size = len(p.to_runner_api().SerializeToString())
+    assert size < 2_000_000, size
