@@ -29,7 +29,13 @@ from apache_beam.options.pipeline_options import (
 from apache_beam.runners.runner import PipelineResult
 
 from beam_pipeline.cli import preflight
-from beam_pipeline.cli.checks import check_all_would_fail, check_input, check_labels, claim_output_folder
+from beam_pipeline.cli.checks import (
+    check_all_would_fail,
+    check_input,
+    check_labels,
+    check_runner_reaches_paths,
+    claim_output_folder,
+)
 from beam_pipeline.cli.local_runner import in_process, local_defaults, short_state_sampling
 from beam_pipeline.cli.options import (
     ConvertOptions,
@@ -226,6 +232,7 @@ def run(
     options = RunOptions(argv)
     opts = options.view_as(ConvertOptions)
     validate(opts)
+    check_runner_reaches_paths(options, opts)  # before credentials, claim or graph
     preflight.check_gcs_credentials([opts.input, opts.output_dir, opts.labels_path, opts.label_map])
     check_input(normalize_root(opts.input))
     if opts.labels_path:
