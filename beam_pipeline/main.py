@@ -21,7 +21,6 @@ from typing import TypeVar
 import apache_beam as beam
 from apache_beam.io.filesystems import FileSystems
 from apache_beam.options.pipeline_options import (
-    GoogleCloudOptions,
     PipelineOptions,
     SetupOptions,
     TestOptions,
@@ -206,8 +205,9 @@ os.register_at_fork(after_in_child=_writers_collect_as_before)
 
 
 def _described_only(options: PipelineOptions) -> bool:
-    """A Dataflow dry run or template: the job is described (and staged), not run."""
-    return bool(options.view_as(TestOptions).dry_run or options.view_as(GoogleCloudOptions).template_location)
+    """A Dataflow dry run: the job is described, not run (classic templates are refused by
+    check_runner_reaches_paths)."""
+    return bool(options.view_as(TestOptions).dry_run)
 
 
 def run(
@@ -313,7 +313,7 @@ def _convert(argv: list[str]) -> int:
         return EXIT_OK
     summary = run(argv)
     if summary.get("described_only"):
-        print("img2tfrecord: job described and staged, not run (dry run or template)", file=sys.stderr)
+        print("img2tfrecord: job described, not run (dry run)", file=sys.stderr)
         return EXIT_OK
     print(
         f"img2tfrecord: wrote {summary['written']} of {summary['listed']} images "
