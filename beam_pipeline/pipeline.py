@@ -7,6 +7,8 @@ their image members go on as files whose path is the member's address.
 
 With --labels (a table) the labelling step is ReadLabels + JoinLabels (a shuffle by a hash
 bucket of the image key) instead of LabelFromFolders, and WriteOrphans reports rows without an image.
+A --label_map is read by a step (ReadLabelMap) and reaches JoinLabels and BuildClassIndex as a
+side input: the graph does not grow with the class count.
 
 Only metadata (path, label, size) is shuffled; image bytes are read inside WriteShards,
 right where they are encoded and written. Up to the shard plan the records travel in

@@ -93,71 +93,37 @@ def test_classic_template_is_refused_pointing_at_the_flex_template(local):
     assert line.startswith("img2tfrecord: error: --template_location: ") and "Flex Template" in line
 
 
+PORTABLE = "--runner PortableRunner --job_endpoint"
+
+
 @pytest.mark.parametrize(
     "args, remote",
     [
-        ([], False),
-        (["--runner", "DirectRunner"], False),
-        (["--runner", "FnApiRunner", "--direct_num_workers", "2"], False),
-        (["--runner", "dataflow"], True),
-        (["--runner", "apache_beam.runners.dataflow.dataflow_runner.DataflowRunner"], True),
+        ("", False),
+        ("--runner DirectRunner", False),
+        ("--runner FnApiRunner --direct_num_workers 2", False),
+        ("--runner dataflow", True),
+        ("--runner apache_beam.runners.dataflow.dataflow_runner.DataflowRunner", True),
         # Beam's Python job server here and a worker pool here: the tests' own portable runs.
         (
-            [
-                "--runner",
-                "PortableRunner",
-                "--job_endpoint",
-                "localhost:8099",
-                "--environment_type",
-                "EXTERNAL",
-                "--environment_config",
-                "localhost:50000",
-            ],
-            False,
-        ),  # fmt: skip
-        (["--runner", "PortableRunner", "--job_endpoint", "embed", "--environment_type", "LOOPBACK"], False),
-        (
-            [
-                "--runner",
-                "PortableRunner",
-                "--job_endpoint",
-                "127.0.0.1:8099",
-                "--environment_type",
-                "PROCESS",
-            ],
+            f"{PORTABLE} localhost:8099 --environment_type EXTERNAL --environment_config localhost:50000",
             False,
         ),
-        (["--runner", "PortableRunner", "--job_endpoint", "localhost:8099"], True),  # Docker by default
+        (f"{PORTABLE} embed --environment_type LOOPBACK", False),
+        (f"{PORTABLE} 127.0.0.1:8099 --environment_type PROCESS", False),
+        (f"{PORTABLE} localhost:8099", True),  # SDK workers in Docker, PortableRunner's default
         (
-            [
-                "--runner",
-                "PortableRunner",
-                "--job_endpoint",
-                "localhost:8099",
-                "--environment_type",
-                "EXTERNAL",
-                "--environment_option",
-                "external_service_address=pool.internal:50000",
-            ],
-            True,
-        ),  # fmt: skip
-        (
-            [
-                "--runner",
-                "PortableRunner",
-                "--job_endpoint",
-                "10.0.0.7:8099",
-                "--environment_type",
-                "LOOPBACK",
-            ],
+            f"{PORTABLE} localhost:8099 --environment_type EXTERNAL "
+            "--environment_option external_service_address=pool.internal:50000",
             True,
         ),
-        (["--runner", "FlinkRunner"], False),  # [auto]: an embedded Flink here, LOOPBACK workers
-        (["--runner", "FlinkRunner", "--flink_master", "flink.internal:8081"], True),
-        (["--runner", "SparkRunner"], False),  # local[4]
-        (["--runner", "SparkRunner", "--spark_master_url", "spark://spark.internal:7077"], True),
-        (["--runner", "PrismRunner"], False),
+        (f"{PORTABLE} 10.0.0.7:8099 --environment_type LOOPBACK", True),
+        ("--runner FlinkRunner", False),  # [auto]: an embedded Flink here, LOOPBACK workers
+        ("--runner FlinkRunner --flink_master flink.internal:8081", True),
+        ("--runner SparkRunner", False),  # local[4]
+        ("--runner SparkRunner --spark_master_url spark://spark.internal:7077", True),
+        ("--runner PrismRunner", False),
     ],
 )
 def test_which_runners_are_remote(args, remote):
-    assert (remote_workers(PipelineOptions(args)) is not None) == remote
+    assert (remote_workers(PipelineOptions(args.split())) is not None) == remote

@@ -20,18 +20,19 @@ NOT_LINE_BREAKS_FOR_TFDS = ["\x85", "\u2028", "\x1c"]
 
 
 @pytest.mark.parametrize("char", NOT_LINE_BREAKS_FOR_TFDS)
-def test_names_file_splits_at_newline_only_and_refuses_the_line(tmp_path, char):
-    path = tmp_path / "names.txt"
-    path.write_text(f"cat\r\nd{char}og\r\nemu\n", encoding="utf-8")
-    with pytest.raises(ValueError, match=r"names\.txt line 2: class name .* contains a control character"):
-        load_label_map(str(path))
-
-
-@pytest.mark.parametrize("char", NOT_LINE_BREAKS_FOR_TFDS)
-def test_id_name_table_refuses_the_line_of_a_name_with_a_line_break(tmp_path, char):
-    path = tmp_path / "map.csv"
-    path.write_text(f"id,name\r\n7,cat\r\n8,d{char}og\r\n9,emu\r\n", encoding="utf-8")
-    with pytest.raises(ValueError, match=r"map\.csv line 3: class name .* contains a control character"):
+@pytest.mark.parametrize(
+    "name, text, line",
+    [
+        ("names.txt", "cat\r\nd{}og\r\nemu\n", 2),  # a names file
+        ("map.csv", "id,name\r\n7,cat\r\n8,d{}og\r\n9,emu\r\n", 3),  # an id,name table
+    ],
+)
+def test_lines_split_at_newline_only_and_a_name_with_a_line_break_is_refused_by_line(
+    tmp_path, char, name, text, line
+):
+    path = tmp_path / name
+    path.write_text(text.format(char), encoding="utf-8")
+    with pytest.raises(ValueError, match=rf"{name} line {line}: class name .* contains a control character"):
         load_label_map(str(path))
 
 
