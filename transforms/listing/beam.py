@@ -21,6 +21,7 @@ import apache_beam as beam
 from apache_beam.io import fileio
 
 from transforms.failures import FAILED, Failure
+from transforms.gcs import literal_or_glob
 from transforms.listing.beam_walk import ARCHIVES, KeepImagesFn, WalkLocalFn
 from transforms.listing.local import is_archive_input
 from transforms.paths import IMAGE_EXTENSIONS, escape_glob, normalize_root
@@ -74,7 +75,9 @@ class ListImages(beam.PTransform):
                 FileBatch
             )
             archives = (
-                pbegin | "Start" >> beam.Impulse() | "MatchArchives" >> beam.ParDo(MatchArchivesFn(root))
+                pbegin
+                | "Start" >> beam.Impulse()
+                | "MatchArchives" >> beam.ParDo(MatchArchivesFn(literal_or_glob(root)))
             )
         elif "://" not in root:
             walked = (
