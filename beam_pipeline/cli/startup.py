@@ -38,9 +38,9 @@ BEAM_CHECKED = "2.77.0"
 
 # What `import apache_beam` loads for IOs and runners that a local run never uses: MongoDB's
 # client (apache_beam.io.mongodbio), Pub/Sub and BigQuery with its Storage API
-# (apache_beam.io.gcp), Parquet's pyarrow (apache_beam.io.parquetio, apache_beam.typehints) and
-# the Dataflow API client (apache_beam.runners.dataflow). Not listed: anything a local run uses,
-# or that Beam imports without such a guard or next to something it uses (oauth2client.crypt:
+# (apache_beam.io.gcp) and the Dataflow API client (apache_beam.runners.dataflow). Not listed:
+# anything a local run uses (pyarrow: the labels table's parser), or that Beam imports without
+# such a guard or next to something it uses (oauth2client.crypt:
 # apitools imports it unguarded, and apache_beam.utils.retry would lose its HttpError checks).
 SKIPPED_BY_LOCAL_RUNS = (
     "bson",
@@ -50,7 +50,6 @@ SKIPPED_BY_LOCAL_RUNS = (
     "google.cloud.bigquery",
     "google.cloud.bigquery_storage_v1",
     "google.cloud.dataflow",
-    "pyarrow",
 )
 
 # Beam's loggers that announce, at import, an optional package they did not find.
