@@ -32,7 +32,7 @@ import tarfile
 from collections.abc import Generator, Iterator
 from typing import BinaryIO
 
-from transforms.listing.members import _NESTED, header_checksum, parse_address
+from transforms.listing.members import _NESTED, header_checksum, header_digest, parse_address
 
 # Archive suffixes, matched case-insensitively. A `.tar.gz` has no random access: see
 # transforms/listing/beam_archives.py for how it is read.
@@ -108,15 +108,15 @@ class Member:
       relpath: its path if the archive were unpacked where it lies.
       offset: where its data starts, in bytes from the start of the archive file.
       size: its data's length in bytes.
-      checksum: the checksum stored in its own header (the block before its data): what a
-        read checks to know the archive still holds this member there (members.py).
+      header: the digest of its own header (the block before its data): what a read checks
+        to know the archive still holds this member there (members.py).
     """
 
     name: str
     relpath: str
     offset: int
     size: int
-    checksum: int = 0
+    header: str = ""
 
 
 @dataclasses.dataclass(frozen=True)
@@ -318,7 +318,7 @@ def _member(
 ) -> tuple[tarfile.TarInfo, int]:
     """(TarInfo, where the next member starts) of the member whose first header, `block`, is at
     `pos`, reading the pax, GNU long-name and sparse headers that belong to it. `info.chksum`
-    is the checksum of its own header (the block before its data); `info.sparse` is set for
+    is the digest of its own header (the block before its data); `info.sparse` is set for
     a sparse member. Global pax records are kept in `global_records` for the members after.
 
     Raises:
@@ -339,9 +339,7 @@ def _member(
             raise _Damaged(pos)
         extended += size
         if extended > MAX_EXTENDED:
-            raise _Stop(
-                f"an extended header declares {size} bytes (more than the {MAX_EXTENDED}-byte bound)"
-            )
+            raise _Stop(f"an extended header declares {size} bytes (more than the {MAX_EXTENDED}-byte bound)")
         data = f.read(size)
         f.read(-size % _BLOCK)
         if len(data) < size:
@@ -362,7 +360,7 @@ def _member(
     info = _plain_header(block)
     if info is None:
         raise _Damaged(pos)
-    info.chksum = checksum
+    info.chksum = header_digest(block)  # what pins the member (members.py), in place of the sum
     merged = {**global_records, **records}
     sparse = kind == ord("S") or any(key.startswith(b"GNU.sparse.") for key in merged)
     if kind == ord("S"):  # old GNU sparse: extension blocks of the sparse map follow the header

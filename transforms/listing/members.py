@@ -10,12 +10,13 @@ member name can hold one), so that the printed name stays the address alone
 (`transforms.paths.listed_name`, applied to every Failure and to `image/filename`) and is the
 same on every run. It holds what identifies the member as listed:
 
-- `h<checksum>`: the checksum stored in the member's own 512-byte header, the block just
-  before its data. A read takes that block with the data (one read of 512 bytes more) and
-  checks it is still a valid header with this checksum and this size: a member's header
-  checksum covers its name, size, mode and mtime, so a rewritten archive that has other bytes
-  there fails the member ("archive changed since it was listed") instead of giving it another
-  member's bytes;
+- `h<digest>`: a 64-bit BLAKE2 digest of the member's own 512-byte header, the block just
+  before its data (its name, size, mtime, mode, owner and stored checksum). A read takes
+  that block with the data (one read of 512 bytes more) and checks it is still the same
+  header, so a rewritten archive that has other bytes there fails the member ("archive
+  changed since it was listed") instead of giving it another member's bytes. (The stored
+  checksum alone is a plain sum of the header's bytes: `c1/004.jpg` and `c2/035.jpg` of
+  nearly equal sizes share it.);
 - `g<generation>` (gs://): the object's generation when it was indexed; the read asks for that
   generation, so an object overwritten since is not read (Cloud Storage answers 404);
 - `r<path>`: the file the bytes are read from when it is not the archive itself (the
@@ -26,6 +27,7 @@ same on every run. It holds what identifies the member as listed:
 from __future__ import annotations
 
 import dataclasses
+import hashlib
 import re
 
 from transforms.paths import PIN
@@ -47,7 +49,7 @@ BLOCK = 512  # a tar block; a member's own header is the block before its data
 class MemberAddress:
     """Where a member's bytes are: `size` bytes at `offset` of the file `archive`.
 
-    `checksum`, `generation` and `read_from` are its pin (module docstring); None when the
+    `header`, `generation` and `read_from` are its pin (module docstring); None when the
     address has none (an address typed by hand, or made before pins).
     """
 
@@ -55,7 +57,7 @@ class MemberAddress:
     member: str
     offset: int
     size: int
-    checksum: int | None = None
+    header: str | None = None
     generation: int | None = None
     read_from: str | None = None
 
@@ -75,12 +77,12 @@ def pinned_address(
     member: str,
     offset: int,
     size: int,
-    checksum: int,
+    header: str,
     generation: int | None = None,
     read_from: str | None = None,
 ) -> str:
     """The address of a member with its pin, as it travels in ImageFile.path / ImageRecord.path."""
-    pin = f"{PIN}h{checksum}"
+    pin = f"{PIN}h{header}"
     if generation is not None:
         pin += f"{PIN}g{generation}"
     if read_from is not None:
@@ -106,7 +108,7 @@ def parse_address(path: str) -> MemberAddress | None:
         m["member"],
         int(m["offset"]),
         int(m["size"]),
-        int(fields["h"]) if "h" in fields else None,
+        fields.get("h"),
         int(fields["g"]) if "g" in fields else None,
         fields.get("r"),
     )
@@ -126,7 +128,11 @@ def header_checksum(block: bytes) -> int | None:
     return stored if stored == unsigned - 256 * high else None
 
 
+def header_digest(block: bytes) -> str:
+    """What pins a member's own header (module docstring): 16 hex digits."""
+    return hashlib.blake2b(block, digest_size=8).hexdigest()
+
+
 def header_holds(block: bytes, address: MemberAddress) -> bool:
-    """True if `block`, read just before the member's data, is still the header it was listed
-    with: a valid header with the listed checksum (which covers its name, size and mtime)."""
-    return len(block) == BLOCK and header_checksum(block) == address.checksum
+    """True if `block`, read just before the member's data, is still the header it was listed with."""
+    return len(block) == BLOCK and header_digest(block) == address.header
