@@ -11,20 +11,18 @@ import subprocess
 import sys
 import tarfile
 import textwrap
-import zlib
 from pathlib import Path
-
-import pytest
 
 from beam_pipeline import main
 from tests.conftest import write_image
-from transforms.images.read import CHANGED, ReadError, read_bytes
+from transforms.images.read import ReadError, read_bytes
 from transforms.listing.archives import ArchiveFile
 from transforms.listing.beam_archives import index_archive
 from transforms.listing.members import parse_address
 from transforms.records import ImageFile
 
 REPO = Path(__file__).resolve().parents[2]
+CHANGED = "archive changed since it was listed"
 
 
 def _tar_bytes(members: dict[str, bytes], mtime: int = 1, fmt: int = tarfile.GNU_FORMAT) -> bytes:
