@@ -7,10 +7,12 @@ import gzip
 import io
 import json
 import os
+import struct
 import subprocess
 import sys
 import tarfile
 import textwrap
+import zlib
 from pathlib import Path
 
 from beam_pipeline import main
@@ -39,10 +41,9 @@ def _members(n: int) -> dict[str, bytes]:
     return {f"c{i % 3}/{i:03d}.jpg": f"member {i} ".encode() * (10 + i % 7) for i in range(n)}
 
 
-def _listed(path: str, copies: str | None = None) -> list[ImageFile]:
-    items = list(
-        index_archive(ArchiveFile(path, "", 0 if "://" in path else os.path.getsize(path)), (".jpg",), copies)
-    )
+def _listed(path: str, copies: str | None = None, size: int | None = None) -> list[ImageFile]:
+    size = os.path.getsize(path) if size is None else size
+    items = list(index_archive(ArchiveFile(path, "", size), (".jpg",), copies))
     assert all(isinstance(i, ImageFile) for i in items), items
     return items
 
@@ -87,7 +88,7 @@ def test_gcs_archive_overwritten_is_read_at_the_listed_generation_or_fails(gcs_b
     blob = gcs_bucket.blob("pin/a.tar")
     blob.upload_from_string(_tar_bytes(members))
     blob.reload()
-    listed = _listed(f"gs://{BUCKET}/pin/a.tar")
+    listed = _listed(f"gs://{BUCKET}/pin/a.tar", size=blob.size)
     assert {parse_address(f.path).generation for f in listed} == {blob.generation}
     assert _reads_own_bytes_or_fails(listed, members) == 0
     blob.upload_from_string(_tar_bytes(dict(reversed(members.items()))))
@@ -120,15 +121,21 @@ def _jpegs(tmp_path: Path, n: int) -> dict[str, bytes]:
 
 
 def _bomb(path: Path, inflated: int) -> None:
-    """A .tar.gz of a few MB that inflates to `inflated` bytes (one member of zeros): gzip
-    members of 64 MiB of zeros, concatenated (gzip reads them as one stream)."""
+    """A .tar.gz of a few MB that inflates to `inflated` bytes (one member of zeros), in one
+    deflate stream: 64 MiB of zeros deflated after a full flush are the same bytes each time."""
     head = tarfile.TarInfo("cat/huge.jpg")
     head.size = inflated
-    zeros = gzip.compress(bytes(64 << 20), compresslevel=9, mtime=0)
+    zeros, crc = bytes(64 << 20), 0
+    deflate = zlib.compressobj(9, zlib.DEFLATED, -15)
     with open(path, "wb") as f:
-        f.write(gzip.compress(head.tobuf(tarfile.GNU_FORMAT), mtime=0))
-        for _ in range(inflated // (64 << 20)):
-            f.write(zeros)
+        f.write(b"\x1f\x8b\x08\0\0\0\0\0\x02\xff")  # a gzip header, no name, mtime 0
+        f.write(deflate.compress(head.tobuf(tarfile.GNU_FORMAT)) + deflate.flush(zlib.Z_FULL_FLUSH))
+        crc = zlib.crc32(head.tobuf(tarfile.GNU_FORMAT))
+        block = deflate.compress(zeros) + deflate.flush(zlib.Z_FULL_FLUSH)
+        for _ in range(inflated // len(zeros)):
+            f.write(block)
+            crc = zlib.crc32(zeros, crc)
+        f.write(deflate.flush() + struct.pack("<II", crc, (inflated + 512) & 0xFFFFFFFF))
 
 
 def test_damaged_and_hostile_archives_are_accounted_for_and_names_are_stable(tmp_path):
