@@ -89,10 +89,13 @@ def test_gcs_archive_overwritten_is_read_at_the_listed_generation_or_fails(gcs_b
     blob.upload_from_string(_tar_bytes(members))
     blob.reload()
     listed = _listed(f"gs://{BUCKET}/pin/a.tar", size=blob.size)
-    assert {parse_address(f.path).generation for f in listed} == {blob.generation}
     assert _reads_own_bytes_or_fails(listed, members) == 0
+    listed_generation = blob.generation
     blob.upload_from_string(_tar_bytes(dict(reversed(members.items()))))
     assert _reads_own_bytes_or_fails(listed, members) >= 25
+    # Each read asks for the generation listed (the emulator ignores it; Cloud Storage
+    # answers 404 for an overwritten one): the header check above is what the emulator shows.
+    assert {parse_address(f.path).generation for f in listed} == {listed_generation}
 
 
 def test_tar_gz_members_are_named_by_the_archive_not_the_temp_copy(tmp_path):
@@ -215,7 +218,7 @@ def _bounded_run(tmp_path: Path, archives: list[Path], cap: int) -> str:
 
 def test_gzip_bomb_is_inflated_in_bounded_memory_and_disk(tmp_path):
     archive = tmp_path / "bomb.tar.gz"
-    _bomb(archive, 3 << 30)  # 3 MB compressed, 3 GiB inflated; the process may use 1 GiB
+    _bomb(archive, 2 << 30)  # 2 MB compressed, 2 GiB inflated; the process may use 1 GiB
     out = _bounded_run(tmp_path, [archive], cap=1 << 30)
     assert out.startswith("Failure gzip data inflates past "), out
     assert not list((tmp_path / "copies").rglob("*.tar.gz"))  # the partial copy deleted

@@ -438,7 +438,9 @@ def test_header_parse_agrees_with_tarfile(fmt):
             for i in t.getmembers()
             if i.name.endswith((".jpg", ".png"))
         ]
-    assert [(m.name, m.offset, m.size) if isinstance(m, Member) else m.name for m in fast] == slow and len(fast) == len(names) - 1
+    assert [(m.name, m.offset, m.size) if isinstance(m, Member) else m.name for m in fast] == slow and len(
+        fast
+    ) == len(names) - 1
 
 
 def test_dedupe_reads_members_and_drops_the_copies(tmp_path):
