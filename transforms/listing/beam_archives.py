@@ -37,16 +37,17 @@ from apache_beam.io.filesystem import CompressionTypes
 from apache_beam.io.filesystems import FileSystems
 from apache_beam.metrics import Metrics
 
+from transforms import gcs
 from transforms.batching import chunked
 from transforms.coders import FileBatchCoder  # noqa: F401 - registers the record coders
 from transforms.failures import FAILED, Failure
 from transforms.listing.archives import ArchiveFile, Member, Problem, archive_kind, glob_base, index_tar
 from transforms.listing.beam_walk import _ListFn
-from transforms.listing.gcs import gcs_io
 from transforms.listing.members import pinned_address
 from transforms.listing.webdataset import SIDECAR_EXTENSIONS, SampleLabel, label_samples
 from transforms.paths import IMAGE_EXTENSIONS, relative_path
 from transforms.records import FileBatch, ImageFile
+from transforms.retry import DEFAULT_RETRY, describe
 
 LIST_STAGE = "list"
 # Tagged output of IndexArchives with --labels webdataset: tuples of SampleLabel.
@@ -82,16 +83,13 @@ def _open(path: str) -> BinaryIO:
 
 def _pinned(path: str) -> tuple[BinaryIO, int, int]:
     """(reader, generation, size) of gs:// object `path`: every read of the reader asks for the
-    generation the object had when it was opened (its media link names it), so an object
-    overwritten meanwhile is never read half old, half new."""
-    from apache_beam.io.gcp.gcsio import parse_gcs_path
-    from google.cloud.storage.fileio import BlobReader
-
-    bucket, name = parse_gcs_path(path)
-    blob = gcs_io(path).client.bucket(bucket).get_blob(name)  # metadata: size, generation, link
-    if blob is None:
-        raise FileNotFoundError(errno.ENOENT, "no such object")
-    return BlobReader(blob, chunk_size=_GCS_CHUNK, raw_download=True), int(blob.generation), blob.size
+    generation the object had when it was looked up, so an object overwritten meanwhile is
+    never read half old, half new. One request per attempt of the one retry policy."""
+    size, generation = gcs.call(lambda: gcs.stat(path), path)
+    reader = gcs.blob(path, generation).open(
+        "rb", chunk_size=_GCS_CHUNK, raw_download=True, retry=DEFAULT_RETRY.as_api_retry()
+    )
+    return reader, int(generation), size
 
 
 _GCS_CHUNK = 16 << 20  # bytes a gs:// archive is read ahead while indexing (as Beam's reader)
@@ -136,7 +134,7 @@ def decompress_copy(archive: str, copy: str) -> tuple[int, str | None]:
     try:
         with (
             _open(archive) as src,
-            FileSystems.create(copy, compression_type=CompressionTypes.UNCOMPRESSED) as dst,
+            gcs.create(copy) as dst,
         ):
             unzip, started = zlib.decompressobj(wbits=31), False  # gzip framing
             try:
@@ -164,11 +162,11 @@ def decompress_copy(archive: str, copy: str) -> tuple[int, str | None]:
 
 
 def _remove(path: str) -> None:
-    """Deletes `path` if it is there (a copy that will not be read)."""
-    try:
-        FileSystems.delete([path])
-    except Exception:  # noqa: BLE001 - not there, or already gone with the temp folder
-        pass
+    """Deletes `path` if it is there (a copy that will not be read; else it goes with the temp folder)."""
+    if path.startswith(gcs.GCS_SCHEME):
+        gcs.delete_batch([path])
+    elif os.path.exists(path):
+        os.remove(path)
 
 
 def index_archive(
@@ -192,8 +190,8 @@ def index_archive(
         except _TooLarge as e:
             yield Failure(archive.path, str(e), LIST_STAGE)
             return
-        except OSError as e:
-            yield Failure(archive.path, f"cannot read the archive ({e.strerror or e})", LIST_STAGE)
+        except gcs.ERRORS as e:
+            yield Failure(archive.path, f"cannot read the archive ({describe(e)})", LIST_STAGE)
             return
     try:
         generation = None
@@ -222,8 +220,8 @@ def index_archive(
                     yield dataclasses.replace(item, source=f"{archive.path}#{item.source}")
                 else:
                     yield _failure(archive.path, item)
-    except OSError as e:  # the archive itself could not be opened or read
-        yield Failure(archive.path, f"cannot read the archive ({e.strerror or e})", LIST_STAGE)
+    except gcs.ERRORS as e:  # the archive itself could not be opened or read (OSError locally)
+        yield Failure(archive.path, f"cannot read the archive ({describe(e)})", LIST_STAGE)
     if damage:
         yield Failure(archive.path, damage, LIST_STAGE)
 
