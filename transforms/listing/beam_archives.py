@@ -11,9 +11,12 @@ file or is cut off, and per damaged archive, so that nothing is lost without a n
 A `.tar.gz`/`.tgz` has no random access: its members cannot be read by offset without
 decompressing everything before them. The DoFn that indexes it therefore decompresses it once,
 in one streaming pass, into an uncompressed copy in the run's temp folder
-(`<temp>/archives/<hash>/<name>`, deleted with the temp folder), and indexes and addresses the
-copy. The copy costs the archive's uncompressed size in temp space, once; every member is then
-read by offset like any tar member.
+(`<temp>/archives/<hash>/<name>`, deleted with the temp folder), and indexes the copy; its
+members are named by the `.tar.gz` and carry the copy in their pin (listing/members.py). The
+copy costs the archive's uncompressed size in temp space, once, bounded (inflate_limit: a
+gzip bomb fails by name and its partial copy is deleted); every member is then read by
+offset like any tar member. A gs:// archive is indexed at one generation, which its members'
+pins carry.
 
 Bounds: each element is one archive (a path, never its contents); a DoFn holds one member's
 header and one FileBatch at a time, whatever the archive's size.
