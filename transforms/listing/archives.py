@@ -1,16 +1,13 @@
 """Tar archives as input: index an archive's members, and read one member by its offset.
 
-In: the path of a `.tar` (or `.tar.gz`/`.tgz`, see `transforms/listing/beam_archives.py`), local or
-on any Beam filesystem. Out of `index_tar`: one `Member` per image member (its name, the
-path it would have if the archive were unpacked where it lies, the offset of its data in
-the archive and its size) and one `Problem` per thing that could not be listed (a damaged
-header, a member cut off by the end of the file, a link or device named like an image).
-The listing turns each member into an ImageFile whose `path` is the member's *address*,
-`<archive>#<member>@<offset>+<size>`: plain metadata that crosses every shuffle like a file
-path does, and that the reading layer (`transforms/images/read.py`) dispatches on to read the
-member's bytes with one positioned read (`os.pread` locally, one ranged GET on gs://).
-Nothing is ever extracted to disk, and indexing holds one member at a time (memory flat in
-the archive's size).
+In: a `.tar` (`.tar.gz`/`.tgz`: see `transforms/listing/beam_archives.py`), local or on any
+Beam filesystem. Out of `index_tar`: one `Member` per image member (its name, its path if
+the archive were unpacked where it lies, its data's offset and size, its header's digest)
+and one `Problem` per thing that could not be listed (damage, a cut, a link named like an
+image). The listing turns each member into an ImageFile whose `path` is the member's pinned
+*address* (transforms/listing/members.py), which the reading layer (transforms/images/read.py)
+reads with one positioned read. Nothing is ever extracted, and indexing holds one member at
+a time (memory flat in the archive's size).
 
 Nested tars (one level deep, as ImageNet's train set: one tar of 1,000 per-class tars) are
 indexed in place: an inner `.tar` member is unpacked into a folder named by its stem
@@ -108,8 +105,7 @@ class Member:
       relpath: its path if the archive were unpacked where it lies.
       offset: where its data starts, in bytes from the start of the archive file.
       size: its data's length in bytes.
-      header: the digest of its own header (the block before its data): what a read checks
-        to know the archive still holds this member there (members.py).
+      header: the digest of its own header, which a read checks (members.py).
     """
 
     name: str
@@ -184,16 +180,13 @@ def index_tar(
     """Every image member of the uncompressed tar open as `f` (seekable), in archive order.
 
     Reads only the headers (one 512-byte block per member, plus any long-name or pax blocks),
-    seeking over the data; holds one member at a time. Every member GNU tar lists with
-    `tar -ti` is accounted for (tests/listing/test_tar_differential.py compares the two):
-    zero blocks are skipped wherever they are (a lone zero block, the end-of-archive marker
-    of one of several concatenated archives, padding); a damaged header is a Problem that
-    says how many bytes were skipped to the next valid header (as GNU tar's "Skipping to
-    next header"); a sparse member is a Problem by name, and the members after it are
-    listed. Extended headers (pax, GNU long names) are bounded by MAX_EXTENDED bytes a member.
-    The headers are parsed here rather than by tarfile: 4x faster, and tarfile reads any
-    size an extended header declares into memory. A member is an image if its name ends in
-    one of `extensions` (lowercase, with the dot).
+    seeking over the data; holds one member at a time. Every member `tar -ti` lists is
+    accounted for (docs/archives.md; tests/listing/test_tar_differential.py): zero blocks
+    are skipped, a damaged header is a Problem saying how many bytes were skipped to the
+    next valid header, a sparse member a Problem by name. Extended headers are bounded by
+    MAX_EXTENDED bytes a member. Parsed here, not by tarfile: 4x faster, and tarfile reads
+    any size an extended header declares. A member is an image if its name ends in one of
+    `extensions` (lowercase, with the dot).
 
     Args:
       f: the archive (or, for a nested tar, a window on it).
@@ -210,7 +203,7 @@ def index_tar(
       tar that cannot be indexed, and for damage to the archive itself.
     """
     where = prefix.rstrip("#")
-    pos, ended, found = 0, False, False  # ended: a zero block since the last member
+    pos, ended = 0, False  # ended: a zero block since the last member
     global_records: dict[bytes, bytes] = {}
     while True:
         f.seek(pos)
@@ -230,30 +223,19 @@ def index_tar(
             continue
         try:
             info, end = _member(f, block, pos, global_records)
-        except _Damaged as e:
-            after = _next_header(f, e.at + _BLOCK, file_size)
-            if after is None and not found and e.at == 0:
-                yield Problem(where, _NOT_TAR)
-            elif after is None:
-                yield Problem(
-                    where,
-                    f"{e.what} at byte {base + e.at}: the {file_size - e.at} bytes from there "
-                    "hold no further tar header and were not read",
-                )
-            else:
-                yield Problem(
-                    where,
-                    f"{e.what} at byte {base + e.at}: {after - e.at} bytes skipped to the next "
-                    f"header at byte {base + after}",
-                )
-            if after is None:
+        except _Damaged as e:  # as GNU tar: "Skipping to next header"
+            pos = _next_header(f, e.at + _BLOCK, file_size)
+            if pos is None:
+                tail = f"the {file_size - e.at} bytes from there hold no further tar header and were not read"
+                yield Problem(where, _NOT_TAR if e.at == 0 else f"{e.what} at byte {base + e.at}: {tail}")
                 return
-            pos = after
+            skipped = f"{pos - e.at} bytes skipped to the next header at byte {base + pos}"
+            yield Problem(where, f"{e.what} at byte {base + e.at}: {skipped}")
             continue
         except _Stop as e:
             yield Problem(where, f"{e} at byte {base + pos}: {_REST}")
             return
-        found, ended = True, False
+        ended = False
         stop = yield from _entry(f, info, file_size, extensions, folder, nested, prefix, base)
         if stop:
             return
@@ -283,7 +265,7 @@ class _Damaged(Exception):
 
 
 class _Stop(Exception):
-    """Something after which nothing more of the archive can be listed (the message says what)."""
+    """Nothing more of the archive can be listed (the message says why)."""
 
 
 def _after_zeros(f: BinaryIO, pos: int) -> int:
@@ -328,8 +310,7 @@ def _member(
     records: dict[bytes, bytes] = {}
     extended = 0
     while True:
-        checksum = header_checksum(block)
-        if checksum is None:
+        if header_checksum(block) is None:
             raise _Damaged(pos)
         kind = block[156]
         if kind not in b"xgXLK":
@@ -388,9 +369,8 @@ def _member(
 
 def _number(field: bytes) -> int | None:
     """A numeric header field: octal, or base-256 (GNU, for sizes of 8 GiB and more)."""
-    if field[0] in (0x80, 0xFF):
-        value = int.from_bytes(field[1:], "big")
-        return value - (256 ** (len(field) - 1)) if field[0] == 0xFF else value
+    if field[0] == 0x80:
+        return int.from_bytes(field[1:], "big")
     try:
         return int(field.replace(b"\0", b" ").strip() or b"0", 8)
     except ValueError:
@@ -415,8 +395,7 @@ def _pax_records(data: bytes) -> dict[bytes, bytes] | None:
     return records
 
 
-# Type flags of headers with no data after them, whatever their size field says.
-_NO_DATA = frozenset(b"123456")
+_NO_DATA = frozenset(b"123456")  # links, devices, folders, FIFOs: no data, whatever the size says
 
 
 def _plain_header(block: bytes) -> tarfile.TarInfo | None:
@@ -513,13 +492,3 @@ class ArchiveFile:
     path: str
     folder: str
     size: int
-
-
-def glob_base(pattern: str) -> str:
-    """The folder of a glob pattern before its first wildcard: relpaths are taken from there."""
-    cut = len(pattern)
-    for ch in "*?[":
-        at = pattern.find(ch)
-        if at >= 0:
-            cut = min(cut, at)
-    return pattern[:cut].rsplit("/", 1)[0] if cut < len(pattern) else posixpath.dirname(pattern)

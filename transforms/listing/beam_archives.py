@@ -28,6 +28,7 @@ import dataclasses
 import errno
 import hashlib
 import os
+import posixpath
 import shutil
 import stat
 import zlib
@@ -44,7 +45,7 @@ from transforms import gcs
 from transforms.batching import chunked
 from transforms.coders import FileBatchCoder  # noqa: F401 - registers the record coders
 from transforms.failures import FAILED, Failure
-from transforms.listing.archives import ArchiveFile, Member, Problem, archive_kind, glob_base, index_tar
+from transforms.listing.archives import ArchiveFile, Member, Problem, archive_kind, index_tar
 from transforms.listing.beam_walk import _ListFn
 from transforms.listing.members import pinned_address
 from transforms.listing.webdataset import SIDECAR_EXTENSIONS, SampleLabel, label_samples
@@ -269,6 +270,16 @@ class IndexArchivesFn(_ListFn):
                 yield pvalue.TaggedOutput(SAMPLE_LABELS, labels)
             if files:
                 yield self.counted(FileBatch(files))
+
+
+def glob_base(pattern: str) -> str:
+    """The folder of a glob pattern before its first wildcard: relpaths are taken from there."""
+    cut = len(pattern)
+    for ch in "*?[":
+        at = pattern.find(ch)
+        if at >= 0:
+            cut = min(cut, at)
+    return pattern[:cut].rsplit("/", 1)[0] if cut < len(pattern) else posixpath.dirname(pattern)
 
 
 class MatchArchivesFn(beam.DoFn):
