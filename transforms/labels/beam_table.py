@@ -32,7 +32,6 @@ from transforms.batching import CountImagesFn, group_size
 from transforms.failures import FAILED
 from transforms.labels.beam_coders import Listed
 from transforms.labels.buckets import bucket_count, concat_parts, cut_parts, hash_sorted, join_part
-from transforms.labels.columns import image_keys, iter_row_batches
 from transforms.labels.join import (
     join_bucket,
     label_summary,
@@ -56,7 +55,7 @@ from transforms.labels.rows import (
     TableError,
     TableSpec,
 )
-from transforms.labels.table import _BLOCK_BYTES, check_regular_file
+from transforms.labels.table import _BLOCK_BYTES, check_regular_file, image_keys, iter_row_batches
 from transforms.records import BATCH_SIZE, FileBatch, RecordBatch
 
 
@@ -79,8 +78,7 @@ class ReadLabelsFn(beam.DoFn):
             raise ValueError(f"{USER_ERROR_MARKER} {e}") from None
         with readable.open(mime_type="application/octet-stream") as f:
             try:
-                blocks = iter(lambda: f.read(_BLOCK_BYTES), b"")
-                for batch in iter_row_batches(blocks, self._spec, source):
+                for batch in iter_row_batches(f, self._spec, source):
                     self._rows.inc(len(batch))
                     self._invalid.inc(len(batch) - batch.errors.count(None))
                     yield batch
