@@ -34,6 +34,7 @@ from transforms.output.publish import (
     LABELS_FILE,
     SUMMARY_FILE,
     existing_files,
+    folder_exists,
     mark_aborted,
     publish,
     publish_failures_only,
@@ -118,7 +119,7 @@ class FinalizeFn(beam.DoFn):
         if listed_total == 0:
             delete_paths([self._temp_dir])
             raise ValueError(f"{USER_ERROR_MARKER} the input holds no image files")
-        if not FileSystems.exists(self._temp_dir) or FileSystems.exists(
+        if not folder_exists(self._temp_dir) or FileSystems.exists(
             FileSystems.join(self._temp_dir, ABORTED_FILE)
         ):
             yield from self._finalized(listed_total, listed, written, failures, shards, class_index, extras)

@@ -29,7 +29,7 @@ from typing import TYPE_CHECKING
 
 from apache_beam.io.filesystems import FileSystems
 
-from transforms.listing.gcs import DELIMITER, gcs_io, gcs_lister, split_gcs_path
+from transforms.listing.gcs import DELIMITER, first_page, gcs_io, gcs_lister, split_gcs_path
 from transforms.paths import escape_glob
 from transforms.testhooks import pause_if_asked
 from transforms.writing.files import delete_paths, write_text
@@ -93,6 +93,15 @@ def list_children(output_dir: str) -> list[str]:
     prefix = output_dir.rstrip("/") + "/"
     found = FileSystems.match([escape_glob(prefix) + "**"])[0].metadata_list
     return sorted({m.path[len(prefix) :].split("/", 1)[0] for m in found})
+
+
+def folder_exists(path: str) -> bool:
+    """True if the folder `path` exists (on gs://: holds an object; one request of one name)."""
+    if "://" not in path:
+        return os.path.isdir(path)
+    if path.startswith("gs://"):
+        return bool(first_page(path.rstrip("/") + "/", 1))
+    return bool(FileSystems.match([escape_glob(path.rstrip("/") + "/") + "**"], limits=[1])[0].metadata_list)
 
 
 def existing_files(paths: list[str]) -> set[str]:
