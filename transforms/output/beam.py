@@ -124,6 +124,17 @@ class FinalizeFn(beam.DoFn):
         ):
             yield from self._finalized(listed_total, listed, written, failures, shards, class_index, extras)
             return
+        alive = self._fence.keep_alive()  # a job-kept claim is beaten while this runs (checked first)
+        try:
+            yield from self._publish(
+                listed_total, listed, written, failures, failure_parts, shards, class_index, extras
+            )
+        finally:
+            alive.stop()
+
+    def _publish(
+        self, listed_total, listed, written, failures, failure_parts, shards, class_index, extras
+    ) -> Iterable[dict]:
         staging = staging_dir(self._temp_dir)
         make_dirs(staging)
         staged = {
