@@ -169,12 +169,10 @@ class _GcsMarker:
     """The gs:// marker object of a Fence, through google-cloud-storage (Beam's GCS client)."""
 
     def __init__(self, fence: Fence):
-        from apache_beam.io.gcp.gcsio import parse_gcs_path
-
-        from transforms.output.lease import marker_blob
+        from transforms import gcs
 
         self._fence = fence
-        self._blob = marker_blob(*parse_gcs_path(fence.marker_path))
+        self._blob = gcs.blob(fence.marker_path)
 
     def renew(self, force: bool) -> None:
         """Patches the heartbeat, conditional on the generation (and the metageneration just
