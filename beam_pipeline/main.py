@@ -45,6 +45,7 @@ from beam_pipeline.cli.runners import LOCAL_RUNNERS
 from beam_pipeline.pipeline import build_pipeline
 from transforms import progress
 from transforms.failures import user_error_text
+from transforms.output.fence import Fence
 from transforms.output.marker import Claim
 from transforms.output.publish import FAILURES_FILE, SUMMARY_FILE, aborted_reason, temp_dir_for
 from transforms.paths import normalize_root
@@ -264,7 +265,7 @@ def _run_claimed(
     except ValueError as e:  # Beam's own option checks (project id, endpoints, locations)
         claim.release(abandon=True)
         raise UserError(" ".join(str(e).replace("Pipeline has validations errors:", "").split())) from None
-    build_pipeline(p, opts, run_id, fence=claim.fence(), **(graph_seams or {}))
+    build_pipeline(p, opts, run_id, fence=Fence.of(claim), **(graph_seams or {}))
     reporter = None
     if not opts.quiet and in_process(options):
         reporter = ProgressReporter(progress.register(run_id), sys.stderr, opts.progress_interval).start()

@@ -22,7 +22,7 @@ from beam_pipeline import main
 from tests.conftest import write_image
 from tests.gcs_emulator import BUCKET, download_prefix, upload_tree
 from transforms.output.claim import claim_output
-from transforms.output.fence import ClaimLost
+from transforms.output.fence import ClaimLost, Fence
 from transforms.output.marker import HEARTBEAT_KEY
 from transforms.output.publish import MARKER_FILE, publish
 from transforms.testhooks import LEASE_ENV, PAUSE_ENV
@@ -46,12 +46,12 @@ def _snapshot(out: Path) -> dict[str, bytes]:
 def test_a_local_run_that_lost_its_claim_changes_nothing(tmp_path):
     out = tmp_path / "out"
     old = claim_output(str(out), False, "old")
-    old_fence = old.fence()
+    old_fence = Fence.of(old)
     old._close()  # the old run's process is gone (its lock dropped), its job steps are not
     new = claim_output(str(out), False, "new")
     try:
         assert new.resumed == "old"
-        publish(str(out), _staged(tmp_path, "new"), keep_marker=True, fence=new.fence())  # half-way
+        publish(str(out), _staged(tmp_path, "new"), keep_marker=True, fence=Fence.of(new))  # half-way
         before = _snapshot(out)
         with pytest.raises(ClaimLost, match="another run took over --output_dir"):
             publish(str(out), _staged(tmp_path, "old"), fence=old_fence)
@@ -65,7 +65,7 @@ def test_a_local_run_that_lost_its_claim_changes_nothing(tmp_path):
 def test_a_gcs_run_that_lost_its_claim_changes_nothing(gcs_bucket, tmp_path):
     out = f"gs://{BUCKET}/fenced"
     old = claim_output(out, False, "old")
-    old_fence = old.fence()
+    old_fence = Fence.of(old)
     old._close()  # its heartbeat stops (a stalled process)
     marker = gcs_bucket.blob(f"fenced/{MARKER_FILE}")
     marker.reload()

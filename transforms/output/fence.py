@@ -44,7 +44,7 @@ from apache_beam.io.filesystems import FileSystems
 
 from transforms.failures import USER_ERROR_MARKER
 from transforms.output.claim import read_fd, same_file, share_lock
-from transforms.output.marker import HEARTBEAT_KEY, heartbeat_seconds, heartbeat_thread, parse_marker
+from transforms.output.marker import HEARTBEAT_KEY, Claim, heartbeat_seconds, heartbeat_thread, parse_marker
 from transforms.output.publish import MARKER_FILE
 
 
@@ -67,6 +67,11 @@ class Fence:
     run_id: str
     generation: int | None = None
     job: bool = False
+
+    @classmethod
+    def of(cls, claim: Claim) -> Fence:
+        """The token of a held claim, for the job's steps."""
+        return cls(claim.output_dir, claim.run_id, claim.generation, claim.job)
 
     @property
     def marker_path(self) -> str:

@@ -56,17 +56,14 @@ class RemoteClaim(Claim):
 
     def __init__(self, output_dir: str, run_id: str, resumed: str | None, blob, generation: int, job: bool):
         super().__init__(output_dir, run_id, resumed, job)
-        self._blob, self._token = blob, generation
+        self._blob, self.generation = blob, generation
         self._thread, self._stop = heartbeat_thread(self._beat, heartbeat_seconds())
-
-    def _generation(self) -> int:
-        return self._token
 
     def _beat(self) -> bool:
         """Refreshes the heartbeat; False (stop) once the marker is no longer this claim's."""
         self._blob.metadata = {HEARTBEAT_KEY: repr(time.time())}
         try:
-            self._blob.patch(if_generation_match=self._token, retry=REQUEST_RETRY)
+            self._blob.patch(if_generation_match=self.generation, retry=REQUEST_RETRY)
         except (gexc.PreconditionFailed, gexc.NotFound):
             return False  # published, abandoned or taken over
         except Exception as e:  # noqa: BLE001 - a missed beat is retried at the next one
@@ -78,11 +75,11 @@ class RemoteClaim(Claim):
             self._blob.reload(retry=REQUEST_RETRY)
         except gexc.NotFound:
             return False
-        return self._blob.generation == self._token
+        return self._blob.generation == self.generation
 
     def _remove_marker(self) -> None:
         try:
-            self._blob.delete(if_generation_match=self._token, retry=REQUEST_RETRY)
+            self._blob.delete(if_generation_match=self.generation, retry=REQUEST_RETRY)
         except (gexc.PreconditionFailed, gexc.NotFound):
             pass
 

@@ -92,19 +92,13 @@ class Claim:
       resumed: the id of the dead run whose marker was taken over ('unknown' if its marker
         was cut short), or None for a fresh claim.
       job: the job keeps the claim alive (a runner outside this process; see fence.py).
+      generation: the gs:// marker's generation (the claim's token there); None locally.
     """
+
+    generation: int | None = None
 
     def __init__(self, output_dir: str, run_id: str, resumed: str | None, job: bool = False):
         self.output_dir, self.run_id, self.resumed, self.job = output_dir, run_id, resumed, job
-
-    def fence(self):
-        """The claim's token for the job's steps (transforms/output/fence.py)."""
-        from transforms.output.fence import Fence
-
-        return Fence(self.output_dir, self.run_id, self._generation(), self.job)
-
-    def _generation(self) -> int | None:
-        return None
 
     @property
     def marker_path(self) -> str:
