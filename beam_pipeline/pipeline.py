@@ -13,10 +13,10 @@ right where they are encoded and written. Up to the shard plan the records trave
 batches of columns (FileBatch, RecordBatch of up to 1,000 images, one tuple per field, coded
 by transforms/coders.py), so Beam's cost per element is paid per batch and no Python object
 is built per image at a stage boundary; AssignSplits adds each record's one seeded hash as a
-column, which the plan reads. No step groups a whole split, class or the failures: shards are cut from
-per-split totals and hash-bucket counts (side inputs) and grouped one shard at a time, and
---stratify places each class in a bounded group: a pack of small classes, or one hash bucket
-of a big class (transforms/layout/cuts.py, strata.py, docs/internals.md).
+column, which the plan reads. No step groups a whole split, class or the failures: a shard is a range
+of the seeded hash, cut from per-split totals (a side input) and grouped one shard at a time,
+and --stratify places each class in a bounded group: a pack of small classes, or one hash
+bucket of a big class (transforms/layout/plan.py, strata.py, docs/internals.md).
 """
 
 from __future__ import annotations

@@ -73,7 +73,7 @@ class ConvertOptions(PipelineOptions):
             "--max_records_per_shard",
             type=int,
             default=DEFAULT_MAX_RECORDS_PER_SHARD,
-            help="With --shard_size_mb: at most this many images a shard (shards of tiny images "
+            help="With --shard_size_mb: about this many images a shard at most (shards of tiny images "
             "are smaller than the size; bounds what one worker holds). 0: no limit.",
         )
         parser.add_argument(

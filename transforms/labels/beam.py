@@ -15,7 +15,7 @@ from apache_beam.metrics import Metrics
 
 from transforms.coders import SideList
 from transforms.failures import FAILED, Failure
-from transforms.labels.classes import ClassCounts, _index_or_user_error
+from transforms.labels.classes import _index_or_user_error
 from transforms.labels.folders import folder_label
 from transforms.records import ClassIndex, FileBatch, RecordBatch
 
@@ -88,26 +88,10 @@ class ClassNamesFn(beam.CombineFn):
         return sorted(names)
 
 
-class CountPerClassFn(beam.CombineFn):
-    """RecordBatches -> {(split, class_key): count}: one cheap call per batch (lifted)."""
-
-    def create_accumulator(self) -> ClassCounts:
-        return {}
-
-    def add_input(self, counts: ClassCounts, batch: RecordBatch) -> ClassCounts:
-        for key, n in collections.Counter(zip(batch.splits, batch.class_keys())).items():
-            counts[key] = counts.get(key, 0) + n
-        return counts
-
-    def merge_accumulators(self, accumulators: Iterable[ClassCounts]) -> ClassCounts:
-        merged: ClassCounts = {}
-        for counts in accumulators:
-            for key, n in counts.items():
-                merged[key] = merged.get(key, 0) + n
-        return merged
-
-    def extract_output(self, counts: ClassCounts) -> ClassCounts:
-        return counts
+def split_class_counts(batch: RecordBatch) -> Iterable[tuple[tuple[str, str], int]]:
+    """((split, class_key), records) per pair of `batch`: summed by batching.SumPerKeyFn into
+    labels.classes.ClassCounts (bounded by splits x classes)."""
+    return collections.Counter(zip(batch.splits, batch.class_keys())).items()
 
 
 class BuildClassIndex(beam.PTransform):

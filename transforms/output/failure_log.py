@@ -25,7 +25,7 @@ from collections.abc import Iterable, Iterator
 from apache_beam.io.filesystems import FileSystems
 
 from transforms.failures import Failure, reason_kind
-from transforms.layout.cuts import hash64
+from transforms.layout.plan import hash64
 
 # Failures per part file (and per group): a few MB of JSON lines.
 PART_SIZE = 10_000
