@@ -17,6 +17,7 @@ import apache_beam as beam
 from apache_beam import pvalue
 from apache_beam.io.filesystems import FileSystems
 
+from transforms import gcs
 from transforms.batching import SumPerKeyFn, images_in
 from transforms.coders import SideDict
 from transforms.encoding.encoder import EncodeSettings
@@ -103,9 +104,7 @@ class FinalizeFn(beam.DoFn):
         if listed_total == 0:
             delete_paths([self._temp_dir])
             raise ValueError(f"{USER_ERROR_MARKER} the input holds no image files")
-        if not folder_exists(self._temp_dir) or FileSystems.exists(
-            FileSystems.join(self._temp_dir, ABORTED_FILE)
-        ):
+        if not folder_exists(self._temp_dir) or gcs.exists(FileSystems.join(self._temp_dir, ABORTED_FILE)):
             yield from self._finalized(listed_total, listed, written, failures, shards, class_index, extras)
             return
         alive = self._fence.keep_alive()  # a job-kept claim is beaten while this runs (checked first)
@@ -191,11 +190,11 @@ class FinalizeFn(beam.DoFn):
 
     def _finalized(self, *inputs) -> Iterable[dict]:
         """A retried finalize of a run finalized already (see the class docstring)."""
-        if FileSystems.exists(FileSystems.join(self._temp_dir, ABORTED_FILE)):
+        if gcs.exists(FileSystems.join(self._temp_dir, ABORTED_FILE)):
             return  # stopped short on purpose: the entry point reads why
         summary = self._summary(*inputs)
         path = FileSystems.join(self._output_dir, SUMMARY_FILE)
-        if not FileSystems.exists(path):
+        if not gcs.exists(path):
             raise self._fence.lost()
         with FileSystems.open(path) as f:
             if f.read().decode("utf-8") != _summary_text(summary):
