@@ -81,7 +81,7 @@ def test_a_gcs_run_that_lost_its_claim_changes_nothing(gcs_bucket, tmp_path):
         old_fence.remove_marker()  # deleted only at its own generation: kept
         assert sorted(b.name for b in gcs_bucket.client.list_blobs(gcs_bucket, prefix="fenced/")) == names
         assert gcs_bucket.blob("fenced/summary.json").download_as_bytes() == b"new"
-        assert json.loads(marker.download_as_bytes())["run_id"] == "new"
+        assert json.loads(gcs_bucket.blob(f"fenced/{MARKER_FILE}").download_as_bytes())["run_id"] == "new"
     finally:
         new.release()
 
