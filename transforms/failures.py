@@ -8,6 +8,8 @@ import json
 import re
 from collections.abc import Iterable, Mapping
 
+from transforms.paths import listed_name
+
 # Tagged-output names. Never written as bare strings elsewhere.
 FAILED = "failed"
 
@@ -36,7 +38,9 @@ class Failure:
     """An input that was listed but not written, and why.
 
     Attributes:
-      path: the image path as listed (or the label row's key for orphan rows).
+      path: the image path as listed (or the label row's key for orphan rows); an archive
+        member's pin is dropped here (transforms.paths.listed_name), so every failure names
+        it the same way on every run.
       reason: one line a person can act on.
       stage: the pipeline stage that rejected it ('list', 'label', 'read', 'decode').
       split: the split the image was assigned to, if it got that far.
@@ -48,6 +52,9 @@ class Failure:
     stage: str
     split: str | None = None
     class_key: str | None = None
+
+    def __post_init__(self) -> None:
+        object.__setattr__(self, "path", listed_name(self.path))
 
     def to_json(self) -> str:
         """One JSON line; UTF-8 text where the path is valid Unicode, escapes where not."""

@@ -46,3 +46,13 @@ def escape_glob(path: str) -> str:
     Beam's patterns cannot quote, but a one-character class can: `[[]`, `[*]`, `[?]`.
     """
     return re.sub(r"([*?[])", r"[\1]", path)
+
+
+# Separates a listed path from what pins it to the listing (an archive member's header
+# checksum, generation, copy: transforms/listing/members.py). No path holds a NUL.
+PIN = "\0"
+
+
+def listed_name(path: str) -> str:
+    """`path` as it is shown (failures, `image/filename`): without its pin, the same every run."""
+    return path.partition(PIN)[0]

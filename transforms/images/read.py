@@ -27,7 +27,7 @@ from apache_beam.io.filesystems import FileSystems
 from google.api_core.exceptions import RequestRangeNotSatisfiable
 
 from transforms import gcs
-from transforms.listing.members import MemberAddress, parse_address
+from transforms.listing.members import BLOCK, MemberAddress, header_holds, parse_address
 from transforms.retry import (
     DEFAULT_RETRY,
     TRANSIENT_ERRNOS,
@@ -161,14 +161,14 @@ def read_bytes(path: str, check: HeaderCheck | None = None) -> bytes:
     address = parse_address(path)
     if address is not None:
         if check is not None and address.size > CHECK_ABOVE:
-            check(_read_member(dataclasses.replace(address, size=HEADER_BYTES), path), address.size)
-        return _read_member(address, path)
+            check(_read_member(dataclasses.replace(address, size=HEADER_BYTES)), address.size)
+        return _read_member(address)
     return read_remote(path, check) if "://" in path else read_local(path, check)
 
 
-def _read_member(address: MemberAddress, path: str) -> bytes:
+def _read_member(address: MemberAddress) -> bytes:
     try:
-        return read_member_remote(address) if "://" in path else read_member_local(address)
+        return read_member_remote(address) if "://" in address.source else read_member_local(address)
     except MemoryError:
         raise ReadError("the archive member does not fit in memory") from None
 
@@ -246,29 +246,53 @@ def read_with_retries(
 
 
 # Archive members: one positioned read of the archive file (listing/members.py has the address).
+CHANGED = "archive changed since it was listed"
+
+
 def read_member_local(address: MemberAddress) -> bytes:
-    """The member's bytes from a local archive: one open, one positioned read.
+    """The member's bytes from a local archive (or its copy): one open, one positioned read,
+    which takes the member's own header with its data when the address is pinned.
 
     Raises:
-      ReadError (an OSError): the archive is gone, not a regular
-        file, or ends before the member does.
+      ReadError (an OSError): the archive is gone, not a regular file, ends before the
+        member does, or no longer holds the member's header there (CHANGED).
     """
-    return _checked(read_range(open_local(address.archive), address.offset, address.size), address)
+    if address.header is None:
+        return _checked(read_range(open_local(address.source), address.offset, address.size), address)
+    data = read_range(open_local(address.source), address.offset - BLOCK, address.size + BLOCK)
+    return _verified(data, address)
 
 
 def read_member_remote(address: MemberAddress) -> bytes:
-    """The member's bytes from an archive on gs:// (one ranged GET) or another Beam filesystem."""
-    if address.size == 0:
+    """The member's bytes from an archive on gs:// (one ranged GET, of the generation listed)
+    or another Beam filesystem, its header checked as in read_member_local."""
+    start = address.offset - (BLOCK if address.header is not None else 0)
+    if start == address.offset + address.size:
         return b""
-    if address.archive.startswith("gs://"):
-        end = address.offset + address.size - 1  # one request; the RetryPolicy retries it
-        return _checked(gcs.read(address.archive, start=address.offset, end=end), address)
-    from apache_beam.io.filesystem import CompressionTypes
-    from apache_beam.io.filesystems import FileSystems
+    if address.source.startswith("gs://"):
+        from google.api_core.exceptions import NotFound
 
-    with FileSystems.open(address.archive, compression_type=CompressionTypes.UNCOMPRESSED) as f:
-        f.seek(address.offset)
-        return _checked(f.read(address.size), address)
+        end = address.offset + address.size - 1  # one request; the RetryPolicy retries it
+        try:
+            data = gcs.read(address.source, start=start, end=end, generation=address.generation)
+        except NotFound:
+            if address.generation is None:
+                raise
+            raise ReadError(f"{CHANGED} (generation {address.generation} is gone)") from None
+    else:
+        with FileSystems.open(address.source, compression_type=CompressionTypes.UNCOMPRESSED) as f:
+            f.seek(start)
+            data = f.read(address.offset + address.size - start)
+    return _checked(data, address) if address.header is None else _verified(data, address)
+
+
+def _verified(data: bytes, address: MemberAddress) -> bytes:
+    """The member's bytes out of its header block + its data, if the header is the one listed."""
+    if not header_holds(data[:BLOCK], address):
+        raise ReadError(
+            f"{CHANGED}: the member's header at byte {address.offset - BLOCK} is not the one listed"
+        )
+    return _checked(data[BLOCK:], address)
 
 
 def _checked(data: bytes, address: MemberAddress) -> bytes:

@@ -1,16 +1,13 @@
 """Tar archives as input: index an archive's members, and read one member by its offset.
 
-In: the path of a `.tar` (or `.tar.gz`/`.tgz`, see `transforms/listing/beam_archives.py`), local or
-on any Beam filesystem. Out of `index_tar`: one `Member` per image member (its name, the
-path it would have if the archive were unpacked where it lies, the offset of its data in
-the archive and its size) and one `Problem` per thing that could not be listed (a damaged
-header, a member cut off by the end of the file, a link or device named like an image).
-The listing turns each member into an ImageFile whose `path` is the member's *address*,
-`<archive>#<member>@<offset>+<size>`: plain metadata that crosses every shuffle like a file
-path does, and that the reading layer (`transforms/images/read.py`) dispatches on to read the
-member's bytes with one positioned read (`os.pread` locally, one ranged GET on gs://).
-Nothing is ever extracted to disk, and indexing holds one member at a time (memory flat in
-the archive's size).
+In: a `.tar` (`.tar.gz`/`.tgz`: see `transforms/listing/beam_archives.py`), local or on any
+Beam filesystem. Out of `index_tar`: one `Member` per image member (its name, its path if
+the archive were unpacked where it lies, its data's offset and size, its header's digest)
+and one `Problem` per thing that could not be listed (damage, a cut, a link named like an
+image). The listing turns each member into an ImageFile whose `path` is the member's pinned
+*address* (transforms/listing/members.py), which the reading layer (transforms/images/read.py)
+reads with one positioned read. Nothing is ever extracted, and indexing holds one member at
+a time (memory flat in the archive's size).
 
 Nested tars (one level deep, as ImageNet's train set: one tar of 1,000 per-class tars) are
 indexed in place: an inner `.tar` member is unpacked into a folder named by its stem
@@ -32,7 +29,7 @@ import tarfile
 from collections.abc import Generator, Iterator
 from typing import BinaryIO
 
-from transforms.listing.members import _NESTED, parse_address
+from transforms.listing.members import _NESTED, header_checksum, header_digest, parse_address
 
 # Archive suffixes, matched case-insensitively. A `.tar.gz` has no random access: see
 # transforms/listing/beam_archives.py for how it is read.
@@ -108,12 +105,14 @@ class Member:
       relpath: its path if the archive were unpacked where it lies.
       offset: where its data starts, in bytes from the start of the archive file.
       size: its data's length in bytes.
+      header: the digest of its own header, which a read checks (members.py).
     """
 
     name: str
     relpath: str
     offset: int
     size: int
+    header: str = ""
 
 
 @dataclasses.dataclass(frozen=True)
@@ -181,10 +180,12 @@ def index_tar(
     """Every image member of the uncompressed tar open as `f` (seekable), in archive order.
 
     Reads only the headers (one 512-byte block per member, plus any long-name or pax blocks),
-    seeking over the data; holds one member at a time. Plain ustar/GNU/v7 headers, with pax
-    or GNU long-name headers before them, are parsed here (about 4x faster than tarfile); from
-    the first header that needs more (sparse files, global pax headers, base-256 sizes) on,
-    the rest of the archive is read by tarfile, whose decoding the parse here follows. A member is an image if its name ends in one of
+    seeking over the data; holds one member at a time. Every member `tar -ti` lists is
+    accounted for (docs/archives.md; tests/listing/test_tar_differential.py): zero blocks
+    are skipped, a damaged header is a Problem saying how many bytes were skipped to the
+    next valid header, a sparse member a Problem by name. Extended headers are bounded by
+    MAX_EXTENDED bytes a member. Parsed here, not by tarfile: 4x faster, and tarfile reads
+    any size an extended header declares. A member is an image if its name ends in one of
     `extensions` (lowercase, with the dot).
 
     Args:
@@ -198,38 +199,43 @@ def index_tar(
 
     Yields:
       Member for each regular image member whose data is all there; Problem for each
-      image-named member that is not a regular file or is cut off, for an inner tar that
-      cannot be indexed, and for damage after which nothing more can be listed.
+      image-named member that is not a regular file, is sparse or is cut off, for an inner
+      tar that cannot be indexed, and for damage to the archive itself.
     """
     where = prefix.rstrip("#")
-    pos = 0  # where the current member's first header starts
+    pos, ended = 0, False  # ended: a zero block since the last member
+    global_records: dict[bytes, bytes] = {}
     while True:
         f.seek(pos)
         block = f.read(_BLOCK)
         if len(block) < _BLOCK:
-            if pos == 0:
-                yield Problem(where, "not a readable tar archive (empty file)" if not block else _NOT_TAR)
-            elif block:
+            if block:
                 yield Problem(where, f"archive truncated inside a header at byte {base + pos}: {_REST}")
-            else:
+            elif pos == 0:
+                yield Problem(where, "not a readable tar archive (empty file)")
+            elif not ended:
                 yield Problem(
                     where, f"archive truncated: no end-of-archive marker at byte {base + pos}: {_REST}"
                 )
             return
-        if block.count(0) == _BLOCK:
-            return  # the end-of-archive marker
-        if not _checksum_ok(block):
-            yield Problem(
-                where, _NOT_TAR if pos == 0 else f"damaged tar header at byte {base + pos}: {_REST}"
-            )
+        if not any(block):  # the end-of-archive marker, padding, or a lone zero block: read on
+            pos, ended = _after_zeros(f, pos + _BLOCK), True
+            continue
+        try:
+            info, end = _member(f, block, pos, global_records)
+        except _Damaged as e:  # as GNU tar: "Skipping to next header"
+            pos = _next_header(f, e.at + _BLOCK, file_size)
+            if pos is None:
+                tail = f"the {file_size - e.at} bytes from there hold no further tar header and were not read"
+                yield Problem(where, _NOT_TAR if e.at == 0 else f"{e.what} at byte {base + e.at}: {tail}")
+                return
+            skipped = f"{pos - e.at} bytes skipped to the next header at byte {base + pos}"
+            yield Problem(where, f"{e.what} at byte {base + e.at}: {skipped}")
+            continue
+        except _Stop as e:
+            yield Problem(where, f"{e} at byte {base + pos}: {_REST}")
             return
-        info, end = _plain_member(f, block, pos)
-        if info is None:  # something only tarfile reads (sparse files, global pax headers, ...)
-            rest = _Window(f, pos, max(0, file_size - pos))
-            yield from _index_with_tarfile(
-                rest, file_size - pos, extensions, folder, nested, prefix, base + pos
-            )
-            return
+        ended = False
         stop = yield from _entry(f, info, file_size, extensions, folder, nested, prefix, base)
         if stop:
             return
@@ -242,67 +248,129 @@ _REST = "the rest cannot be listed"
 _NOT_TAR = "not a readable tar archive (invalid header)"
 
 
-# Type flags of the headers parsed here: files, links, devices, folders, FIFOs.
-_PLAIN_TYPES = frozenset(b"01234567\0")
+# The most bytes of extended header data (pax records, GNU long names) one member may have:
+# a header declaring more fails the archive, in bounded memory, instead of being read.
+MAX_EXTENDED = 1 << 20
 
 
-def _checksum_ok(block: bytes) -> bool:
-    try:
-        stored = int(block[148:156].replace(b"\0", b" ").strip() or b"0", 8)
-    except ValueError:
-        return False
-    unsigned = sum(block) - sum(block[148:156]) + 256
-    if stored == unsigned:
-        return True
-    high = sum(1 for b in block if b > 127) - sum(1 for b in block[148:156] if b > 127)
-    return stored == unsigned - 256 * high  # some old tars summed signed bytes
+_SCAN = 1 << 20  # bytes read at a time while skipping zeros or looking for a header
 
 
-def _plain_member(f: BinaryIO, block: bytes, pos: int) -> tuple[tarfile.TarInfo | None, int]:
+class _Damaged(Exception):
+    """A header that is not one, at `at`: the listing skips to the next valid header."""
+
+    def __init__(self, at: int, what: str = "damaged tar header"):
+        super().__init__(what)
+        self.at, self.what = at, what
+
+
+class _Stop(Exception):
+    """Nothing more of the archive can be listed (the message says why)."""
+
+
+def _after_zeros(f: BinaryIO, pos: int) -> int:
+    """The first block at or after `pos` (a block boundary) that is not all zeros, or the end."""
+    while True:
+        f.seek(pos)
+        chunk = f.read(_SCAN)
+        stripped = chunk.lstrip(b"\0")
+        if stripped or len(chunk) < _SCAN:
+            return pos + (len(chunk) - len(stripped)) // _BLOCK * _BLOCK
+        pos += len(chunk)
+
+
+def _next_header(f: BinaryIO, pos: int, file_size: int) -> int | None:
+    """Where the first valid header at or after `pos` starts (block by block, as GNU tar
+    looks for one after a damaged header), or None if there is none."""
+    while pos < file_size:
+        f.seek(pos)
+        chunk = f.read(_SCAN)
+        for at in range(0, len(chunk) - _BLOCK + 1, _BLOCK):
+            block = chunk[at : at + _BLOCK]
+            if any(block) and header_checksum(block) is not None:
+                return pos + at
+        if len(chunk) < _SCAN:
+            return None
+        pos += len(chunk)
+    return None
+
+
+def _member(
+    f: BinaryIO, block: bytes, pos: int, global_records: dict[bytes, bytes]
+) -> tuple[tarfile.TarInfo, int]:
     """(TarInfo, where the next member starts) of the member whose first header, `block`, is at
-    `pos`, reading the pax or GNU long-name header(s) that may precede its own; (None, pos)
-    for anything else (tarfile's business then).
+    `pos`, reading the pax, GNU long-name and sparse headers that belong to it. `info.chksum`
+    is the digest of its own header (the block before its data); `info.sparse` is set for
+    a sparse member. Global pax records are kept in `global_records` for the members after.
+
+    Raises:
+      _Damaged: a header is not one (bad checksum or fields).
+      _Stop: an extended header declares more than MAX_EXTENDED bytes, or the file ends in one.
     """
-    overrides: dict[bytes, bytes] = {}
-    while block[156] in b"xLK":  # a pax header, a GNU long name or long link name
-        size = _octal(block[124:136])
-        if size is None or size > 1 << 20:
-            return None, pos
+    records: dict[bytes, bytes] = {}
+    extended = 0
+    while True:
+        if header_checksum(block) is None:
+            raise _Damaged(pos)
+        kind = block[156]
+        if kind not in b"xgXLK":
+            break
+        size = _number(block[124:136])
+        if size is None or size < 0:
+            raise _Damaged(pos)
+        extended += size
+        if extended > MAX_EXTENDED:
+            raise _Stop(f"an extended header declares {size} bytes (more than the {MAX_EXTENDED}-byte bound)")
         data = f.read(size)
         f.read(-size % _BLOCK)
-        if block[156] == ord("x"):
-            records = _pax_records(data)
-            if records is None or records.keys() - _PAX_KEYS:
-                return None, pos
-            overrides.update(records)
+        if len(data) < size:
+            raise _Stop("archive truncated inside an extended header")
+        if kind in b"xXg":
+            parsed = _pax_records(data)
+            if parsed is None:
+                raise _Damaged(pos, "damaged pax header")
+            (global_records if kind == ord("g") else records).update(parsed)
+            if len(global_records) > MAX_EXTENDED // 8:
+                raise _Stop("too many global pax records")
         else:
-            overrides[b"path" if block[156] == ord("L") else b"linkpath"] = data.split(b"\0", 1)[0]
+            records[b"path" if kind == ord("L") else b"linkpath"] = data.split(b"\0", 1)[0]
+        pos = f.tell()
         block = f.read(_BLOCK)
-        if len(block) < _BLOCK or not _checksum_ok(block):
-            return None, pos  # tarfile says what is wrong
+        if len(block) < _BLOCK:
+            raise _Stop("archive truncated inside a header")
     info = _plain_header(block)
     if info is None:
-        return None, pos
-    start = f.tell()
-    if b"path" in overrides:
-        info.name = overrides[b"path"].decode("utf-8", "surrogateescape")
-    if b"linkpath" in overrides:
-        info.linkname = overrides[b"linkpath"].decode("utf-8", "surrogateescape")
-    if b"size" in overrides and info.type in tarfile.REGULAR_TYPES:
-        info.size = int(overrides[b"size"])
-    info.offset_data = start
+        raise _Damaged(pos)
+    info.chksum = header_digest(block)  # what pins the member (members.py), in place of the sum
+    merged = {**global_records, **records}
+    sparse = kind == ord("S") or any(key.startswith(b"GNU.sparse.") for key in merged)
+    if kind == ord("S"):  # old GNU sparse: extension blocks of the sparse map follow the header
+        more = block[482]
+        while more:
+            extension = f.read(_BLOCK)
+            if len(extension) < _BLOCK:
+                raise _Stop("archive truncated inside a header")
+            more = extension[504]
+    name = merged.get(b"GNU.sparse.name", merged.get(b"path"))
+    if name is not None:
+        info.name = name.decode("utf-8", "surrogateescape")
+    if b"linkpath" in merged:
+        info.linkname = merged[b"linkpath"].decode("utf-8", "surrogateescape")
+    if b"size" in merged and (info.type in tarfile.REGULAR_TYPES or sparse):
+        try:
+            info.size = int(merged[b"size"])
+        except ValueError:
+            raise _Damaged(pos, "damaged pax header") from None
+    if sparse:
+        info.sparse = []
+    info.offset_data = start = f.tell()
     return info, start + (info.size + _BLOCK - 1) // _BLOCK * _BLOCK
 
 
-# pax keys read here; a header with any other key (sparse files, a charset) goes to tarfile.
-_PAX_KEYS = frozenset(
-    {b"path", b"linkpath", b"size", b"mtime", b"atime", b"ctime", b"uid", b"gid", b"uname", b"gname"}
-)
-
-
-def _octal(field: bytes) -> int | None:
-    if field[0] & 0x80:
-        return None  # base-256: a size tarfile handles
+def _number(field: bytes) -> int | None:
+    """A numeric header field: octal, or base-256 (GNU, for sizes of 8 GiB and more)."""
+    if field[0] == 0x80:
+        return int.from_bytes(field[1:], "big")
     try:
         return int(field.replace(b"\0", b" ").strip() or b"0", 8)
     except ValueError:
@@ -327,19 +395,24 @@ def _pax_records(data: bytes) -> dict[bytes, bytes] | None:
     return records
 
 
+_NO_DATA = frozenset(b"123456")  # links, devices, folders, FIFOs: no data, whatever the size says
+
+
 def _plain_header(block: bytes) -> tarfile.TarInfo | None:
-    """The TarInfo of a plain header (file, link, folder, device, FIFO), or None.
+    """The TarInfo of a member's own header, or None if a field is not a number.
 
     Decodes as tarfile does on POSIX (UTF-8, undecodable bytes kept as surrogates) and
     applies its rules: a regular file named `x/` is a folder, a folder's trailing slashes
-    are dropped, a ustar prefix is joined to the name.
+    are dropped, a ustar prefix is joined to the name. Type flags other than files, links,
+    folders, devices and FIFOs (GNU sparse, volume labels, vendor types) keep their flag
+    and their data is skipped by its size, as GNU tar does.
     """
     kind = block[156]
-    size = _octal(block[124:136])
-    if kind not in _PLAIN_TYPES or size is None:
+    size = _number(block[124:136])
+    if size is None or size < 0:
         return None
     name = block[:100].split(b"\0", 1)[0]
-    start = block[345:500].split(b"\0", 1)[0]  # ustar's prefix: tarfile reads it in any format
+    start = block[345:500].split(b"\0", 1)[0] if kind != ord("S") else b""  # ustar's prefix
     info = tarfile.TarInfo(name.decode("utf-8", "surrogateescape"))
     info.size = size
     info.type = bytes((kind,)) if kind else tarfile.REGTYPE
@@ -350,7 +423,7 @@ def _plain_header(block: bytes) -> tarfile.TarInfo | None:
         info.name = info.name.rstrip("/")
     if start:
         info.name = start.decode("utf-8", "surrogateescape") + "/" + info.name
-    if info.type not in tarfile.REGULAR_TYPES:
+    if kind in _NO_DATA:
         info.size = 0  # links, folders, devices: no data follows, whatever the field says
     return info
 
@@ -368,10 +441,16 @@ def _entry(
     """What one header gives (see index_tar); returns True if nothing after it can be listed."""
     name = prefix + info.name
     lower = info.name.lower()
+    wanted = posixpath.splitext(lower)[1] in extensions or (nested and lower.endswith(ARCHIVE_SUFFIXES))
+    if info.offset_data + info.size > file_size:
+        yield Problem(name if wanted else prefix.rstrip("#"), _cut_off(base, info, file_size))
+        return True
+    if not wanted:
+        return False
+    if info.issparse():
+        yield Problem(name, "a sparse member (tar --sparse) is not read: repack the archive without --sparse")
+        return False
     if nested and info.isreg() and lower.endswith(TAR_SUFFIXES):
-        if info.offset_data + info.size > file_size:
-            yield Problem(name, _cut_off(base, info, file_size))
-            return True
         yield from index_tar(
             _Window(f, info.offset_data, info.size),
             info.size,
@@ -385,52 +464,11 @@ def _entry(
     if nested and info.isreg() and lower.endswith(GZIP_SUFFIXES):
         yield Problem(name, "a compressed tar inside an archive is not read (repack it as .tar)")
         return False
-    if posixpath.splitext(lower)[1] not in extensions:
-        return False
     if not info.isreg():
         yield Problem(name, f"not a regular file ({_kind_of(info)})")
         return False
-    if info.offset_data + info.size > file_size:
-        yield Problem(name, _cut_off(base, info, file_size))
-        return True
-    yield Member(name, folder + unpacked_name(info.name), base + info.offset_data, info.size)
+    yield Member(name, folder + unpacked_name(info.name), base + info.offset_data, info.size, info.chksum)
     return False
-
-
-def _index_with_tarfile(
-    f: BinaryIO,
-    file_size: int,
-    extensions: tuple[str, ...],
-    folder: str,
-    nested: bool,
-    prefix: str,
-    base: int,
-) -> Iterator[Member | Problem]:
-    """index_tar through tarfile, for the headers `_plain_header` leaves to it."""
-    where = prefix.rstrip("#")
-    try:
-        tar = tarfile.open(fileobj=f, mode="r:")  # noqa: SIM115 - closed below; reads headers only
-    except tarfile.TarError as e:
-        yield Problem(where, f"damaged tar header at byte {base} ({e}): {_REST}")
-        return
-    try:
-        while True:
-            try:
-                info = tar.next()
-            except tarfile.TarError as e:  # a damaged header after a long-name or pax header
-                yield Problem(where, f"damaged tar header at byte {base + tar.offset} ({e}): {_REST}")
-                return
-            tar.members.clear()  # tarfile keeps every header it read: memory flat instead
-            if info is None:
-                break
-            stop = yield from _entry(f, info, file_size, extensions, folder, nested, prefix, base)
-            if stop:
-                return
-    finally:
-        tar.close()
-    damage = _damage_after(f, tar.offset, file_size)
-    if damage:
-        yield Problem(where, f"{damage} at byte {base + tar.offset}: {_REST}")
 
 
 def _cut_off(base: int, info: tarfile.TarInfo, file_size: int) -> str:
@@ -438,24 +476,6 @@ def _cut_off(base: int, info: tarfile.TarInfo, file_size: int) -> str:
         f"archive truncated: the member's {info.size} bytes start at byte {base + info.offset_data} "
         f"but the archive ends at byte {base + file_size}"
     )
-
-
-def _damage_after(f: BinaryIO, stop: int, file_size: int) -> str | None:
-    """Why tarfile stopped at `stop` if not at the archive's end marker, or None.
-
-    tarfile ends a listing silently at an empty block, at the end of the file and at an
-    invalid header after the first; here only a zero block (the end-of-archive marker)
-    counts as a proper end.
-    """
-    if stop >= file_size:
-        return "archive truncated: no end-of-archive marker"
-    f.seek(stop)
-    block = f.read(_BLOCK)
-    if len(block) < _BLOCK:
-        return "archive truncated inside a header"
-    if block.count(0) == _BLOCK:
-        return None
-    return "damaged tar header"
 
 
 @dataclasses.dataclass(frozen=True)
@@ -472,13 +492,3 @@ class ArchiveFile:
     path: str
     folder: str
     size: int
-
-
-def glob_base(pattern: str) -> str:
-    """The folder of a glob pattern before its first wildcard: relpaths are taken from there."""
-    cut = len(pattern)
-    for ch in "*?[":
-        at = pattern.find(ch)
-        if at >= 0:
-            cut = min(cut, at)
-    return pattern[:cut].rsplit("/", 1)[0] if cut < len(pattern) else posixpath.dirname(pattern)

@@ -11,9 +11,12 @@ file or is cut off, and per damaged archive, so that nothing is lost without a n
 A `.tar.gz`/`.tgz` has no random access: its members cannot be read by offset without
 decompressing everything before them. The DoFn that indexes it therefore decompresses it once,
 in one streaming pass, into an uncompressed copy in the run's temp folder
-(`<temp>/archives/<hash>/<name>`, deleted with the temp folder), and indexes and addresses the
-copy. The copy costs the archive's uncompressed size in temp space, once; every member is then
-read by offset like any tar member.
+(`<temp>/archives/<hash>/<name>`, deleted with the temp folder), and indexes the copy; its
+members are named by the `.tar.gz` and carry the copy in their pin (listing/members.py). The
+copy costs the archive's uncompressed size in temp space, once, bounded (inflate_limit: a
+gzip bomb fails by name and its partial copy is deleted); every member is then read by
+offset like any tar member. A gs:// archive is indexed at one generation, which its members'
+pins carry.
 
 Bounds: each element is one archive (a path, never its contents); a DoFn holds one member's
 header and one FileBatch at a time, whatever the archive's size.
@@ -25,6 +28,8 @@ import dataclasses
 import errno
 import hashlib
 import os
+import posixpath
+import shutil
 import stat
 import zlib
 from collections.abc import Iterable, Iterator
@@ -36,15 +41,17 @@ from apache_beam.io.filesystem import CompressionTypes
 from apache_beam.io.filesystems import FileSystems
 from apache_beam.metrics import Metrics
 
+from transforms import gcs
 from transforms.batching import chunked
 from transforms.coders import FileBatchCoder  # noqa: F401 - registers the record coders
 from transforms.failures import FAILED, Failure
-from transforms.listing.archives import ArchiveFile, Member, Problem, archive_kind, glob_base, index_tar
+from transforms.listing.archives import ArchiveFile, Member, Problem, archive_kind, index_tar
 from transforms.listing.beam_walk import _ListFn
-from transforms.listing.members import member_address
+from transforms.listing.members import pinned_address
 from transforms.listing.webdataset import SIDECAR_EXTENSIONS, SampleLabel, label_samples
 from transforms.paths import IMAGE_EXTENSIONS, relative_path
 from transforms.records import FileBatch, ImageFile
+from transforms.retry import DEFAULT_RETRY, describe
 
 LIST_STAGE = "list"
 # Tagged output of IndexArchives with --labels webdataset: tuples of SampleLabel.
@@ -65,7 +72,10 @@ def copy_path(copies_dir: str, archive: str) -> str:
 
 def _open(path: str) -> BinaryIO:
     """The archive open for reading. A local one must be a regular file: a FIFO named `x.tar`
-    is refused, never waited on (opened non-blocking, checked on the descriptor)."""
+    is refused, never waited on (opened non-blocking, checked on the descriptor). A gs://
+    one is read at one generation (`_pinned`)."""
+    if path.startswith("gs://"):
+        return _pinned(path)[0]
     if "://" in path:
         return FileSystems.open(path, compression_type=CompressionTypes.UNCOMPRESSED)
     fd = os.open(path, os.O_RDONLY | os.O_NONBLOCK)
@@ -75,58 +85,125 @@ def _open(path: str) -> BinaryIO:
     return os.fdopen(fd, "rb")
 
 
+def _pinned(path: str) -> tuple[BinaryIO, int, int]:
+    """(reader, generation, size) of gs:// object `path`: every read of the reader asks for the
+    generation the object had when it was looked up, so an object overwritten meanwhile is
+    never read half old, half new. One request per attempt of the one retry policy."""
+    size, generation = gcs.call(lambda: gcs.stat(path), path)
+    reader = gcs.blob(path, generation).open(
+        "rb", chunk_size=_GCS_CHUNK, raw_download=True, retry=DEFAULT_RETRY.as_api_retry()
+    )
+    return reader, int(generation), size
+
+
+_GCS_CHUNK = 16 << 20  # bytes a gs:// archive is read ahead while indexing (as Beam's reader)
+
+
+# A `.tar.gz` may inflate to at most MAX_INFLATION times its compressed size plus
+# INFLATE_SLACK (images barely compress: an archive of images inflates ~1x, a gzip bomb
+# ~1000x), and, in a local temp folder, to no more than its free space less FREE_RESERVE.
+MAX_INFLATION = 100
+INFLATE_SLACK = 64 << 20
+FREE_RESERVE = 1 << 30
+
+
+class _TooLarge(Exception):
+    """The uncompressed copy would pass its bound (the message says which)."""
+
+
+def inflate_limit(archive: str, copy: str) -> tuple[int, str]:
+    """(the most bytes `archive` may inflate to in `copy`, the bound that sets it)."""
+    compressed = FileSystems.match([archive])[0].metadata_list[0].size_in_bytes
+    limit = MAX_INFLATION * compressed + INFLATE_SLACK
+    why = f"{MAX_INFLATION}x its compressed size + {INFLATE_SLACK >> 20} MiB"
+    if "://" not in copy:
+        free = shutil.disk_usage(os.path.dirname(copy)).free - FREE_RESERVE
+        if free < limit:
+            limit, why = max(0, free), "the free space of the temp folder less 1 GiB"
+    return limit, why
+
+
 def decompress_copy(archive: str, copy: str) -> tuple[int, str | None]:
     """Decompresses the gzip file `archive` into `copy`, streaming. Returns (bytes, damage).
 
     `damage` is None, or why the gzip data ended early; everything decompressed before that
-    point is in the copy (so the members before it can still be read).
+    point is in the copy (so the members before it can still be read). Memory is bounded:
+    each call to zlib inflates at most _COPY_CHUNK bytes. So is the copy (inflate_limit):
+    past the bound the copy is deleted and _TooLarge raised; on any other error too.
     """
     written, damage = 0, None
     if "://" not in copy:
         os.makedirs(os.path.dirname(copy), exist_ok=True)
-    with (
-        _open(archive) as src,
-        FileSystems.create(copy, compression_type=CompressionTypes.UNCOMPRESSED) as dst,
-    ):
-        unzip, started = zlib.decompressobj(wbits=31), False  # gzip framing
-        try:
-            while chunk := src.read(_COPY_CHUNK):
-                while chunk:
-                    started = True
-                    data = unzip.decompress(chunk)
-                    dst.write(data)
-                    written += len(data)
-                    chunk = b""
-                    if unzip.eof:  # a gzip member ended: another may follow (concatenated gzip)
-                        chunk, unzip, started = unzip.unused_data, zlib.decompressobj(wbits=31), False
-            if started:
-                damage = f"gzip data cut short after {written} uncompressed bytes"
-        except zlib.error as e:
-            damage = f"gzip data damaged after {written} uncompressed bytes ({e})"
+    limit, why = inflate_limit(archive, copy)
+    try:
+        with (
+            _open(archive) as src,
+            gcs.create(copy) as dst,
+        ):
+            unzip, started = zlib.decompressobj(wbits=31), False  # gzip framing
+            try:
+                while chunk := src.read(_COPY_CHUNK):
+                    while chunk:
+                        started = True
+                        data = unzip.decompress(chunk, _COPY_CHUNK)
+                        written += len(data)
+                        if written > limit:
+                            raise _TooLarge(
+                                f"gzip data inflates past {limit} bytes ({why}): not read (a gzip bomb?)"
+                            )
+                        dst.write(data)
+                        chunk = unzip.unconsumed_tail
+                        if unzip.eof:  # a gzip member ended: another may follow (concatenated gzip)
+                            chunk, unzip, started = unzip.unused_data, zlib.decompressobj(wbits=31), False
+                if started:
+                    damage = f"gzip data cut short after {written} uncompressed bytes"
+            except zlib.error as e:
+                damage = f"gzip data damaged after {written} uncompressed bytes ({e})"
+    except BaseException:
+        _remove(copy)
+        raise
     return written, damage
+
+
+def _remove(path: str) -> None:
+    """Deletes `path` if it is there (a copy that will not be read; else it goes with the temp folder)."""
+    if path.startswith(gcs.GCS_SCHEME):
+        gcs.delete_batch([path])
+    elif os.path.exists(path):
+        os.remove(path)
 
 
 def index_archive(
     archive: ArchiveFile, extensions: tuple[str, ...], copies_dir: str | None, webdataset: bool = False
 ) -> Iterator[ImageFile | Failure | SampleLabel]:
-    """The image members of `archive` as ImageFiles (path = the member's address), and Failures.
+    """The image members of `archive` as ImageFiles (path = the member's pinned address), and
+    Failures.
 
-    A `.tar.gz` is first decompressed into `copies_dir` (see the module docstring). With
+    A `.tar.gz` is first decompressed into `copies_dir` (see the module docstring); its
+    members are still named by the `.tar.gz`'s path, the copy rides in their pin. With
     `webdataset`, also a SampleLabel for each image whose sample has a label sidecar.
     """
-    path, size, damage = archive.path, archive.size, None
+    path, size, damage, read_from = archive.path, archive.size, None, None
     if archive_kind(path) == "gzip":
         if copies_dir is None:
             yield Failure(path, "a .tar.gz needs the run's temp folder to be read", LIST_STAGE)
             return
-        path = copy_path(copies_dir, archive.path)
+        read_from = copy_path(copies_dir, archive.path)
         try:
-            size, damage = decompress_copy(archive.path, path)
-        except OSError as e:
-            yield Failure(archive.path, f"cannot read the archive ({e.strerror or e})", LIST_STAGE)
+            size, damage = decompress_copy(archive.path, read_from)
+        except _TooLarge as e:
+            yield Failure(archive.path, str(e), LIST_STAGE)
+            return
+        except gcs.ERRORS as e:
+            yield Failure(archive.path, f"cannot read the archive ({describe(e)})", LIST_STAGE)
             return
     try:
-        with _open(path) as f:
+        generation = None
+        if read_from is None and path.startswith("gs://"):
+            f, generation, size = _pinned(path)
+        else:
+            f = _open(read_from or path)
+        with f:
             if webdataset:
 
                 def read(member: Member) -> bytes:
@@ -139,14 +216,16 @@ def index_archive(
                 items = index_tar(f, size, extensions, folder=archive.folder)
             for item in items:
                 if isinstance(item, Member):
-                    address = member_address(path, item.name, item.offset, item.size)
+                    address = pinned_address(
+                        path, item.name, item.offset, item.size, item.header, generation, read_from
+                    )
                     yield ImageFile(path=address, relpath=item.relpath, size=item.size)
                 elif isinstance(item, SampleLabel):
                     yield dataclasses.replace(item, source=f"{archive.path}#{item.source}")
                 else:
                     yield _failure(archive.path, item)
-    except OSError as e:  # the archive itself could not be opened or read
-        yield Failure(archive.path, f"cannot read the archive ({e.strerror or e})", LIST_STAGE)
+    except gcs.ERRORS as e:  # the archive itself could not be opened or read (OSError locally)
+        yield Failure(archive.path, f"cannot read the archive ({describe(e)})", LIST_STAGE)
     if damage:
         yield Failure(archive.path, damage, LIST_STAGE)
 
@@ -191,6 +270,16 @@ class IndexArchivesFn(_ListFn):
                 yield pvalue.TaggedOutput(SAMPLE_LABELS, labels)
             if files:
                 yield self.counted(FileBatch(files))
+
+
+def glob_base(pattern: str) -> str:
+    """The folder of a glob pattern before its first wildcard: relpaths are taken from there."""
+    cut = len(pattern)
+    for ch in "*?[":
+        at = pattern.find(ch)
+        if at >= 0:
+            cut = min(cut, at)
+    return pattern[:cut].rsplit("/", 1)[0] if cut < len(pattern) else posixpath.dirname(pattern)
 
 
 class MatchArchivesFn(beam.DoFn):

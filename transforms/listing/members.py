@@ -1,14 +1,36 @@
-"""An archive member's address (pure).
+"""An archive member's address and the pin that ties it to what was listed (pure).
 
 In: a path of the form `<archive>#<member>@<offset>+<size>` (what the listing emits for a
-tar member in place of a file path). Out: its MemberAddress. The member's bytes are read by
-one positioned read (transforms/images/read.py). Nothing is ever extracted.
+tar member in place of a file path), optionally followed by its pin. Out: its MemberAddress.
+The member's bytes are read by one positioned read (transforms/images/read.py). Nothing is
+ever extracted.
+
+The pin rides after the address, behind a NUL (`transforms.paths.PIN`: no path and no tar
+member name can hold one), so that the printed name stays the address alone
+(`transforms.paths.listed_name`, applied to every Failure and to `image/filename`) and is the
+same on every run. It holds what identifies the member as listed:
+
+- `h<digest>`: a 64-bit BLAKE2 digest of the member's own 512-byte header, the block just
+  before its data (its name, size, mtime, mode, owner and stored checksum). A read takes
+  that block with the data (one read of 512 bytes more) and checks it is still the same
+  header, so a rewritten archive that has other bytes there fails the member ("archive
+  changed since it was listed") instead of giving it another member's bytes. (The stored
+  checksum alone is a plain sum of the header's bytes: `c1/004.jpg` and `c2/035.jpg` of
+  nearly equal sizes share it.);
+- `g<generation>` (gs://): the object's generation when it was indexed; the read asks for that
+  generation, so an object overwritten since is not read (Cloud Storage answers 404);
+- `r<path>`: the file the bytes are read from when it is not the archive itself (the
+  uncompressed copy of a `.tar.gz`, in the run's temp folder), so that failures and
+  `image/filename` name the `.tar.gz`, not its copy.
 """
 
 from __future__ import annotations
 
 import dataclasses
+import hashlib
 import re
+
+from transforms.paths import PIN
 
 # <archive>#<member>@<offset>+<size>: the archive is everything up to the first `.tar#`
 # (or `.tgz#`, `.tar.gz#`); the offset and size are the last `@<digits>+<digits>`.
@@ -20,30 +42,97 @@ _ADDRESS = re.compile(
 _NESTED = re.compile(r"(?P<inner>.+?\.tar)#(?P<member>.*)", re.I | re.S)
 
 
+BLOCK = 512  # a tar block; a member's own header is the block before its data
+
+
 @dataclasses.dataclass(frozen=True)
 class MemberAddress:
-    """Where a member's bytes are: `size` bytes at `offset` of the file `archive`."""
+    """Where a member's bytes are: `size` bytes at `offset` of the file `archive`.
+
+    `header`, `generation` and `read_from` are its pin (module docstring); None when the
+    address has none (an address typed by hand, or made before pins).
+    """
 
     archive: str
     member: str
     offset: int
     size: int
+    header: str | None = None
+    generation: int | None = None
+    read_from: str | None = None
+
+    @property
+    def source(self) -> str:
+        """The file holding the member's bytes: the archive, or its uncompressed copy."""
+        return self.read_from or self.archive
 
 
 def member_address(archive: str, member: str, offset: int, size: int) -> str:
-    """The address of a member, as it travels in ImageFile.path / ImageRecord.path."""
+    """The printed address of a member (what failures and `image/filename` show)."""
     return f"{archive}#{member}@{offset}+{size}"
+
+
+def pinned_address(
+    archive: str,
+    member: str,
+    offset: int,
+    size: int,
+    header: str,
+    generation: int | None = None,
+    read_from: str | None = None,
+) -> str:
+    """The address of a member with its pin, as it travels in ImageFile.path / ImageRecord.path."""
+    pin = f"{PIN}h{header}"
+    if generation is not None:
+        pin += f"{PIN}g{generation}"
+    if read_from is not None:
+        pin += f"{PIN}r{read_from}"
+    return member_address(archive, member, offset, size) + pin
 
 
 def parse_address(path: str) -> MemberAddress | None:
     """The MemberAddress that `path` spells, or None for an ordinary file path.
 
     A listed ordinary file never parses: it ends in an image extension, an address in
-    `+<digits>`.
+    `+<digits>` (and its pin).
     """
     if "#" not in path:
         return None
-    m = _ADDRESS.fullmatch(path)
+    address, *pin = path.split(PIN)
+    m = _ADDRESS.fullmatch(address)
     if m is None:
         return None
-    return MemberAddress(m["archive"], m["member"], int(m["offset"]), int(m["size"]))
+    fields = {part[0]: part[1:] for part in pin if part}
+    return MemberAddress(
+        m["archive"],
+        m["member"],
+        int(m["offset"]),
+        int(m["size"]),
+        fields.get("h"),
+        int(fields["g"]) if "g" in fields else None,
+        fields.get("r"),
+    )
+
+
+def header_checksum(block: bytes) -> int | None:
+    """The checksum stored in the tar header `block` if it is right (as GNU tar checks it:
+    unsigned or, for some old tars, signed bytes), else None (not a header)."""
+    try:
+        stored = int(block[148:156].replace(b"\0", b" ").strip() or b"0", 8)
+    except ValueError:
+        return None
+    unsigned = sum(block) - sum(block[148:156]) + 256
+    if stored == unsigned:
+        return stored
+    high = sum(1 for b in block if b > 127) - sum(1 for b in block[148:156] if b > 127)
+    return stored if stored == unsigned - 256 * high else None
+
+
+def header_digest(block: bytes) -> str:
+    """What pins a member's own header (module docstring): 16 hex digits."""
+    return hashlib.blake2b(block, digest_size=8).hexdigest()
+
+
+def header_holds(block: bytes, address: MemberAddress) -> bool:
+    """True if `block`, read just before the member's data, is still the header it was listed with."""
+    return len(block) == BLOCK and header_digest(block) == address.header

@@ -296,7 +296,7 @@ def open_hinted(path: str) -> int | None:
         return None
     address = parse_address(path)
     try:
-        fd = os.open(path if address is None else address.archive, os.O_RDONLY | os.O_NONBLOCK)
+        fd = os.open(path if address is None else address.source, os.O_RDONLY | os.O_NONBLOCK)
     except OSError:
         return None
     try:
