@@ -21,6 +21,7 @@ from apache_beam.io.filesystems import FileSystems
 from apache_beam.options.pipeline_options import (
     PipelineOptions,
     SetupOptions,
+    StandardOptions,
     TestOptions,
 )
 from apache_beam.runners.runner import PipelineResult
@@ -43,9 +44,11 @@ from beam_pipeline.cli.options import (
 )
 from beam_pipeline.cli.progress import ProgressReporter
 from beam_pipeline.cli.progress import end_line as end_progress_line
+from beam_pipeline.cli.runners import LOCAL_RUNNERS
 from beam_pipeline.pipeline import build_pipeline
 from transforms import gcs, progress
 from transforms.failures import user_error_text
+from transforms.output.fence import Fence
 from transforms.output.marker import Claim
 from transforms.output.publish import FAILURES_FILE, SUMMARY_FILE, aborted_reason, temp_dir_for
 from transforms.paths import normalize_root
@@ -175,7 +178,10 @@ def run(
     check_all_would_fail(opts)
     output_dir = normalize_root(opts.output_dir)
     run_id = uuid.uuid4().hex
-    claim = claim_output_folder(output_dir, opts.overwrite, run_id)
+    # A runner outside this process runs the job on after the launcher is gone: the job keeps
+    # the claim (transforms/output/fence.py).
+    job = options.view_as(StandardOptions).runner not in LOCAL_RUNNERS
+    claim = claim_output_folder(output_dir, opts.overwrite, run_id, job)
     try:
         return _run_claimed(options, argv, save_main_session, claim, on_result, graph_seams)
     finally:
@@ -201,7 +207,7 @@ def _run_claimed(
     except ValueError as e:  # Beam's own option checks (project id, endpoints, locations)
         claim.release(abandon=True)
         raise UserError(" ".join(str(e).replace("Pipeline has validations errors:", "").split())) from None
-    build_pipeline(p, opts, run_id, **(graph_seams or {}))
+    build_pipeline(p, opts, run_id, fence=Fence.of(claim), **(graph_seams or {}))
     reporter = None
     if not opts.quiet and in_process(options):
         reporter = ProgressReporter(progress.register(run_id), sys.stderr, opts.progress_interval).start()

@@ -44,6 +44,7 @@ from transforms.layout.plan import parse_split_ratios
 from transforms.listing.beam import ListedImages, ListImages
 from transforms.listing.beam_archives import archive_copies_dir
 from transforms.output.beam import WriteMetadata
+from transforms.output.fence import Fence
 from transforms.output.publish import staging_dir, temp_dir_for
 from transforms.output.tfds import tfds_name
 from transforms.paths import normalize_root
@@ -79,10 +80,13 @@ def build_pipeline(
     *,
     list_files: Callable[[beam.Pipeline], ListedImages] | None = None,
     reader: Callable[[str], bytes] = read_bytes,
+    fence: Fence | None = None,
 ) -> PipelineOutputs:
     """Attaches the conversion to `p` (does not run it).
 
     Args:
+      fence: the output claim's token (main.py); the steps that write into the output folder
+        check it, and keep it alive when the job keeps the claim. Default: run `run_id`'s.
       list_files: seam for benchmarks: makes the ListedImages to convert instead of listing
         `opts.input` (benchmarks/scale.py generates millions of names without files).
       reader: seam for benchmarks and tests: how WriteShards reads an image's bytes.
@@ -90,6 +94,7 @@ def build_pipeline(
     register_coders()
     output_dir = normalize_root(opts.output_dir)
     temp_dir = temp_dir_for(output_dir, run_id)
+    fence = fence or Fence(output_dir, run_id)
     ratios = parse_split_ratios(opts.splits) if opts.splits not in ("", "folders") else ()
     target_bytes = None if opts.num_shards else int(opts.shard_size_mb * 1024 * 1024)
     settings: EncodeSettings = encode_settings(opts)
@@ -158,6 +163,7 @@ def build_pipeline(
         progress_key=run_id,
         processes=opts.write_processes or 1,
         reader=reader,  # 0 (auto) is resolved for local runs by main.py
+        claim=fence,
     )  # .shards ShardResult (with per-class written counts), .failed Failure
     failures = (found.failed, labeled.failed, shards.failed, *failed) | "FlattenFailures" >> beam.Flatten()
     _ = failures | "TrackFailures" >> CountProgress(run_id, FAILED_ANYWHERE)  # live progress, Beam counter
@@ -170,6 +176,7 @@ def build_pipeline(
         failed=failures,
         shards=shards.shards,
         class_index=classes,
+        fence=fence,
         settings=settings,
         max_failure_ratio=opts.max_failure_ratio,
         # The TFDS name: same output wherever it is written (reruns compare byte for byte).

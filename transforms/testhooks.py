@@ -1,10 +1,14 @@
-"""A pause point for fault-injection tests, inert unless its environment variable is set.
+"""Seams for fault-injection tests, inert unless their environment variables are set.
 
 `IMG2TFRECORD_TEST_PAUSE=<point>:<flag file>` makes the run, on reaching `<point>`
 ('write_shard': a shard's first image written; 'publish': after the first file of the
-dataset is renamed into place), create `<flag file>` and sleep, so a test can kill it at
-exactly that moment. Production runs never set it; it reads nothing else and writes
-nothing but the flag file the test named.
+dataset is renamed into place), create `<flag file>` and sleep until the test deletes it
+(at most 120 s), so a test can kill, stop or resume it at exactly that moment; once resumed
+(`<flag file>.resumed` is left) it passes the point without pausing again.
+`IMG2TFRECORD_TEST_LEASE_SECONDS=<s>` shortens the claim's lease (transforms/output/marker.py)
+in every process that inherits it (launcher, worker pool), so a stalled run's lease expires
+within a test. Production runs set neither; they read nothing else and write nothing but the
+flag file the test named.
 """
 
 from __future__ import annotations
@@ -13,6 +17,7 @@ import os
 import time
 
 PAUSE_ENV = "IMG2TFRECORD_TEST_PAUSE"
+LEASE_ENV = "IMG2TFRECORD_TEST_LEASE_SECONDS"
 _PAUSE_SECONDS = 120
 
 
@@ -22,8 +27,18 @@ def pause_if_asked(point: str) -> None:
     if not spec:
         return
     wanted, _, flag = spec.partition(":")
-    if wanted != point or not flag:
+    if wanted != point or not flag or os.path.exists(flag + ".resumed"):
         return
     with open(flag, "a"):
         pass
-    time.sleep(_PAUSE_SECONDS)
+    deadline = time.monotonic() + _PAUSE_SECONDS
+    while os.path.exists(flag) and time.monotonic() < deadline:
+        time.sleep(0.05)
+    with open(flag + ".resumed", "a"):
+        pass
+
+
+def lease_seconds(default: float) -> float:
+    """The claim's lease: `default`, or the test's shorter one (see module docstring)."""
+    spec = os.environ.get(LEASE_ENV)
+    return float(spec) if spec else default

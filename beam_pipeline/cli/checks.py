@@ -199,7 +199,7 @@ def _first_line(error: Exception) -> str:
     return (str(cause).strip().splitlines() or [type(cause).__name__])[0]
 
 
-def claim_output_folder(output_dir: str, overwrite: bool, run_id: str) -> Claim:
+def claim_output_folder(output_dir: str, overwrite: bool, run_id: str, job: bool = False) -> Claim:
     """Claims the output folder for run `run_id` (writable, no live run, no dataset unless
     --overwrite), or raises UserError.
 
@@ -212,7 +212,7 @@ def claim_output_folder(output_dir: str, overwrite: bool, run_id: str) -> Claim:
         except (BeamIOError, *LIST_ERRORS) as e:
             raise UserError(f"--output_dir {output_dir}: cannot list: {_first_line(e)}") from None
     try:
-        claim = claim_output(output_dir, overwrite, run_id)
+        claim = claim_output(output_dir, overwrite, run_id, job)
     except (OutputBusy, NotWritable) as e:
         raise UserError(str(e)) from None
     if claim.resumed:

@@ -27,6 +27,7 @@ from tests.gcs_emulator import BUCKET
 from transforms.output.claim import claim_output
 from transforms.output.marker import HEARTBEAT_KEY, LEASE_SECONDS, PROBE_PREFIX, NotWritable
 from transforms.output.publish import MARKER_FILE, OutputBusy
+from transforms.testhooks import LEASE_ENV
 
 ROOT = Path(__file__).resolve().parents[2]
 
@@ -281,9 +282,7 @@ def test_gcs_claims_are_exclusive_and_a_stale_lease_is_taken_over(gcs_bucket):
 
 
 def test_a_gcs_claim_keeps_its_lease_alive_until_released(gcs_bucket, monkeypatch):
-    from transforms.output import lease as output_lease
-
-    monkeypatch.setattr(output_lease, "HEARTBEAT_SECONDS", 0.2)
+    monkeypatch.setenv(LEASE_ENV, "1.2")  # a heartbeat every 0.2 s
     claim = claim_output(f"gs://{BUCKET}/claims/beating", False, "beating")
     marker = gcs_bucket.blob(f"claims/beating/{MARKER_FILE}")
     try:

@@ -421,13 +421,12 @@ def write_orphan_part(chunk: tuple[str, int], lines: Iterable[tuple[tuple, str]]
 
 
 def concatenate_parts(path: str, parts: Iterable[tuple[tuple[str, int], str]]) -> str:
-    """Appends the parts, in chunk order, into `path` (empty if none), then deletes them."""
+    """Appends the parts, in chunk order, into `path` (empty if none). The parts stay: a retried
+    bundle concatenates them again, and they go with the run's staging folder."""
     ordered = [part for _, part in sorted(parts)]
     with gcs.create(path) as out:
         for part in ordered:
             with gcs.open_read(part, compression_type=CompressionTypes.UNCOMPRESSED) as f:
                 while block := f.read(_BLOCK_BYTES):
                     out.write(block)
-    if ordered:
-        FileSystems.delete(ordered)
     return path

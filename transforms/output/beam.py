@@ -17,6 +17,7 @@ import apache_beam as beam
 from apache_beam import pvalue
 from apache_beam.io.filesystems import FileSystems
 
+from transforms import gcs
 from transforms.batching import SumPerKeyFn, images_in
 from transforms.coders import SideDict
 from transforms.encoding.encoder import EncodeSettings
@@ -26,12 +27,15 @@ from transforms.labels.beam import split_class_counts
 from transforms.labels.rows import ORPHANS_FILE
 from transforms.output.beam_failures import FailureCountsFn, WriteFailurePartsFn
 from transforms.output.failure_log import FailureCounts, merge_parts, part_of
+from transforms.output.fence import Fence
 from transforms.output.publish import (
     ABORTED_FAILURES_FILE,
+    ABORTED_FILE,
     FAILURES_FILE,
     LABELS_FILE,
     SUMMARY_FILE,
     existing_files,
+    folder_exists,
     mark_aborted,
     publish,
     publish_failures_only,
@@ -55,10 +59,18 @@ class FinalizeFn(beam.DoFn):
     """Runs once after every shard is written: stage the metadata, then publish it all.
 
     The shards and metadata are staged in the run's temp folder and renamed into place by
-    `transforms.output.publish`, summary.json last. Above `max_failure_ratio` only the
+    `transforms.output.publish`, summary.json last, fenced by the claim's token (`fence`,
+    transforms/output/fence.py). Above `max_failure_ratio` only the
     failures are published (`transforms.output.publish_failures_only`: a dataset already in
     the folder is kept) and the reason is left in the run's staging folder, where the
     entry point finds it (exit 3) before deleting that folder.
+
+    Safe to run twice (a runner retries the bundle): as Beam's FileBasedSink skips sources
+    already renamed, a run whose staging folder is gone (a finished earlier try deletes it
+    last before the marker) or holds the abort reason was finalized already. The retry then
+    recomputes summary.json from its side inputs: the folder holding exactly that is this
+    run's finished dataset (its marker is removed if a crash left it); anything else means
+    another run took the folder over (ClaimLost, exit 2), and nothing is changed.
     """
 
     def __init__(
@@ -66,10 +78,12 @@ class FinalizeFn(beam.DoFn):
         output_dir: str,
         temp_dir: str,
         compression: str,
+        fence: Fence,
         settings: EncodeSettings | None = None,
         max_failure_ratio: float = 1.0,
         dataset_name: str | None = None,
     ):
+        self._fence = fence
         self._output_dir, self._temp_dir, self._compression = output_dir, temp_dir, compression
         self._settings = settings
         self._max_failure_ratio = max_failure_ratio
@@ -90,6 +104,20 @@ class FinalizeFn(beam.DoFn):
         if listed_total == 0:
             delete_paths([self._temp_dir])
             raise ValueError(f"{USER_ERROR_MARKER} the input holds no image files")
+        if not folder_exists(self._temp_dir) or gcs.exists(FileSystems.join(self._temp_dir, ABORTED_FILE)):
+            yield from self._finalized(listed_total, listed, written, failures, shards, class_index, extras)
+            return
+        alive = self._fence.keep_alive()  # a job-kept claim is beaten while this runs (checked first)
+        try:
+            yield from self._publish(
+                listed_total, listed, written, failures, failure_parts, shards, class_index, extras
+            )
+        finally:
+            alive.stop()
+
+    def _publish(
+        self, listed_total, listed, written, failures, failure_parts, shards, class_index, extras
+    ) -> Iterable[dict]:
         staging = staging_dir(self._temp_dir)
         make_dirs(staging)
         staged = {
@@ -101,7 +129,7 @@ class FinalizeFn(beam.DoFn):
             # The job itself succeeds (a raise here would print the runner's traceback); the
             # entry point finds the reason in the staging folder and exits with
             # EXIT_TOO_MANY_FAILURES. A dataset already in the folder is kept.
-            kept = publish_failures_only(self._output_dir, staged[FAILURES_FILE])
+            kept = publish_failures_only(self._output_dir, staged[FAILURES_FILE], self._fence)
             where = FileSystems.join(self._output_dir, ABORTED_FAILURES_FILE if kept else FAILURES_FILE)
             mark_aborted(
                 self._temp_dir,
@@ -112,14 +140,11 @@ class FinalizeFn(beam.DoFn):
             )
             return
         write_text(staged[LABELS_FILE], "".join(n + "\n" for n in class_index.names))
-        summary = build_summary(
-            listed_total, dict(listed), dict(written), failures, shards, class_index, self._settings
-        )
-        summary.update(extras or {})  # sections added by optional steps (e.g. "labels")
+        summary = self._summary(listed_total, listed, written, failures, shards, class_index, extras)
         problem = accounting_error(summary)
         if problem:  # a bug, not bad input: fail loudly and publish nothing
             raise RuntimeError(f"images lost or double-counted ({problem}); nothing was published")
-        write_text(staged[SUMMARY_FILE], json.dumps(summary, indent=2, ensure_ascii=False) + "\n")
+        write_text(staged[SUMMARY_FILE], _summary_text(summary))
         # Shards (with their index files) in plan order per split, then the metadata,
         # summary.json last.
         moves = []
@@ -153,9 +178,33 @@ class FinalizeFn(beam.DoFn):
             reader_files.append(ORPHANS_FILE)
         moves += [(FileSystems.join(staging, name), name) for name in reader_files]
         moves += [(staged[name], name) for name in (FAILURES_FILE, LABELS_FILE, SUMMARY_FILE)]
-        publish(self._output_dir, moves)
-        delete_paths([self._temp_dir])
+        publish(self._output_dir, moves, fence=self._fence, cleanup=(self._temp_dir,))
         yield summary
+
+    def _summary(self, listed_total, listed, written, failures, shards, class_index, extras) -> dict:
+        summary = build_summary(
+            listed_total, dict(listed), dict(written), failures, shards, class_index, self._settings
+        )
+        summary.update(extras or {})  # sections added by optional steps (e.g. "labels")
+        return summary
+
+    def _finalized(self, *inputs) -> Iterable[dict]:
+        """A retried finalize of a run finalized already (see the class docstring)."""
+        if gcs.exists(FileSystems.join(self._temp_dir, ABORTED_FILE)):
+            return  # stopped short on purpose: the entry point reads why
+        summary = self._summary(*inputs)
+        path = FileSystems.join(self._output_dir, SUMMARY_FILE)
+        if not gcs.exists(path):
+            raise self._fence.lost()
+        with FileSystems.open(path) as f:
+            if f.read().decode("utf-8") != _summary_text(summary):
+                raise self._fence.lost()
+        self._fence.remove_marker()
+        yield summary
+
+
+def _summary_text(summary: dict) -> str:
+    return json.dumps(summary, indent=2, ensure_ascii=False) + "\n"
 
 
 class WriteMetadata(beam.PTransform):
@@ -177,13 +226,16 @@ class WriteMetadata(beam.PTransform):
         failed: beam.PCollection[Failure],
         shards: beam.PCollection[ShardResult],
         class_index: beam.PCollection[ClassIndex],
+        fence: Fence,
         settings: EncodeSettings | None = None,
         max_failure_ratio: float = 1.0,
         dataset_name: str | None = None,
         summary_extras: beam.PCollection[dict] | None = None,
     ):
         super().__init__()
-        self._fn = FinalizeFn(output_dir, temp_dir, compression, settings, max_failure_ratio, dataset_name)
+        self._fn = FinalizeFn(
+            output_dir, temp_dir, compression, fence, settings, max_failure_ratio, dataset_name
+        )
         self._staging = staging_dir(temp_dir)
         self._files, self._records = tuple(files), records
         self._failed, self._shards, self._class_index = failed, shards, class_index

@@ -11,10 +11,15 @@ restart (a container's fresh PID namespace keeps the host name and reuses low pi
 - **Local folders: a lock held by the live process.** The marker is created with
   `O_CREAT | O_EXCL` and locked with `flock` by the run's process, which keeps it open
   until it ends. The kernel drops the lock when the process dies, however it dies
-  (SIGKILL, OOM, a restarted container), so a marker is live exactly while its lock is
-  held. An existing marker whose lock can be taken belongs to a dead run: the new run
+  (SIGKILL, OOM, a restarted container), so a marker is live exactly while a lock on it is
+  held. A claim takes the lock exclusively, writes its content, then holds it shared: the
+  steps that change the folder (transforms/output/fence.py) hold it shared too, from any
+  process, while they check the run id in it and change the folder, so no claim can slip in
+  between. An existing marker whose lock can be taken belongs to a dead run: the new run
   keeps the lock and writes its own content into that same file (a takeover); a run that
-  finds the lock held is refused. After locking, each run checks that the marker's name
+  finds the lock held is refused. A marker whose job runs outside the launcher
+  (`"job": true`, e.g. PortableRunner) is also live while its modification time, which the
+  job's steps refresh, is younger than the lease. After locking, each run checks that the marker's name
   still points at the file it locked, so a claim made between another run's create and
   lock loses cleanly instead of sharing the folder. Over NFS, Linux maps `flock` onto the
   server's byte-range locks, so this also holds between machines. The marker is the
@@ -40,6 +45,7 @@ import errno
 import fcntl
 import logging
 import os
+import time
 
 from apache_beam.io.filesystems import FileSystems
 
@@ -49,6 +55,7 @@ from transforms.output.marker import (
     Claim,
     NotWritable,
     _reason,
+    lease_seconds,
     marker_content,
     marker_owner,
     parse_marker,
@@ -80,14 +87,18 @@ os.register_at_fork(after_in_child=_close_held_in_child)
 class LocalClaim(Claim):
     """A claim on a local folder: the marker is open and `flock`ed by this process."""
 
-    def __init__(self, output_dir: str, run_id: str, resumed: str | None, fd: int | None):
-        super().__init__(output_dir, run_id, resumed)
+    def __init__(self, output_dir: str, run_id: str, resumed: str | None, fd: int | None, job: bool = False):
+        super().__init__(output_dir, run_id, resumed, job)
         self._fd = fd
         if fd is not None:
             _HELD_FDS.add(fd)
 
     def owns_marker(self) -> bool:
-        return self._fd is not None and _same_file(self._fd, self.marker_path)
+        return (
+            self._fd is not None
+            and same_file(self._fd, self.marker_path)
+            and parse_marker(read_fd(self._fd)).get("run_id") == self.run_id
+        )
 
     def _remove_marker(self) -> None:
         with contextlib.suppress(FileNotFoundError):
@@ -100,7 +111,7 @@ class LocalClaim(Claim):
             os.close(fd)  # drops the lock
 
 
-def _same_file(fd: int, path: str) -> bool:
+def same_file(fd: int, path: str) -> bool:
     try:
         here, there = os.fstat(fd), os.stat(path)
     except FileNotFoundError:
@@ -123,7 +134,17 @@ def _lock(fd: int) -> bool:
     return True
 
 
-def _read_fd(fd: int) -> bytes:
+def share_lock(fd: int) -> None:
+    """Holds the marker's lock shared (waiting out a claim in progress); nothing on a
+    filesystem without locks."""
+    try:
+        fcntl.flock(fd, fcntl.LOCK_SH)
+    except OSError as e:
+        if e.errno not in _NO_LOCKS:
+            raise
+
+
+def read_fd(fd: int) -> bytes:
     chunks = []
     offset = 0
     while chunk := os.pread(fd, 1 << 16, offset):
@@ -142,7 +163,7 @@ def _write_fd(fd: int, data: bytes) -> None:
     os.fsync(fd)
 
 
-def claim_local(output_dir: str, run_id: str) -> LocalClaim:
+def claim_local(output_dir: str, run_id: str, job: bool = False) -> LocalClaim:
     """Creates and locks the marker of a local folder, or takes over a dead run's.
 
     Raises:
@@ -167,34 +188,50 @@ def claim_local(output_dir: str, run_id: str) -> LocalClaim:
         except OSError as e:
             raise NotWritable(f"--output_dir {output_dir} is not writable: {_reason(e)}") from None
         try:
-            previous = {} if fresh else parse_marker(_read_fd(fd))
+            previous = {} if fresh else parse_marker(read_fd(fd))
             if not _lock(fd):
                 raise OutputBusy(
                     f"--output_dir {output_dir} is being written by another img2tfrecord run ({marker_owner(previous)})"
                 )
-            if not _same_file(fd, marker):
+            if not same_file(fd, marker):
                 os.close(fd)  # replaced or removed between our open and our lock
                 continue
+            age = time.time() - os.fstat(fd).st_mtime
+            if previous.get("job") and age < lease_seconds():
+                raise OutputBusy(
+                    f"--output_dir {output_dir} is being written by the job of another img2tfrecord run "
+                    f"({marker_owner(previous)}, alive {age:.0f} s ago; a dead job's claim expires after "
+                    f"{lease_seconds():.0f} s)"
+                )
             try:
-                _write_fd(fd, marker_content(run_id))
+                _write_fd(fd, marker_content(run_id, job))
             except OSError as e:
                 if fresh:
                     os.unlink(marker)  # ours, still locked: a failed claim leaves nothing
                 raise NotWritable(f"--output_dir {output_dir} is not writable: {_reason(e)}") from None
+            # Shared from now on, so the job's fenced steps can lock it too. (The change is not
+            # atomic: a claim that slips in sees a live marker or takes it over, then this
+            # run finds another run id in it and is refused.)
+            share_lock(fd)
+            if parse_marker(read_fd(fd)).get("run_id") != run_id:
+                raise OutputBusy(
+                    f"--output_dir {output_dir} was claimed by another img2tfrecord run meanwhile"
+                )
         except BaseException:
             with contextlib.suppress(OSError):
                 os.close(fd)
             raise
-        return LocalClaim(output_dir, run_id, None if fresh else previous.get("run_id", "unknown"), fd)
+        return LocalClaim(output_dir, run_id, None if fresh else previous.get("run_id", "unknown"), fd, job)
     raise OutputBusy(f"--output_dir {output_dir}: other img2tfrecord runs keep claiming it; try again")
 
 
-def claim_output(output_dir: str, overwrite: bool, run_id: str) -> Claim:
+def claim_output(output_dir: str, overwrite: bool, run_id: str, job: bool = False) -> Claim:
     """Claims `output_dir` for run `run_id` and deletes what dead runs left there.
 
     A folder holding a finished dataset, or shards no run of ours is known to have left,
     is only claimed with `overwrite`; the leftovers of a dead run (its marker is there)
     are taken over without it, so that a scheduler's retry of the same command succeeds.
+    `job`: the job runs outside this process and keeps the claim alive (fence.py).
 
     Raises:
       OutputBusy: a live run holds the folder, or it holds a dataset and not `overwrite`.
@@ -203,9 +240,9 @@ def claim_output(output_dir: str, overwrite: bool, run_id: str) -> Claim:
     if "://" in output_dir:
         from transforms.output.lease import claim_remote  # the GCS client only where needed
 
-        claim: Claim = claim_remote(output_dir, run_id)
+        claim: Claim = claim_remote(output_dir, run_id, job=job)
     else:
-        claim = claim_local(output_dir, run_id)
+        claim = claim_local(output_dir, run_id, job)
     try:
         names = list_children(output_dir)
         if claim.resumed is None and not overwrite and any(is_dataset_file(n) for n in names):

@@ -25,11 +25,11 @@ from transforms import gcs
 from transforms.output.marker import (
     CLAIM_TRIES,
     HEARTBEAT_KEY,
-    HEARTBEAT_SECONDS,
-    LEASE_SECONDS,
     Claim,
     NotWritable,
+    heartbeat_seconds,
     heartbeat_thread,
+    lease_seconds,
     marker_content,
     marker_owner,
     parse_marker,
@@ -39,7 +39,7 @@ from transforms.retry import DEFAULT_RETRY
 
 # One request's retries (503s, resets): the one retry policy's, so a claim never hangs on a
 # bucket that does not answer (transforms/retry.py).
-_REQUEST_RETRY = DEFAULT_RETRY.as_api_retry()
+REQUEST_RETRY = DEFAULT_RETRY.as_api_retry()
 
 
 def heartbeat_age(metadata: dict | None, updated_epoch: float, now: float) -> float:
@@ -54,16 +54,16 @@ def heartbeat_age(metadata: dict | None, updated_epoch: float, now: float) -> fl
 class RemoteClaim(Claim):
     """A claim on a gs:// folder: the marker object at `generation`, kept alive by a thread."""
 
-    def __init__(self, output_dir: str, run_id: str, resumed: str | None, blob, generation: int):
-        super().__init__(output_dir, run_id, resumed)
-        self._blob, self._generation = blob, generation
-        self._thread, self._stop = heartbeat_thread(self._beat, HEARTBEAT_SECONDS)
+    def __init__(self, output_dir: str, run_id: str, resumed: str | None, blob, generation: int, job: bool):
+        super().__init__(output_dir, run_id, resumed, job)
+        self._blob, self.generation = blob, generation
+        self._thread, self._stop = heartbeat_thread(self._beat, heartbeat_seconds())
 
     def _beat(self) -> bool:
         """Refreshes the heartbeat; False (stop) once the marker is no longer this claim's."""
         self._blob.metadata = {HEARTBEAT_KEY: repr(time.time())}
         try:
-            self._blob.patch(if_generation_match=self._generation, retry=_REQUEST_RETRY)
+            self._blob.patch(if_generation_match=self.generation, retry=REQUEST_RETRY)
         except (gexc.PreconditionFailed, gexc.NotFound):
             return False  # published, abandoned or taken over
         except Exception as e:  # noqa: BLE001 - a missed beat is retried at the next one
@@ -72,35 +72,35 @@ class RemoteClaim(Claim):
 
     def owns_marker(self) -> bool:
         try:
-            self._blob.reload(retry=_REQUEST_RETRY)
+            self._blob.reload(retry=REQUEST_RETRY)
         except gexc.NotFound:
             return False
-        return self._blob.generation == self._generation
+        return self._blob.generation == self.generation
 
     def _remove_marker(self) -> None:
         try:
-            self._blob.delete(if_generation_match=self._generation, retry=_REQUEST_RETRY)
+            self._blob.delete(if_generation_match=self.generation, retry=REQUEST_RETRY)
         except (gexc.PreconditionFailed, gexc.NotFound):
             pass
 
     def _close(self) -> None:
-        """Stops the heartbeat and waits for a beat in flight (bounded by _REQUEST_RETRY), so no
+        """Stops the heartbeat and waits for a beat in flight (bounded by REQUEST_RETRY), so no
         beat lands after the claim is released."""
         self._stop.set()
         self._thread.join()
 
 
-def _upload(blob, run_id: str, generation: int) -> None:
+def _upload(blob, run_id: str, generation: int, job: bool) -> None:
     blob.metadata = {HEARTBEAT_KEY: repr(time.time())}
     blob.upload_from_string(
-        marker_content(run_id),
+        marker_content(run_id, job),
         content_type="application/json",
         if_generation_match=generation,
-        retry=_REQUEST_RETRY,
+        retry=REQUEST_RETRY,
     )
 
 
-def claim_remote(output_dir: str, run_id: str, client=None) -> RemoteClaim:
+def claim_remote(output_dir: str, run_id: str, client=None, job: bool = False) -> RemoteClaim:
     """Creates the marker of a gs:// folder, or takes over a dead run's (see module docstring).
 
     Raises:
@@ -114,28 +114,30 @@ def claim_remote(output_dir: str, run_id: str, client=None) -> RemoteClaim:
     try:
         for _ in range(CLAIM_TRIES):
             try:
-                _upload(blob, run_id, 0)
-                return RemoteClaim(output_dir, run_id, None, blob, blob.generation)
+                _upload(blob, run_id, 0, job)
+                return RemoteClaim(output_dir, run_id, None, blob, blob.generation, job)
             except gexc.PreconditionFailed:
                 pass
-            existing = client.bucket(bucket_name).get_blob(name, retry=_REQUEST_RETRY)
+            existing = client.bucket(bucket_name).get_blob(name, retry=REQUEST_RETRY)
             if existing is None:
                 continue  # published or abandoned meanwhile
-            previous = parse_marker(existing.download_as_bytes(retry=_REQUEST_RETRY))
+            previous = parse_marker(existing.download_as_bytes(retry=REQUEST_RETRY))
             if previous.get("run_id") == run_id:  # our own create, retried after a lost answer
-                return RemoteClaim(output_dir, run_id, None, existing, existing.generation)
+                return RemoteClaim(output_dir, run_id, None, existing, existing.generation, job)
             age = heartbeat_age(existing.metadata, existing.updated.timestamp(), time.time())
-            if age < LEASE_SECONDS:
+            if age < lease_seconds():
                 raise OutputBusy(
                     f"--output_dir {output_dir} is being written by another img2tfrecord run "
                     f"({marker_owner(previous)}, alive {age:.0f} s ago; a dead run's claim expires after "
-                    f"{LEASE_SECONDS:.0f} s)"
+                    f"{lease_seconds():.0f} s)"
                 )
             try:
-                _upload(blob, run_id, existing.generation)
+                _upload(blob, run_id, existing.generation, job)
             except gexc.PreconditionFailed:
                 continue  # another run took it over first
-            return RemoteClaim(output_dir, run_id, previous.get("run_id", "unknown"), blob, blob.generation)
+            return RemoteClaim(
+                output_dir, run_id, previous.get("run_id", "unknown"), blob, blob.generation, job
+            )
     except gexc.GoogleAPICallError as e:
         text = (str(e).strip().splitlines() or [type(e).__name__])[0]
         raise NotWritable(f"--output_dir {output_dir} is not writable: {text}") from None

@@ -14,6 +14,7 @@ import time
 from apache_beam.io.filesystems import FileSystems
 
 from transforms.output.publish import MARKER_FILE, temp_dir_for
+from transforms.testhooks import lease_seconds as _test_lease
 from transforms.writing.files import delete_paths
 
 # Writability probes of earlier versions (created and deleted before the marker was
@@ -21,12 +22,23 @@ from transforms.writing.files import delete_paths
 PROBE_PREFIX = ".img2tfrecord-probe-"
 
 
-# gs:// markers: how often the live run refreshes its heartbeat, and how old a heartbeat
-# may be before its run counts as dead (six missed refreshes).
+# Leases (every gs:// marker; a local one whose job runs outside the launcher): how often the
+# live run refreshes its heartbeat, and how old a heartbeat may be before its run counts as
+# dead (six missed refreshes).
 HEARTBEAT_SECONDS = 20.0
 
 
 LEASE_SECONDS = 120.0
+
+
+def lease_seconds() -> float:
+    """LEASE_SECONDS, or the shorter lease a fault-injection test asked for (transforms/testhooks.py)."""
+    return _test_lease(LEASE_SECONDS)
+
+
+def heartbeat_seconds() -> float:
+    """HEARTBEAT_SECONDS, or a sixth of a test's shorter lease."""
+    return min(HEARTBEAT_SECONDS, lease_seconds() / 6)
 
 
 HEARTBEAT_KEY = "img2tfrecord-heartbeat"
@@ -40,11 +52,14 @@ class NotWritable(ValueError):
     """The output folder cannot be written; the message says why (one line)."""
 
 
-def marker_content(run_id: str) -> bytes:
-    """The marker's JSON: who claimed the folder and when (for people: liveness never reads it)."""
-    return json.dumps(
-        {"run_id": run_id, "host": socket.gethostname(), "pid": os.getpid(), "started": time.time()}
-    ).encode("utf-8")
+def marker_content(run_id: str, job: bool = False) -> bytes:
+    """The marker's JSON: who claimed the folder and when, and whether the job keeps the claim
+    (`job`: its steps beat a lease; see transforms/output/fence.py). The run id is the claim's
+    token on local folders; host, pid and time are for people."""
+    content = {"run_id": run_id, "host": socket.gethostname(), "pid": os.getpid(), "started": time.time()}
+    if job:
+        content["job"] = True
+    return json.dumps(content).encode("utf-8")
 
 
 def parse_marker(content: bytes) -> dict:
@@ -76,10 +91,14 @@ class Claim:
       run_id: the run holding it.
       resumed: the id of the dead run whose marker was taken over ('unknown' if its marker
         was cut short), or None for a fresh claim.
+      job: the job keeps the claim alive (a runner outside this process; see fence.py).
+      generation: the gs:// marker's generation (the claim's token there); None locally.
     """
 
-    def __init__(self, output_dir: str, run_id: str, resumed: str | None):
-        self.output_dir, self.run_id, self.resumed = output_dir, run_id, resumed
+    generation: int | None = None
+
+    def __init__(self, output_dir: str, run_id: str, resumed: str | None, job: bool = False):
+        self.output_dir, self.run_id, self.resumed, self.job = output_dir, run_id, resumed, job
 
     @property
     def marker_path(self) -> str:

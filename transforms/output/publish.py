@@ -23,8 +23,12 @@ round trip per file.
 
 from __future__ import annotations
 
+import contextlib
 import os
 import re
+from collections.abc import Callable
+from contextlib import AbstractContextManager
+from typing import Protocol
 
 from apache_beam.io.filesystems import FileSystems
 
@@ -92,6 +96,15 @@ def list_children(output_dir: str) -> list[str]:
     return sorted({m.path[len(prefix) :].split("/", 1)[0] for m in found})
 
 
+def folder_exists(path: str) -> bool:
+    """True if the folder `path` exists (on gs://: holds an object; one request of one name)."""
+    if "://" not in path:
+        return os.path.isdir(path)
+    if path.startswith("gs://"):
+        return bool(gcs.first_page(path.rstrip("/") + "/", 1))
+    return bool(FileSystems.match([escape_glob(path.rstrip("/") + "/") + "**"], limits=[1])[0].metadata_list)
+
+
 def existing_files(paths: list[str]) -> set[str]:
     """The files of `paths` that exist. On gs:// one listing (with the delimiter) per folder
     the paths are in, instead of one request per path."""
@@ -133,7 +146,27 @@ def rename_files(pairs: list[tuple[str, str]]) -> None:
     gcs.rename_batch(remote)
 
 
-def publish_failures_only(output_dir: str, staged_failures: str) -> bool:
+class Fence(Protocol):
+    """What publishing needs of a claim's token (transforms/output/fence.py, which imports this module)."""
+
+    def held(self) -> AbstractContextManager[Callable[[], None]]: ...
+
+    def remove_marker(self) -> None: ...
+
+
+def _fenced(fence: Fence | None):
+    """`fence.held()`, or no fence (tests of the renames alone)."""
+    return fence.held() if fence is not None else contextlib.nullcontext(lambda: None)
+
+
+def _remove_marker(output_dir: str, fence: Fence | None) -> None:
+    if fence is not None:
+        fence.remove_marker()
+    else:
+        delete_paths([FileSystems.join(output_dir, MARKER_FILE)])
+
+
+def publish_failures_only(output_dir: str, staged_failures: str, fence: Fence | None = None) -> bool:
     """Publishes the failures of a run that stops short of a dataset (too many failures).
 
     A finished dataset already in the folder (the run was replacing it with --overwrite)
@@ -141,19 +174,21 @@ def publish_failures_only(output_dir: str, staged_failures: str) -> bool:
     removed, so the folder holds its old, finished dataset again. Otherwise the failures
     are published as failures.jsonl and the marker stays (no dataset: the folder is an
     unfinished run's, which the next run takes over). Safe to run again after a crash.
+    Fenced by `fence` (transforms/output/fence.py), like publish.
 
     Returns:
       True if an old dataset was kept.
     """
-    if not gcs.exists(FileSystems.join(output_dir, SUMMARY_FILE)):
-        publish(output_dir, [(staged_failures, FAILURES_FILE)], keep_marker=True)
-        return False
-    final = FileSystems.join(output_dir, ABORTED_FAILURES_FILE)
-    if gcs.exists(staged_failures):
-        if "://" in final:
-            delete_paths([final])  # copy-based renames may refuse to overwrite
-        rename_files([(staged_failures, final)])
-    delete_paths([FileSystems.join(output_dir, MARKER_FILE)])
+    with _fenced(fence):
+        if not gcs.exists(FileSystems.join(output_dir, SUMMARY_FILE)):
+            publish(output_dir, [(staged_failures, FAILURES_FILE)], keep_marker=True, fence=fence)
+            return False
+        final = FileSystems.join(output_dir, ABORTED_FAILURES_FILE)
+        if gcs.exists(staged_failures):
+            if "://" in final:
+                delete_paths([final])  # copy-based renames may refuse to overwrite
+            rename_files([(staged_failures, final)])
+        _remove_marker(output_dir, fence)
     return True
 
 
@@ -171,7 +206,13 @@ def aborted_reason(output_dir: str, run_id: str) -> str | None:
         return f.read().decode("utf-8")
 
 
-def publish(output_dir: str, moves: list[tuple[str, str]], keep_marker: bool = False) -> None:
+def publish(
+    output_dir: str,
+    moves: list[tuple[str, str]],
+    keep_marker: bool = False,
+    fence: Fence | None = None,
+    cleanup: tuple[str, ...] = (),
+) -> None:
     """Makes a staged run the dataset in `output_dir`. Safe to run again after a crash.
 
     `moves` are (staged path, final name) pairs, shards first and summary.json last.
@@ -180,14 +221,30 @@ def publish(output_dir: str, moves: list[tuple[str, str]], keep_marker: bool = F
     next to the new shards. The moves follow in three steps, each renaming its files at
     once (in parallel batches on gs://): the shards and reader files, then failures.jsonl
     and labels.txt, then summary.json. Moves whose staged file is gone were done by an
-    earlier try (a finalize retried by the runner).
+    earlier try (a finalize retried by the runner). Then `cleanup` (the run's staging
+    folder) is deleted and the marker removed last.
+
+    Every change is made inside `fence.held()` (transforms/output/fence.py): while the claim
+    is provably this run's, renewed between the steps; a run that lost its claim raises
+    ClaimLost before its first change.
 
     Args:
       keep_marker: leave the in-progress marker (a run that publishes only its failures).
+      fence: the claim's token (None: unfenced, for tests of the renames alone).
+      cleanup: paths deleted once everything is in place, before the marker goes.
 
     Raises:
       FileNotFoundError: a staged file is missing and was never published.
+      ClaimLost: another run took the folder over.
     """
+    with _fenced(fence) as keep:
+        _publish(output_dir, moves, keep)
+        delete_paths(list(cleanup))
+        if not keep_marker:
+            _remove_marker(output_dir, fence)
+
+
+def _publish(output_dir: str, moves: list[tuple[str, str]], keep) -> None:
     finals = {name: staged for staged, name in moves}
     staged_now = existing_files([staged for staged, _ in moves])
     if SUMMARY_FILE not in finals or finals[SUMMARY_FILE] in staged_now:
@@ -197,6 +254,7 @@ def publish(output_dir: str, moves: list[tuple[str, str]], keep_marker: bool = F
     stale = [n for n in children if is_dataset_file(n) and n not in finals]
     delete_files([FileSystems.join(output_dir, n) for n in stale])
     for step in _publish_steps(moves):
+        keep()
         pairs, replaced = [], []
         for staged, name in step:
             final = FileSystems.join(output_dir, name)
@@ -210,8 +268,6 @@ def publish(output_dir: str, moves: list[tuple[str, str]], keep_marker: bool = F
         if pairs:  # every file of the step at once (on gs:// copies, then deletes, in batches)
             rename_files(pairs)
         pause_if_asked("publish")
-    if not keep_marker:
-        delete_paths([FileSystems.join(output_dir, MARKER_FILE)])
 
 
 def _publish_steps(moves: list[tuple[str, str]]) -> list[list[tuple[str, str]]]:

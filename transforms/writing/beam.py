@@ -44,12 +44,22 @@ class WriteShardFn(beam.DoFn):
     unchanged), per writer: the DoFn, or each worker process; 0 means one thread per core
     in the DoFn, and in a worker process what `_write_in_worker` says (no thread for local
     files, read-ahead threads for a bucket). `progress_key` names the run's process-local
-    Progress (transforms/progress.py), if any.
+    Progress (transforms/progress.py), if any. `claim` (the output claim's Fence,
+    transforms/output/fence.py) is kept alive while each bundle runs, for a job that keeps its
+    claim (a remote runner), and a bundle stops once the claim was lost.
     """
 
-    def __init__(self, job: ShardJob, threads: int = 0, progress_key: str | None = None, processes: int = 1):
+    def __init__(
+        self,
+        job: ShardJob,
+        threads: int = 0,
+        progress_key: str | None = None,
+        processes: int = 1,
+        claim: object | None = None,
+    ):
         self._job, self._threads, self._progress_key = job, threads, progress_key
-        self._processes = processes
+        self._processes, self._claim = processes, claim
+        self._alive = None
         self._encoded = Metrics.counter(self.__class__, "images_encoded")
         self._failed = Metrics.counter(self.__class__, "images_failed")
         self._bytes = Metrics.counter(self.__class__, "bytes_written")
@@ -64,17 +74,29 @@ class WriteShardFn(beam.DoFn):
             self._pool = ThreadPoolExecutor(threads, thread_name_prefix="read-check")
 
     def teardown(self) -> None:
+        self._keep_claim(False)
         self._stop_workers(cancel=True)
         if self._pool is not None:
             self._pool.shutdown(wait=False, cancel_futures=True)
             self._pool = None
 
+    def _keep_claim(self, start: bool) -> None:
+        """Starts or stops beating the claim of a job that keeps it (see the class docstring)."""
+        if self._alive is not None:
+            self._alive, alive = None, self._alive
+            alive.stop()
+        if start and self._claim is not None and self._claim.job:
+            self._alive = self._claim.keep_alive()  # checks the claim first
+
     def start_bundle(self) -> None:
+        self._keep_claim(True)
         self._tasks: list[ShardTask] = []
         self._held = 0
         self._class_index: ClassIndex | None = None
 
     def process(self, task: ShardTask, class_index: ClassIndex) -> Iterable:
+        if self._alive is not None:
+            self._alive.check()
         if self._processes == 1:
             outcome = write_shard(task, class_index, self._job, self._pool, self._count_written)
             yield from self._outputs(outcome)
@@ -97,6 +119,7 @@ class WriteShardFn(beam.DoFn):
                     yield GlobalWindows.windowed_value(output)
         finally:
             self._stop_workers(cancel=False)
+            self._keep_claim(False)
 
     def _write_held(self) -> Iterable:
         """Writes the held tasks in the worker processes (made on first use in the bundle)."""
@@ -139,7 +162,10 @@ class WriteShardFn(beam.DoFn):
 
 
 class WriteShards(beam.PTransform):
-    """Writes ShardTasks to temp shards. Outputs `.shards` (ShardResult) and `.failed` (Failure)."""
+    """Writes ShardTasks to temp shards. Outputs `.shards` (ShardResult) and `.failed` (Failure).
+
+    `claim`: the output claim's Fence, beaten while shards are written (see WriteShardFn).
+    """
 
     def __init__(
         self,
@@ -155,6 +181,7 @@ class WriteShards(beam.PTransform):
         threads: int = 0,
         progress_key: str | None = None,
         processes: int = 1,
+        claim: object | None = None,
     ):
         super().__init__()
         if compression not in COMPRESSIONS:
@@ -165,7 +192,7 @@ class WriteShards(beam.PTransform):
             raise ValueError("processes must be positive")
         # DALI/PyTorch index files exist for uncompressed shards only.
         job = ShardJob(temp_dir, compression, settings, write_index and compression == "none", reader, retry)
-        self._fn = WriteShardFn(job, threads, progress_key, processes)
+        self._fn = WriteShardFn(job, threads, progress_key, processes, claim)
         self._class_index = class_index
 
     def expand(self, tasks: beam.PCollection[ShardTask]) -> pvalue.DoOutputsTuple:
