@@ -58,14 +58,14 @@ def generate(root: str, per_class: int = 20, seed: int = 0) -> int:
 
 def main(argv: list[str], convert: Callable[..., dict]) -> int:
     """The demo verb: `convert` is the entry point's run() (demo never imports the entry point)."""
-    from beam_pipeline.cli.help import prog_name
+    from beam_pipeline.cli.help import Formatter, prog_name
 
     parser = argparse.ArgumentParser(
         prog=f"{prog_name()} demo",
         description="Generate a small image folder with Pillow (three classes, one with a Korean "
         "name, two broken files; no download) and convert it with a 80/20 train/validation split.",
         epilog="Other flags are passed to convert (e.g. --shard_size_mb 1, --runner ...).",
-        formatter_class=argparse.ArgumentDefaultsHelpFormatter,
+        formatter_class=Formatter,
     )
     parser.add_argument(
         "--data_dir", default="demo_data", help="Where the images are generated (kept if it exists)."

@@ -353,14 +353,12 @@ COMMANDS = {"convert": _convert, "demo": _demo, "verify": _verify, "inspect": _i
 
 
 def _help_asked(argv: list[str]) -> bool:
-    """Prints convert's help (`-h`, `--help`) or Beam's options (`--help_beam`) if asked."""
+    """Prints convert's help (`-h`, `--help`), or all of it with Beam's options (`--help_all`)."""
     from beam_pipeline.cli import help as cli_help
 
-    if "--help_beam" in argv:
-        print(cli_help.beam_help(cli_help.prog_name()))
-        return True
-    if "-h" in argv or "--help" in argv:
-        print(cli_help.convert_help(cli_help.prog_name()))
+    everything = "--help_all" in argv
+    if everything or "-h" in argv or "--help" in argv:
+        print(cli_help.convert_help(cli_help.prog_name(), everything), end="")
         return True
     return False
 

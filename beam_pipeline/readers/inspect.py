@@ -351,7 +351,9 @@ def render_report(stats: DatasetStats, title: str) -> str:
 def main(argv: list[str]) -> int:
     parser = CommandParser(prog=f"{prog_name()} inspect", description=__doc__.splitlines()[0])
     parser.add_argument("output_dir", help="The conversion's --output_dir (local or gs://).")
-    parser.add_argument("--report", help="Write a self-contained HTML report to this path.")
+    parser.add_argument(
+        "--report", help="Write a self-contained HTML report to this path (none if not given)."
+    )
     parser.add_argument("--samples", type=int, default=DEFAULT_SAMPLES, help="Sample images per class.")
     parser.add_argument(
         "--failures",
