@@ -308,12 +308,15 @@ def _convert(argv: list[str]) -> int:
     if summary.get("described_only"):
         print("img2tfrecord: job described and staged, not run (dry run or template)", file=sys.stderr)
         return EXIT_OK
-    print(
-        f"img2tfrecord: wrote {summary['written']} of {summary['listed']} images "
-        f"({summary['failed']} failed, see {FAILURES_FILE})",
-        file=sys.stderr,
-    )
+    print(final_line(summary), file=sys.stderr)
     return EXIT_OK
+
+
+def final_line(summary: dict) -> str:
+    """convert's last line: what was written, with thousands separators as the progress bar."""
+    failed = summary["failed"]
+    where = f"{failed:,} failed, see {FAILURES_FILE}" if failed else "none failed"
+    return f"img2tfrecord: wrote {summary['written']:,} of {summary['listed']:,} images ({where})"
 
 
 def _demo(argv: list[str]) -> int:
