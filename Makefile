@@ -43,7 +43,7 @@ endif
 bench: setup
 	$(BIN)/python benchmarks/run.py
 
-# Airflow lives in its own venv (its pins clash with the project's); tests/test_cloud_airflow.py
+# Airflow lives in its own venv (its pins clash with the project's); tests/cloud/test_cloud_airflow.py
 # runs the DAGs with it. Rebuilt only when the lock file changes.
 AIRFLOW_VENV ?= .airflow-venv
 

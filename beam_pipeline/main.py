@@ -418,7 +418,7 @@ def _exit_on_interrupt(signum: int, frame: object) -> None:
 
     Stopping at once is safe: a run's output stays marked unfinished until its last file is
     published (transforms/output/publish.py), and the next run into the folder replaces it, as
-    after a SIGKILL (tests/test_reliability_output.py). Forked shard writers, which get
+    after a SIGKILL (tests/output/test_reliability_output.py). Forked shard writers, which get
     the terminal's SIGINT too, exit silently.
     """
     if os.getpid() == _CLI_PID:

@@ -38,7 +38,7 @@ REMOTE_PAGE = 1000
 
 def _local_images(root: str):
     """Yields the relative paths of the image files under local `root`, one at a time."""
-    for folder, _, names in os.walk(root):  # as transforms.listing.walk_local lists them
+    for folder, _, names in os.walk(root):  # as transforms.listing.local.walk_folders lists them
         for name in names:
             if has_image_extension(name):
                 yield relative_path(os.path.join(folder, name), root)

@@ -192,7 +192,7 @@ def distribution(counter: collections.Counter, label=str) -> str:
 
 
 def size_label(bucket: int) -> str:
-    """A size bucket (transforms.verify.size_bucket) as the range of sides it holds: '65-128'."""
+    """A size bucket (transforms.verify.shards.size_bucket) as the range of sides it holds: '65-128'."""
     return f"{1 if bucket <= 16 else bucket // 2 + 1}-{bucket}"
 
 

@@ -38,7 +38,7 @@ TRANSIENT_HTTP = frozenset({408, 429, 500, 502, 503, 504})
 
 
 # Files above this size have their first HEADER_BYTES checked (a `HeaderCheck`, e.g.
-# file_limits.check_header) before they are read whole; smaller ones are read at once.
+# limits.check_header) before they are read whole; smaller ones are read at once.
 CHECK_ABOVE = 64 << 20
 HEADER_BYTES = 256 << 10
 
