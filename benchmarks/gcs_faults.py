@@ -30,7 +30,7 @@ REPO = HERE.parent
 
 _CASE_503 = """
 import http.server, threading, time
-from transforms.images.read import DEFAULT_RETRY, read_with_retries
+from transforms.images.read import read_with_retries
 from tests.gcs_emulator import emulator_env, fake_credentials
 import os, pathlib, tempfile
 count = [0]

@@ -18,11 +18,12 @@ from beam_pipeline.cli.options import (
     UserError,
     table_spec,
 )
+from transforms.gcs import ERRORS as LIST_ERRORS
+from transforms.gcs import first_page
 from transforms.labels.beam_webdataset import WEBDATASET
 from transforms.labels.label_map import load_label_map
 from transforms.labels.table import check_table
 from transforms.listing.archives import archive_kind
-from transforms.listing.gcs import LIST_ERRORS, first_page
 from transforms.listing.local import is_archive_input, walk_folders
 from transforms.output.claim import claim_output
 from transforms.output.marker import Claim, NotWritable

@@ -15,8 +15,9 @@ from google.api_core import exceptions as gexc
 
 from tests.conftest import read_records, write_image
 from transforms.encoding.encoder import EncodeSettings
-from transforms.images.read import ReadError, RetryPolicy, is_transient, read_bytes, read_with_retries
+from transforms.images.read import ReadError, read_bytes, read_with_retries
 from transforms.records import ClassIndex, ImageRecord, ShardTask
+from transforms.retry import RetryPolicy, is_transient
 from transforms.writing.beam import WriteShards
 from transforms.writing.shard import ShardJob, write_shard
 

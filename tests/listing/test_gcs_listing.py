@@ -26,9 +26,11 @@ from beam_pipeline import main
 from beam_pipeline.cli import checks
 from tests.conftest import write_image
 from tests.gcs_emulator import BUCKET, upload_tree
+from transforms.gcs import first_page, split_gcs_path
+from transforms.gcs import lister as gcs_lister
 from transforms.listing import beam_gcs
 from transforms.listing.beam import ListImages
-from transforms.listing.gcs import BELOW, EXPAND, OBJECT, first_page, gcs_lister, list_level, split_gcs_path
+from transforms.listing.gcs import BELOW, EXPAND, OBJECT, list_level
 from transforms.paths import escape_glob, has_image_extension, relative_path
 
 ROOT = f"gs://{BUCKET}/data"
@@ -146,7 +148,7 @@ def test_the_whole_bucket_is_an_empty_prefix(gcs_bucket):
 
 
 def test_list_level_holds_at_most_the_target_then_lists_the_rest_whole(bucket):
-    lister = gcs_lister(BUCKET, bucket.client)
+    lister = gcs_lister(BUCKET)
     entries = collections.defaultdict(list)
     for kind, value in list_level(lister, "data/", width=1, last_level=False, target=1000):
         entries[kind].append(value)

@@ -1,18 +1,17 @@
 """Publishing many shards on gs:// (transforms/output/publish.py), against the GCS emulator.
 
 A staged run of 250 shards (with index files) replaces a finished dataset of 300 shards:
-the shards are renamed in one call of Beam's FileSystems.rename (GCS batch requests of 100
-copies, then 100 deletes), in the documented order, and a second publish (a retried
+the shards are renamed in one call of transforms/gcs.py rename_batch (GCS batch requests of
+100 copies, then 100 deletes), in the documented order, and a second publish (a retried
 finalize) changes nothing.
 """
 
 from __future__ import annotations
 
 import pytest
-from apache_beam.io.filesystems import FileSystems
 
 from tests.gcs_emulator import BUCKET
-from transforms.output import publish as output
+from transforms import gcs
 from transforms.output.publish import MARKER_FILE, existing_files, publish
 
 OUT = "pub/out"
@@ -72,13 +71,13 @@ def _expected() -> dict[str, bytes]:
 
 def test_many_shards_are_published_at_once_in_order(gcs_bucket, staged, monkeypatch):
     calls: list[list[str]] = []
-    rename = FileSystems.rename
+    rename = gcs.rename_batch
 
-    def spy(sources: list[str], destinations: list[str]) -> None:
-        calls.append([d.rsplit("/", 1)[1] for d in destinations])
-        rename(sources, destinations)
+    def spy(pairs: list[tuple[str, str]]) -> None:
+        calls.append([d.rsplit("/", 1)[1] for _, d in pairs])
+        rename(pairs)
 
-    monkeypatch.setattr(output.FileSystems, "rename", spy)
+    monkeypatch.setattr(gcs, "rename_batch", spy)
     publish(f"gs://{BUCKET}/{OUT}", staged)
     # Old shards, features.json (not produced by this run) and the marker gone; staging emptied.
     assert _objects(gcs_bucket, OUT) == _expected()

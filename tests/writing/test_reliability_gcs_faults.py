@@ -22,9 +22,10 @@ from apache_beam.testing.test_pipeline import TestPipeline
 from tests.gcs_emulator import HOST, emulator_env, fake_credentials, free_port
 from transforms.encoding.encoder import EncodeSettings
 from transforms.failures import user_error_text
-from transforms.images.gcs_read import StoreHealth, StoreUnreachable, read_gcs
-from transforms.images.read import DEFAULT_RETRY, ReadError, RetryPolicy, read_bytes, read_with_retries
+from transforms.gcs import read as read_gcs
+from transforms.images.read import ReadError, read_bytes, read_with_retries
 from transforms.records import ClassIndex, ImageRecord, ShardTask
+from transforms.retry import DEFAULT_RETRY, RetryPolicy, StoreHealth, StoreUnreachable
 from transforms.writing.beam import WriteShards
 
 

@@ -7,7 +7,8 @@ Every expected way a read can fail (missing file, broken symlink, FIFO or device
 permission denied, a GCS 4xx, a transient error that outlived its retries or the file's
 deadline) becomes a ReadError whose message is the reason written to failures.jsonl. A
 store that answers nothing but transient errors for long stops the job
-(transforms/images/gcs_read.py, StoreUnreachable). Anything else is a bug and propagates.
+(transforms/retry.py, StoreUnreachable). gs:// objects and members are read through
+transforms/gcs.py, one request per attempt of the one RetryPolicy. Anything else is a bug and propagates.
 """
 
 from __future__ import annotations
@@ -16,7 +17,6 @@ import dataclasses
 import errno
 import io
 import os
-import random
 import stat
 import time
 from collections.abc import Callable
@@ -26,16 +26,17 @@ from apache_beam.io.filesystem import CompressionTypes
 from apache_beam.io.filesystems import FileSystems
 from google.api_core.exceptions import RequestRangeNotSatisfiable
 
-from transforms.images.gcs_read import HEALTH, gcs_size, read_gcs, store_of
+from transforms import gcs
 from transforms.listing.members import MemberAddress, parse_address
-
-# errno values worth another try: the file may well be readable a moment later.
-TRANSIENT_ERRNOS = frozenset(
-    {errno.EAGAIN, errno.EINTR, errno.EIO, errno.EBUSY, errno.ETIMEDOUT, errno.ECONNRESET, errno.ENOBUFS}
+from transforms.retry import (
+    DEFAULT_RETRY,
+    TRANSIENT_ERRNOS,
+    GaveUp,
+    RetryPolicy,
+    describe,
+    http_status,
+    store_of,
 )
-# HTTP statuses of a cloud store worth another try (throttling and server errors).
-TRANSIENT_HTTP = frozenset({408, 429, 500, 502, 503, 504})
-
 
 # Files above this size have their first HEADER_BYTES checked (a `HeaderCheck`, e.g.
 # limits.check_header) before they are read whole; smaller ones are read at once.
@@ -48,70 +49,6 @@ HeaderCheck = Callable[[bytes, int], None]
 
 class ReadError(OSError):
     """The file could not be read; the message is the reason (one line)."""
-
-
-@dataclasses.dataclass(frozen=True)
-class RetryPolicy:
-    """How often and how patiently a transient read error is retried.
-
-    Delays grow as initial_delay * 2**attempt (capped at max_delay), each with up to
-    `jitter` of itself added at random, so many workers do not retry in lockstep. No
-    retry starts after `deadline` seconds since the file's first attempt (an attempt in
-    flight then ends within its request timeout: gcs_read.REQUEST_TIMEOUT), and a store
-    that has answered nothing but transient errors for `store_down` seconds stops the
-    job (transforms/images/gcs_read.py).
-    """
-
-    attempts: int = 5
-    initial_delay: float = 0.5
-    max_delay: float = 10.0
-    jitter: float = 0.5
-    deadline: float = 60.0
-    store_down: float = 60.0
-
-    def __post_init__(self) -> None:
-        if self.attempts < 1:
-            raise ValueError("RetryPolicy.attempts must be at least 1")
-        if self.deadline <= 0 or self.store_down <= 0:
-            raise ValueError("RetryPolicy.deadline and store_down must be positive")
-
-    def delay(self, attempt: int) -> float:
-        base = min(self.max_delay, self.initial_delay * 2**attempt)
-        return base * (1 + self.jitter * random.random())
-
-
-DEFAULT_RETRY = RetryPolicy()
-
-
-def _http_status(error: BaseException) -> int | None:
-    code = getattr(error, "code", None)  # google.api_core.exceptions.GoogleAPICallError
-    if isinstance(code, int):
-        return code
-    status = getattr(getattr(error, "response", None), "status_code", None)  # requests / apitools
-    return status if isinstance(status, int) else None
-
-
-def is_transient(error: BaseException) -> bool:
-    """True for errors that a later attempt may not hit: timeouts, resets, 5xx, 429."""
-    if isinstance(error, ReadError):
-        return False
-    if isinstance(error, (TimeoutError, ConnectionError)):
-        return True
-    if isinstance(error, OSError) and error.errno in TRANSIENT_ERRNOS:
-        return True
-    status = _http_status(error)
-    if status is not None:
-        return status in TRANSIENT_HTTP
-    # requests/urllib3 connection and timeout errors carry no status.
-    name = type(error).__name__
-    return name in {"ConnectionError", "Timeout", "ReadTimeout", "ConnectTimeout", "RetryError"}
-
-
-def _describe(error: BaseException) -> str:
-    if isinstance(error, OSError) and error.strerror:
-        return error.strerror
-    text = str(error).strip().splitlines()
-    return f"{type(error).__name__}: {text[0] if text else ''}".rstrip(": ")
 
 
 def read_local(path: str, check: HeaderCheck | None = None) -> bytes:
@@ -204,7 +141,7 @@ def read_remote(path: str, check: HeaderCheck | None = None) -> bytes:
     check; a larger one is read in two, its header checked in between (read_gcs_checked).
     """
     if path.startswith("gs://"):
-        return read_gcs(path) if check is None else read_gcs_checked(path, check)
+        return gcs.read(path) if check is None else read_gcs_checked(path, check)
     with FileSystems.open(path, compression_type=CompressionTypes.UNCOMPRESSED) as f:
         if check is not None and f.seekable():
             size = f.seek(0, os.SEEK_END)
@@ -244,17 +181,17 @@ def read_gcs_checked(path: str, check: HeaderCheck) -> bytes:
     and the rest is read in one more request.
     """
     try:
-        head = read_gcs(path, end=CHECK_ABOVE - 1)
+        head = gcs.read(path, end=CHECK_ABOVE - 1)
     except RequestRangeNotSatisfiable:  # an empty object has no byte range
-        return read_gcs(path)
+        return gcs.read(path)
     if len(head) < CHECK_ABOVE:
         return head
-    size = gcs_size(path)
+    size, _ = gcs.stat(path)
     if size <= CHECK_ABOVE:
         return head
     check(head[:HEADER_BYTES], size)
     try:
-        return head + read_gcs(path, start=CHECK_ABOVE)
+        return head + gcs.read(path, start=CHECK_ABOVE)
     except MemoryError:
         raise ReadError("the object does not fit in memory") from None
 
@@ -290,7 +227,7 @@ def read_with_retries(
     policy: RetryPolicy = DEFAULT_RETRY,
     sleep: Callable[[float], None] = time.sleep,
 ) -> bytes:
-    """Reads `path`, retrying transient errors with exponential backoff, within `policy.deadline`.
+    """Reads `path`, retrying transient errors under `policy` (transforms/retry.py).
 
     Raises:
       ReadError: the file cannot be read (at once for permanent errors, after
@@ -298,33 +235,14 @@ def read_with_retries(
       StoreUnreachable: the file's store has answered nothing but transient errors for
         `policy.store_down` seconds (this file's and others').
     """
-    store = store_of(path)
-    start = time.monotonic()
-    for attempt in range(policy.attempts):
-        try:
-            data = reader(path)
-        except ReadError:
-            raise
-        except Exception as e:
-            if not is_transient(e):
-                if isinstance(e, OSError) or _http_status(e) is not None:
-                    HEALTH.succeeded(store)  # it answered: the store is up, the file is not there
-                    raise ReadError(_describe(e)) from None
-                raise  # not an I/O error at all: a bug
-            HEALTH.failed(store, _describe(e), policy.store_down)
-            if attempt + 1 == policy.attempts:
-                raise ReadError(f"{_describe(e)} (still failing after {policy.attempts} attempts)") from None
-            delay = policy.delay(attempt)
-            spent = time.monotonic() - start
-            if spent + delay > policy.deadline:
-                raise ReadError(
-                    f"{_describe(e)} (still failing after {attempt + 1} attempts in {spent:.0f} s)"
-                ) from None
-            sleep(delay)
-        else:
-            HEALTH.succeeded(store)
-            return data
-    raise AssertionError("unreachable: attempts >= 1")
+    try:
+        return policy.call(lambda: reader(path), store_of(path), sleep)
+    except ReadError:
+        raise
+    except Exception as e:
+        if isinstance(e, OSError) or http_status(e) is not None:  # GaveUp is an OSError
+            raise ReadError(str(e) if isinstance(e, GaveUp) else describe(e)) from None
+        raise  # not an I/O error at all: a bug
 
 
 # Archive members: one positioned read of the archive file (listing/members.py has the address).
@@ -343,11 +261,8 @@ def read_member_remote(address: MemberAddress) -> bytes:
     if address.size == 0:
         return b""
     if address.archive.startswith("gs://"):
-        blob = _gcs_blob(address.archive)
-        data = blob.download_as_bytes(
-            start=address.offset, end=address.offset + address.size - 1, checksum=None
-        )
-        return _checked(data, address)
+        end = address.offset + address.size - 1  # one request; the RetryPolicy retries it
+        return _checked(gcs.read(address.archive, start=address.offset, end=end), address)
     from apache_beam.io.filesystem import CompressionTypes
     from apache_beam.io.filesystems import FileSystems
 
@@ -362,16 +277,3 @@ def _checked(data: bytes, address: MemberAddress) -> bytes:
             f"archive truncated: {len(data)} of the member's {address.size} bytes at byte {address.offset}"
         )
     return data
-
-
-_gcs: dict[int, object] = {}  # pid -> GcsIO: a forked worker makes its own client
-
-
-def _gcs_blob(path: str) -> object:
-    from apache_beam.io.gcp import gcsio
-
-    io = _gcs.get(os.getpid())
-    if io is None:
-        io = _gcs[os.getpid()] = gcsio.GcsIO()
-    bucket, name = gcsio.parse_gcs_path(path)
-    return io.client.bucket(bucket).blob(name)

@@ -16,6 +16,8 @@ from apache_beam.metrics import Metrics
 
 from transforms.batching import RebatchFn
 from transforms.coders import FileBatchCoder  # noqa: F401 - registers the record coders
+from transforms.gcs import ERRORS as LIST_ERRORS
+from transforms.gcs import GCS_SCHEME, Lister, lister, split_gcs_path
 from transforms.listing.archives import archive_kind
 from transforms.listing.beam_walk import ARCHIVES, _ListFn
 from transforms.listing.gcs import (
@@ -23,15 +25,10 @@ from transforms.listing.gcs import (
     EXPAND,
     FANOUT_LEVELS,
     FANOUT_TARGET,
-    GCS_SCHEME,
-    LIST_ERRORS,
     OBJECT,
-    Lister,
     _cannot_list,
-    gcs_lister,
     list_below,
     list_level,
-    split_gcs_path,
 )
 from transforms.listing.local import archive_in, is_listed
 from transforms.paths import has_image_extension, relative_path
@@ -53,7 +50,7 @@ class _GcsListFn(_ListFn, RebatchFn):
 
     def setup(self) -> None:
         super().setup()
-        self._lister = gcs_lister(self._bucket)
+        self._lister = lister(self._bucket)
 
     def _image(self, name: str, size: int) -> Iterator[FileBatch | pvalue.TaggedOutput]:
         """An object's FileBatch (an image) or ARCHIVES output (a tar archive); nothing else."""

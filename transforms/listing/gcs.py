@@ -26,29 +26,21 @@ worker: the objects directly inside one prefix above the cut, and the objects be
 prefix at the cut: a bucket of millions of images in one flat "folder" is listed by one
 worker, page by page (streamed, never held), as before.
 
+Each list request is one request of the one retry policy (transforms/gcs.py `lister`).
 Objects whose names end in "/" (folder placeholders) and names without an image extension are
 skipped, as in the local walk. Names are used as they are (never as glob patterns), so `[`,
 `*`, `?`, spaces and any Unicode are plain characters. A root that cannot be listed (missing
-bucket, no permission, errors left after the client's retries) stops the job with a one-line
+bucket, no permission, errors left after the policy's retries) stops the job with a one-line
 error for the entry point (exit 2).
 """
 
 from __future__ import annotations
 
-from collections.abc import Callable, Iterable, Iterator
-
-from apache_beam.io.filesystems import FileSystems
-from google.api_core.exceptions import GoogleAPIError
-from google.auth.exceptions import GoogleAuthError
+from collections.abc import Iterator
 
 from transforms.coders import FileBatchCoder  # noqa: F401 - registers the record coders
 from transforms.failures import USER_ERROR_MARKER
-
-GCS_SCHEME = "gs://"
-
-
-DELIMITER = "/"
-
+from transforms.gcs import DELIMITER, Lister
 
 # Stop fanning out once a level would hold about this many prefixes (enough work items for
 # hundreds of workers; one more list request per prefix is all a larger number costs)...
@@ -68,67 +60,6 @@ EXPAND = "expand"
 
 
 BELOW = "below"
-
-
-# What a listing may raise once the client's own retries are spent (requests' errors are OSErrors).
-LIST_ERRORS = (GoogleAPIError, GoogleAuthError, OSError)
-
-
-# (object name, size) or (prefix, None): one entry of a listing with the delimiter.
-Entry = tuple[str, "int | None"]
-
-
-# Lists `prefix` of the bucket: with the delimiter (objects and prefixes of one level) or,
-# delimiter None, every object below it. Yields Entries.
-Lister = Callable[[str, "str | None"], Iterable[Entry]]
-
-
-def split_gcs_path(path: str) -> tuple[str, str]:
-    """('bucket', 'prefix/') of a gs:// root; the prefix is '' for the whole bucket.
-
-    Raises:
-      ValueError: not a gs:// path, or no bucket name.
-    """
-    if not path.startswith(GCS_SCHEME):
-        raise ValueError(f"not a gs:// path: {path}")
-    bucket, _, name = path[len(GCS_SCHEME) :].partition("/")
-    if not bucket:
-        raise ValueError(f"no bucket name in {path}")
-    name = name.rstrip("/")
-    return bucket, (name + "/" if name else "")
-
-
-def gcs_io(path: str):
-    """Beam's GcsIO for `path`: the same client, credentials and retries as Beam's own gs://
-    filesystem (the pipeline options FileSystems was given, on the workers too)."""
-    return FileSystems.get_filesystem(path)._gcsIO()
-
-
-def gcs_lister(bucket: str, client=None) -> Lister:
-    """A Lister of `bucket` through google-cloud-storage (paged, streamed page by page)."""
-    client = client if client is not None else gcs_io(f"{GCS_SCHEME}{bucket}/").client
-
-    def list_prefix(prefix: str, delimiter: str | None) -> Iterator[Entry]:
-        blobs = client.list_blobs(bucket, prefix=prefix or None, delimiter=delimiter)
-        for page in blobs.pages:
-            for blob in page:
-                yield blob.name, blob.size or 0  # an object's size is never None; a prefix's is
-            for sub in getattr(page, "prefixes", ()):
-                yield sub, None
-
-    return list_prefix
-
-
-def first_page(root: str, limit: int) -> list[str]:
-    """Names of up to `limit` objects below gs:// `root`, from a single list request (the
-    CLI's cheap look before the job; the listing itself runs in the pipeline).
-
-    Raises:
-      LIST_ERRORS: the root cannot be listed (missing bucket, no permission).
-    """
-    bucket, prefix = split_gcs_path(root)
-    blobs = gcs_io(root).client.list_blobs(bucket, prefix=prefix or None, max_results=limit)
-    return [blob.name for blob in next(iter(blobs.pages), [])][:limit]
 
 
 def list_level(

@@ -10,7 +10,7 @@ marker's generation, so it stops by itself once the marker is published, abandon
 taken over), and a marker whose heartbeat is older than LEASE_SECONDS is a dead run's.
 A takeover is an upload conditional on the dead marker's generation: of two runs taking
 over together, exactly one wins. Every request goes through google-cloud-storage with
-Beam's credentials (GcsIO's client) and a bounded retry.
+Beam's credentials (transforms/gcs.py's client) and the one bounded retry policy.
 """
 
 from __future__ import annotations
@@ -18,10 +18,10 @@ from __future__ import annotations
 import logging
 import time
 
-from apache_beam.io.gcp.gcsio import GcsIO, parse_gcs_path
+from apache_beam.io.gcp.gcsio import parse_gcs_path
 from google.api_core import exceptions as gexc
-from google.cloud.storage.retry import DEFAULT_RETRY
 
+from transforms import gcs
 from transforms.output.marker import (
     CLAIM_TRIES,
     HEARTBEAT_KEY,
@@ -35,10 +35,11 @@ from transforms.output.marker import (
     parse_marker,
 )
 from transforms.output.publish import OutputBusy
+from transforms.retry import DEFAULT_RETRY
 
-# One request's retries (503s, resets) end after this long: a claim never hangs on a
-# bucket that does not answer.
-_REQUEST_RETRY = DEFAULT_RETRY.with_timeout(30.0)
+# One request's retries (503s, resets): the one retry policy's, so a claim never hangs on a
+# bucket that does not answer (transforms/retry.py).
+_REQUEST_RETRY = DEFAULT_RETRY.as_api_retry()
 
 
 def heartbeat_age(metadata: dict | None, updated_epoch: float, now: float) -> float:
@@ -108,7 +109,7 @@ def claim_remote(output_dir: str, run_id: str, client=None) -> RemoteClaim:
     """
     marker = f"{output_dir.rstrip('/')}/.img2tfrecord-in-progress.json"
     bucket_name, name = parse_gcs_path(marker)
-    client = client or GcsIO().client
+    client = client or gcs.client()
     blob = client.bucket(bucket_name).blob(name)
     try:
         for _ in range(CLAIM_TRIES):

@@ -17,7 +17,8 @@ Everything goes through Beam's FileSystems, so the same code serves local folder
 gs:// buckets; local paths are never used as glob patterns. On gs:// (where a rename is a
 copy plus a delete) publishing works on lists: one listing per staging folder tells what is
 left to move, and the moves, overwritten files and stale files go to GCS in batch requests
-(up to 100 operations a request, Beam's GcsIO), not one round trip per file.
+(up to 100 operations a request, transforms/gcs.py under the one retry policy), not one
+round trip per file.
 """
 
 from __future__ import annotations
@@ -27,7 +28,8 @@ import re
 
 from apache_beam.io.filesystems import FileSystems
 
-from transforms.listing.gcs import DELIMITER, gcs_io, gcs_lister, split_gcs_path
+from transforms import gcs
+from transforms.gcs import DELIMITER, split_gcs_path
 from transforms.paths import escape_glob
 from transforms.testhooks import pause_if_asked
 from transforms.writing.files import delete_paths, write_text
@@ -84,7 +86,7 @@ def list_children(output_dir: str) -> list[str]:
             return []
     if output_dir.startswith("gs://"):  # one level (the delimiter), not every object below
         bucket, prefix = split_gcs_path(output_dir)
-        return sorted({name[len(prefix) :].rstrip("/") for name, _ in gcs_lister(bucket)(prefix, DELIMITER)})
+        return sorted({name[len(prefix) :].rstrip("/") for name, _ in gcs.lister(bucket)(prefix, DELIMITER)})
     prefix = output_dir.rstrip("/") + "/"
     found = FileSystems.match([escape_glob(prefix) + "**"])[0].metadata_list
     return sorted({m.path[len(prefix) :].split("/", 1)[0] for m in found})
@@ -104,7 +106,7 @@ def existing_files(paths: list[str]) -> set[str]:
         bucket, prefix = split_gcs_path(folder)
         names = {
             f"gs://{bucket}/{name}"
-            for name, size in gcs_lister(bucket)(prefix, DELIMITER)
+            for name, size in gcs.lister(bucket)(prefix, DELIMITER)
             if size is not None
         }
         found.update(names.intersection(wanted))
@@ -115,14 +117,20 @@ def delete_files(paths: list[str]) -> None:
     """Deletes files (not folders) if they exist; on gs:// in batch requests.
 
     Raises:
-      OSError: a gs:// file that exists could not be deleted.
+      StoreUnreachable: a gs:// file that exists could not be deleted (one line).
     """
     remote = [p for p in paths if p.startswith("gs://")]
     delete_paths([p for p in paths if not p.startswith("gs://")])
-    if remote:
-        failed = [(p, code) for p, code in gcs_io(remote[0]).delete_batch(remote) if code is not None]
-        if failed:
-            raise OSError(f"could not delete {len(failed)} files, e.g. {failed[0][0]} (HTTP {failed[0][1]})")
+    gcs.delete_batch(remote)
+
+
+def rename_files(pairs: list[tuple[str, str]]) -> None:
+    """Renames (source, destination) files; on gs:// in batch requests under the one retry policy."""
+    remote = [pair for pair in pairs if pair[1].startswith("gs://")]
+    local = [pair for pair in pairs if not pair[1].startswith("gs://")]
+    if local:
+        FileSystems.rename([src for src, _ in local], [dst for _, dst in local])
+    gcs.rename_batch(remote)
 
 
 def publish_failures_only(output_dir: str, staged_failures: str) -> bool:
@@ -144,7 +152,7 @@ def publish_failures_only(output_dir: str, staged_failures: str) -> bool:
     if FileSystems.exists(staged_failures):
         if "://" in final:
             delete_paths([final])  # copy-based renames may refuse to overwrite
-        FileSystems.rename([staged_failures], [final])
+        rename_files([(staged_failures, final)])
     delete_paths([FileSystems.join(output_dir, MARKER_FILE)])
     return True
 
@@ -200,7 +208,7 @@ def publish(output_dir: str, moves: list[tuple[str, str]], keep_marker: bool = F
                 raise FileNotFoundError(f"staged file {staged} is missing and {final} was never published")
         delete_files(replaced)
         if pairs:  # every file of the step at once (on gs:// copies, then deletes, in batches)
-            FileSystems.rename([staged for staged, _ in pairs], [final for _, final in pairs])
+            rename_files(pairs)
         pause_if_asked("publish")
     if not keep_marker:
         delete_paths([FileSystems.join(output_dir, MARKER_FILE)])

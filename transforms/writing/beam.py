@@ -21,9 +21,10 @@ from apache_beam.transforms.window import GlobalWindows
 from transforms.encoding.encoder import EncodeSettings
 from transforms.failures import FAILED
 from transforms.images.prefetch import default_threads
-from transforms.images.read import DEFAULT_RETRY, RetryPolicy, read_bytes
+from transforms.images.read import read_bytes
 from transforms.progress import Progress, lookup
 from transforms.records import ClassIndex, ShardTask
+from transforms.retry import DEFAULT_RETRY, RetryPolicy
 from transforms.writing.processes import ShardProcesses
 from transforms.writing.shard import COMPRESSIONS, ShardJob, ShardOutcome, shard_suffix, write_shard
 

@@ -7,6 +7,7 @@ import shutil
 
 from apache_beam.io.filesystems import FileSystems
 
+from transforms import gcs
 from transforms.images.read import read_with_retries
 from transforms.paths import escape_glob
 
@@ -48,7 +49,11 @@ def delete_paths(paths: list[str]) -> None:
 
 
 def write_bytes(path: str, data: bytes, mime_type: str = "application/octet-stream") -> None:
-    """Writes a whole file through Beam's filesystems (local or gs://)."""
+    """Writes a whole file: gs:// in one request per attempt of the one retry policy
+    (transforms/gcs.py), other paths through Beam's filesystems."""
+    if path.startswith("gs://"):
+        gcs.upload(path, data, mime_type)
+        return
     with FileSystems.create(path, mime_type=mime_type) as f:
         f.write(data)
 

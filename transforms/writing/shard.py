@@ -24,22 +24,17 @@ from typing import BinaryIO
 from apache_beam.io.filesystem import CompressionTypes
 from apache_beam.io.filesystems import FileSystems
 
+from transforms import gcs
 from transforms.encoding.encoder import EncodeSettings, encode_image_chunks
 from transforms.encoding.tfrecord import RECORD_OVERHEAD, frame_chunks
 from transforms.failures import Failure
 from transforms.images.limits import check_header
 from transforms.images.prefetch import map_in_order
-from transforms.images.read import (
-    DEFAULT_RETRY,
-    ReadError,
-    RetryPolicy,
-    read_bytes,
-    read_open,
-    read_with_retries,
-)
+from transforms.images.read import ReadError, read_bytes, read_open, read_with_retries
 from transforms.images.types import ImageError, ImageInfo
 from transforms.listing.members import parse_address
 from transforms.records import ClassIndex, ImageRecord, ShardResult, ShardTask
+from transforms.retry import DEFAULT_RETRY, RetryPolicy
 from transforms.testhooks import PAUSE_ENV, pause_if_asked
 from transforms.writing.files import delete_paths
 from transforms.writing.index import write_index
@@ -61,7 +56,8 @@ class ShardFile:
     collects each record's header, chunks (see `serialize_example_chunks`) and footer and
     writes about a megabyte of records with one `os.writev`, so the image bytes are copied
     once, by the kernel, from the object they were read into. Gzip and remote shards go
-    through `FileSystems.create`, one write per framed record as the sink does.
+    through `transforms.gcs.create` (gs:// under the one retry policy, others through Beam's
+    FileSystems), one write per framed record as the sink does.
     """
 
     def __init__(self, path: str, compression: str = "none"):
@@ -76,7 +72,7 @@ class ShardFile:
                 path, os.O_WRONLY | os.O_CREAT | os.O_TRUNC | getattr(os, "O_CLOEXEC", 0), 0o666
             )
         else:
-            self._file = FileSystems.create(path, compression_type=COMPRESSIONS[compression])
+            self._file = gcs.create(path, compression_type=COMPRESSIONS[compression])
 
     def write(self, data: bytes) -> None:
         self.write_chunks((data,), len(data))

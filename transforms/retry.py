@@ -1,0 +1,213 @@
+"""One retry policy for every read and write that may fail for a moment (pure).
+
+In: a call that makes one request (or one local read). Out: its result, or one error once the
+policy's budget is spent. `RetryPolicy.call` retries transient errors (timeouts, resets, EIO,
+HTTP 408/429/5xx) with jittered exponential backoff, at most `attempts` times and never
+starting an attempt `deadline` seconds after the first; permanent errors propagate at once.
+The same policy, as a `google.api_core.retry.Retry` (`as_api_retry`), bounds the requests the
+storage client has to retry itself (the chunks of a resumable upload, the claim's requests):
+one request per attempt either way, never a retry behind the policy's back.
+
+`StoreHealth` watches a whole store (a bucket) from one process: a store that has answered
+nothing but transient errors for `store_down` seconds, whatever was asked of it, is down (an
+endpoint that disappeared, a network gone), and `StoreUnreachable` stops the job with one
+line (exit 2) instead of failing every image after its own retries for hours. One object
+that keeps failing while others are read does not trip it: any answer resets the clock.
+
+The budget (`deadline` and `store_down`, 60 s) is read from IMG2TFRECORD_RETRY_SECONDS when a
+policy is made, so tests and impatient users shorten it; a policy travels inside the pickled
+graph to the workers.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import errno
+import os
+import random
+import re
+import threading
+import time
+from collections.abc import Callable
+from typing import TypeVar
+
+from transforms.failures import USER_ERROR_MARKER
+
+# errno values worth another try: the file may well be readable a moment later.
+TRANSIENT_ERRNOS = frozenset(
+    {errno.EAGAIN, errno.EINTR, errno.EIO, errno.EBUSY, errno.ETIMEDOUT, errno.ECONNRESET, errno.ENOBUFS}
+)
+# HTTP statuses of a cloud store worth another try (throttling and server errors).
+TRANSIENT_HTTP = frozenset({408, 429, 500, 502, 503, 504})
+# Seconds of the default budget: no retry starts later, and a store failing this long is down.
+BUDGET_ENV = "IMG2TFRECORD_RETRY_SECONDS"
+_ERRNO = re.compile(r"\[Errno -?\d+\] [^\"')(]+")
+
+T = TypeVar("T")
+
+
+def _budget() -> float:
+    return float(os.environ.get(BUDGET_ENV) or 60.0)
+
+
+class GaveUp(OSError):
+    """A transient error outlived the policy's attempts or deadline; the message says which (one line)."""
+
+
+class StoreUnreachable(Exception):
+    """A store answered nothing but errors for too long, or a write to it could not be made:
+    the job stops (one line).
+
+    Not an OSError, so it is never turned into one image's failure; its message carries
+    USER_ERROR_MARKER, which the entry point reports as one line (exit 2).
+    """
+
+
+def http_status(error: BaseException) -> int | None:
+    code = getattr(error, "code", None)  # google.api_core.exceptions.GoogleAPICallError
+    if isinstance(code, int):
+        return code
+    status = getattr(getattr(error, "response", None), "status_code", None)  # requests / media errors
+    return status if isinstance(status, int) else None
+
+
+def is_transient(error: BaseException) -> bool:
+    """True for errors that a later attempt may not hit: timeouts, resets, 5xx, 429."""
+    if isinstance(error, GaveUp):
+        return False
+    if isinstance(error, (TimeoutError, ConnectionError)):
+        return True
+    if isinstance(error, OSError) and error.errno in TRANSIENT_ERRNOS:
+        return True
+    status = http_status(error)
+    if status is not None:
+        return status in TRANSIENT_HTTP
+    # requests/urllib3 connection and timeout errors carry no status.
+    name = type(error).__name__
+    return name in {"ConnectionError", "Timeout", "ReadTimeout", "ConnectTimeout", "RetryError"}
+
+
+def describe(error: BaseException) -> str:
+    """One line saying what went wrong."""
+    if isinstance(error, OSError) and error.strerror:
+        return error.strerror
+    text = str(error).strip().splitlines()
+    return f"{type(error).__name__}: {text[0] if text else ''}".rstrip(": ")
+
+
+def store_of(path: str) -> str | None:
+    """The store `path` is read from ('gs://bucket'), or None for a local file."""
+    if "://" not in path:
+        return None
+    scheme, rest = path.split("://", 1)
+    return f"{scheme}://{rest.split('/', 1)[0]}"
+
+
+class StoreHealth:
+    """Per store, since when every request has failed with a transient error (see module docstring)."""
+
+    def __init__(self, clock=time.monotonic):
+        self._clock = clock
+        self._failing_since: dict[str, float] = {}
+        self._lock = threading.Lock()
+
+    def succeeded(self, store: str | None) -> None:
+        if store is not None and store in self._failing_since:
+            with self._lock:
+                self._failing_since.pop(store, None)
+
+    def failed(self, store: str | None, error: str, down_after: float) -> None:
+        """Notes a transient error; raises StoreUnreachable once the store has been failing for `down_after` s."""
+        if store is None:
+            return
+        now = self._clock()
+        with self._lock:
+            since = self._failing_since.setdefault(store, now)
+        if now - since >= down_after:
+            cause = _ERRNO.search(error)  # "[Errno 111] Connection refused" out of urllib3's long text
+            raise StoreUnreachable(
+                f"{USER_ERROR_MARKER} {store} answered nothing but errors for {now - since:.0f} s "
+                f"(last: {cause.group(0) if cause else error}); nothing was published, rerun when it is reachable"
+            )
+
+
+HEALTH = StoreHealth()  # this process's view of the stores it uses
+
+
+@dataclasses.dataclass(frozen=True)
+class RetryPolicy:
+    """How often and how patiently a transient error is retried (see module docstring).
+
+    Delays grow as initial_delay * 2**attempt (capped at max_delay), each with up to
+    `jitter` of itself added at random, so many workers do not retry in lockstep. No
+    retry starts after `deadline` seconds since the first attempt (an attempt in flight
+    then ends within its request timeout: transforms/gcs.py REQUEST_TIMEOUT), and a store
+    that has answered nothing but transient errors for `store_down` seconds stops the job.
+    """
+
+    attempts: int = 5
+    initial_delay: float = 0.5
+    max_delay: float = 10.0
+    jitter: float = 0.5
+    deadline: float = dataclasses.field(default_factory=_budget)
+    store_down: float = dataclasses.field(default_factory=_budget)
+
+    def __post_init__(self) -> None:
+        if self.attempts < 1:
+            raise ValueError("RetryPolicy.attempts must be at least 1")
+        if self.deadline <= 0 or self.store_down <= 0:
+            raise ValueError("RetryPolicy.deadline and store_down must be positive")
+
+    def delay(self, attempt: int) -> float:
+        base = min(self.max_delay, self.initial_delay * 2**attempt)
+        return base * (1 + self.jitter * random.random())
+
+    def call(
+        self, fn: Callable[[], T], store: str | None = None, sleep: Callable[[float], None] = time.sleep
+    ) -> T:
+        """`fn()`, retried while it raises transient errors.
+
+        Raises:
+          GaveUp: still failing after `attempts` tries or `deadline` seconds.
+          StoreUnreachable: `store` has answered nothing but transient errors for `store_down` s.
+          Anything permanent `fn` raises, at once.
+        """
+        start = time.monotonic()
+        for attempt in range(self.attempts):
+            try:
+                result = fn()
+            except Exception as e:
+                if not is_transient(e):
+                    if isinstance(e, OSError) or http_status(e) is not None:
+                        HEALTH.succeeded(store)  # it answered: the store is up, the object is not there
+                    raise
+                HEALTH.failed(store, describe(e), self.store_down)
+                if attempt + 1 == self.attempts:
+                    raise GaveUp(f"{describe(e)} (still failing after {self.attempts} attempts)") from None
+                delay = self.delay(attempt)
+                spent = time.monotonic() - start
+                if spent + delay > self.deadline:
+                    raise GaveUp(
+                        f"{describe(e)} (still failing after {attempt + 1} attempts in {spent:.0f} s)"
+                    ) from None
+                sleep(delay)
+            else:
+                HEALTH.succeeded(store)
+                return result
+        raise AssertionError("unreachable: attempts >= 1")
+
+    def as_api_retry(self):
+        """This policy's backoff and deadline as a google.api_core Retry, for the storage client's
+        own retries (each attempt one request; no attempt starts after `deadline` s)."""
+        from google.api_core.retry import Retry
+
+        return Retry(
+            predicate=is_transient,
+            initial=self.initial_delay,
+            maximum=self.max_delay,
+            multiplier=2.0,
+            timeout=self.deadline,
+        )
+
+
+DEFAULT_RETRY = RetryPolicy()
