@@ -318,15 +318,17 @@ def test_a_gcs_claim_keeps_its_lease_alive_until_released(gcs_bucket, monkeypatc
     monkeypatch.setattr(output_lease, "HEARTBEAT_SECONDS", 0.05)
     claim = claim_output(f"gs://{BUCKET}/claims/beating", False, "beating")
     marker = gcs_bucket.blob(f"claims/beating/{MARKER_FILE}")
+    marker.reload()
+    first = float(marker.metadata[HEARTBEAT_KEY])  # read before the beats are watched
     beats = _HeldBeats(claim)
     try:
-        marker.reload()
-        first = float(marker.metadata[HEARTBEAT_KEY])
         assert beats.landed.wait(beats.WAIT)
-        marker.reload()
-        assert float(marker.metadata[HEARTBEAT_KEY]) > first  # refreshed while held
         beats.hold.set()
-        assert beats.in_flight.wait(beats.WAIT)  # a beat is in flight when release is called
+        # The one heartbeat thread now holds its next beat in flight: every earlier one has landed.
+        assert beats.in_flight.wait(beats.WAIT)
+        marker.reload()
+        last = beats.log[-1][1]
+        assert marker.metadata[HEARTBEAT_KEY] == last and float(last) > first  # refreshed while held
     finally:
         claim.release()
         beats.log.append(("released", None))
