@@ -21,7 +21,6 @@ from typing import TypeVar
 import apache_beam as beam
 from apache_beam.io.filesystems import FileSystems
 from apache_beam.options.pipeline_options import (
-    GoogleCloudOptions,
     PipelineOptions,
     SetupOptions,
     TestOptions,
@@ -29,7 +28,13 @@ from apache_beam.options.pipeline_options import (
 from apache_beam.runners.runner import PipelineResult
 
 from beam_pipeline.cli import preflight
-from beam_pipeline.cli.checks import check_all_would_fail, check_input, check_labels, claim_output_folder
+from beam_pipeline.cli.checks import (
+    check_all_would_fail,
+    check_input,
+    check_labels,
+    check_runner_reaches_paths,
+    claim_output_folder,
+)
 from beam_pipeline.cli.local_runner import in_process, local_defaults, short_state_sampling
 from beam_pipeline.cli.options import (
     ConvertOptions,
@@ -41,7 +46,7 @@ from beam_pipeline.cli.options import (
 from beam_pipeline.cli.progress import ProgressReporter
 from beam_pipeline.cli.progress import end_line as end_progress_line
 from beam_pipeline.pipeline import build_pipeline
-from transforms import progress
+from transforms import gcs, progress
 from transforms.failures import user_error_text
 from transforms.output.marker import Claim
 from transforms.output.publish import FAILURES_FILE, SUMMARY_FILE, aborted_reason, temp_dir_for
@@ -200,8 +205,9 @@ os.register_at_fork(after_in_child=_writers_collect_as_before)
 
 
 def _described_only(options: PipelineOptions) -> bool:
-    """A Dataflow dry run or template: the job is described (and staged), not run."""
-    return bool(options.view_as(TestOptions).dry_run or options.view_as(GoogleCloudOptions).template_location)
+    """A Dataflow dry run: the job is described, not run (classic templates are refused by
+    check_runner_reaches_paths)."""
+    return bool(options.view_as(TestOptions).dry_run)
 
 
 def run(
@@ -226,6 +232,7 @@ def run(
     options = RunOptions(argv)
     opts = options.view_as(ConvertOptions)
     validate(opts)
+    check_runner_reaches_paths(options, opts)  # before credentials, claim or graph
     preflight.check_gcs_credentials([opts.input, opts.output_dir, opts.labels_path, opts.label_map])
     check_input(normalize_root(opts.input))
     if opts.labels_path:
@@ -292,9 +299,9 @@ def _run_claimed(
     summary_path = FileSystems.join(output_dir, SUMMARY_FILE)
     try:
         # (gs:// raises its own NotFound, not an OSError, on a missing object.)
-        if not FileSystems.exists(summary_path):
+        if not gcs.exists(summary_path):
             raise OSError(summary_path)
-        with FileSystems.open(summary_path) as f:
+        with gcs.open_read(summary_path) as f:
             summary = json.loads(f.read().decode("utf-8"))
     except OSError:
         raise UserError(f"the job finished without writing {SUMMARY_FILE}") from None
@@ -306,7 +313,7 @@ def _convert(argv: list[str]) -> int:
         return EXIT_OK
     summary = run(argv)
     if summary.get("described_only"):
-        print("img2tfrecord: job described and staged, not run (dry run or template)", file=sys.stderr)
+        print("img2tfrecord: job described, not run (dry run)", file=sys.stderr)
         return EXIT_OK
     print(final_line(summary), file=sys.stderr)
     return EXIT_OK

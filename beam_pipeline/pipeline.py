@@ -7,16 +7,18 @@ their image members go on as files whose path is the member's address.
 
 With --labels (a table) the labelling step is ReadLabels + JoinLabels (a shuffle by a hash
 bucket of the image key) instead of LabelFromFolders, and WriteOrphans reports rows without an image.
+A --label_map is read by a step (ReadLabelMap) and reaches JoinLabels and BuildClassIndex as a
+side input: the graph does not grow with the class count.
 
 Only metadata (path, label, size) is shuffled; image bytes are read inside WriteShards,
 right where they are encoded and written. Up to the shard plan the records travel in
 batches of columns (FileBatch, RecordBatch of up to 1,000 images, one tuple per field, coded
 by transforms/coders.py), so Beam's cost per element is paid per batch and no Python object
 is built per image at a stage boundary; AssignSplits adds each record's one seeded hash as a
-column, which the plan reads. No step groups a whole split, class or the failures: shards are cut from
-per-split totals and hash-bucket counts (side inputs) and grouped one shard at a time, and
---stratify places each class in a bounded group: a pack of small classes, or one hash bucket
-of a big class (transforms/layout/cuts.py, strata.py, docs/internals.md).
+column, which the plan reads. No step groups a whole split, class or the failures: a shard is a range
+of the seeded hash, cut from per-split totals (a side input) and grouped one shard at a time,
+and --stratify places each class in a bounded group: a pack of small classes, or one hash
+bucket of a big class (transforms/layout/plan.py, strata.py, docs/internals.md).
 """
 
 from __future__ import annotations
@@ -30,10 +32,9 @@ from beam_pipeline.cli.image_options import encode_settings, label_offset
 from beam_pipeline.cli.options import ConvertOptions, join_settings, table_spec
 from transforms.encoding.encoder import EncodeSettings
 from transforms.images.read import read_bytes
-from transforms.labels.beam import BuildClassIndex, LabelFromFolders
+from transforms.labels.beam import BuildClassIndex, LabelFromFolders, ReadLabelMap
 from transforms.labels.beam_table import JoinLabels, ReadLabels, WriteOrphans
 from transforms.labels.beam_webdataset import WEBDATASET, WebDatasetLabels
-from transforms.labels.label_map import load_label_map
 from transforms.labels.rows import ORPHANS, STATS
 from transforms.layout.beam import AssignSplits, PlanShards
 from transforms.layout.beam_prescan import DropDuplicates, EstimateSizes
@@ -80,9 +81,6 @@ def build_pipeline(
     estimate_with = settings if settings.changes_pixels() else None
     failed: list[beam.PCollection] = []
 
-    label_map = load_label_map(opts.label_map, label_offset(opts)) if opts.label_map else None
-    # Class ids from the first class: an id,name --label_map gives its own first id.
-    offset = label_map.first_id if label_map else label_offset(opts)
     by_folder = opts.splits == "folders"
 
     webdataset = opts.labels_path == WEBDATASET
@@ -94,15 +92,22 @@ def build_pipeline(
         found = list_files(p)  # ListedImages (benchmarks/scale.py)
     files = found.files
     listed, label_report = files, None
+    label_map = None
+    if opts.label_map:  # read on a worker, a side input: the graph does not grow with the classes
+        label_map = p | "ReadLabelMap" >> ReadLabelMap(
+            opts.label_map, label_offset(opts)
+        )  # singleton LabelMap
     if opts.labels_path:  # labels from a table, joined by image key
-        spec, join = table_spec(opts), join_settings(opts, label_map)
+        spec, join = table_spec(opts), join_settings(opts)
         if webdataset:  # the labels of the samples' sidecars, as table rows
             table = found.sample_labels | "ReadLabels" >> WebDatasetLabels(
                 opts.image_key, opts.label_separator
             )
         else:
             table = p | "ReadLabels" >> ReadLabels(spec)  # LabelRows (columns: key, labels, split, extras)
-        labeled = (files, table) | "JoinLabels" >> JoinLabels(opts.image_key, join)  # .records, .failed
+        labeled = (files, table) | "JoinLabels" >> JoinLabels(
+            opts.image_key, join, label_map=label_map
+        )  # .records, .failed
         report = {ORPHANS: labeled.orphans, STATS: labeled.stats}  # OrphanLines, (count name, n)
         label_report = report | "WriteOrphans" >> WriteOrphans(
             staging_dir(temp_dir), spec, join
@@ -115,8 +120,8 @@ def build_pipeline(
     )  # RecordBatch with splits and seeded hashes (--stratify: class counts, a group per class pack)
     label_type = opts.label_type if opts.labels_path else "str"
     classes = records | "BuildClassIndex" >> BuildClassIndex(
-        offset, names=label_map.names if label_map else None, label_type=label_type
-    )  # singleton ClassIndex
+        label_offset(opts), label_map=label_map, label_type=label_type
+    )  # singleton ClassIndex (an id,name --label_map gives its own first id)
     to_plan = records
     if opts.dedupe:
         deduped = records | "DropDuplicates" >> DropDuplicates(estimate_with)  # .records, .failed

@@ -5,6 +5,7 @@
     python benchmarks/scale.py --sizes 100000 --labels           # labels from a train.csv
     py-spy record -o plan.svg -- python benchmarks/scale.py --one 100000 --plan_only --result r.json
                                                                  # a profile of the planning alone
+    python benchmarks/scale.py --sizes 100000,4132914 --spread 1100  # planned shard sizes only
 
 Each size is one `convert` (main.run, whole process, measured by measure.py) of generated
 metadata: image names and sizes in a GLDv2-like long tail over 203,094 classes (class
@@ -201,6 +202,52 @@ def run_one(total: int, out: str, labels: str | None, clock: str, plan_only: boo
     }
 
 
+def shard_spread(total: int, records_a_shard: int) -> None:
+    """Prints, per split, how far each shard but the last is from the target in the plan of
+    `total` generated images (PlanShards' arithmetic, transforms/layout/plan.py, on the whole
+    split at once) with a target of `records_a_shard` mean records: the weight ranges planned,
+    and for comparison TFDS's equal hash ranges (get_bucket_number)."""
+    import numpy as np
+
+    from transforms.layout import plan
+    from transforms.records import RecordBatch
+
+    rows = [row for chunk in range(-(-total // CHUNK)) for row in generated_chunk(chunk, total, False)]
+    relpaths = tuple(rel for rel, _, _, _ in rows)
+    hashes = plan.record_hashes(relpaths, plan.DEFAULT_SEED)
+    split_hashes, shuffle_hashes = plan.hash_columns(hashes)
+    ratios = plan.parse_split_ratios("train=0.9,validation=0.1")
+    splits = tuple(ratios[i][0] for i in plan.split_indexes(split_hashes, ratios))
+    batch = RecordBatch.from_columns(
+        tuple("/gldv2/" + rel for rel in relpaths),
+        relpaths,
+        tuple(r[2] for r in rows),
+        tuple((str(r[3]),) for r in rows),
+        splits,
+        ((),) * total,
+    ).with_columns(hashes=hashes, hash_seed=plan.DEFAULT_SEED)
+    sizes, totals = plan.record_sizes(batch), dict(plan.split_weights(batch, 0))
+    target = records_a_shard * int(sizes.mean())
+    for name, _ in ratios:
+        mine = np.array(splits) == name
+        scale = plan.shard_scale(totals[name, plan.RECORDS], totals[name, plan.WEIGHTS], target, None)
+        units = sizes[mine].sum() / target
+        equal_hash = ((shuffle_hashes[mine] >> np.uint64(11)).astype(np.float64) * 2.0**-53 * units).astype(
+            int
+        )
+        report = []
+        for label, shards in (
+            ("weight ranges", plan.shard_indexes(shuffle_hashes[mine], *scale)),
+            ("hash ranges (TFDS)", np.minimum(equal_hash, scale[2])),
+        ):
+            off = np.bincount(shards, weights=sizes[mine])[:-1] / target - 1
+            report.append(f"{label} {off.min():+.1%} .. {off.max():+.1%}")
+        print(
+            f"{total:>9} {name:>10}: {scale[2] + 1:5} shards of ~{records_a_shard} records; "
+            + ", ".join(report)
+        )
+
+
 def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--sizes", default=DEFAULT_SIZES, help="Comma-separated image counts.")
@@ -215,7 +262,17 @@ def main(argv: list[str] | None = None) -> int:
         help="With --one: end the run at the first image read (profile the planning alone: "
         "py-spy record -- python benchmarks/scale.py --one 100000 --plan_only --result r.json).",
     )
+    parser.add_argument(
+        "--spread",
+        type=int,
+        metavar="RECORDS",
+        help="Only print each shard's planned bytes vs the target at --sizes, RECORDS records a shard.",
+    )
     args = parser.parse_args(argv)
+    if args.spread:
+        for n in (int(s) for s in args.sizes.split(",")):
+            shard_spread(n, args.spread)
+        return 0
     os.makedirs(args.work_dir, exist_ok=True)
     if args.one:
         out = os.path.join(args.work_dir, "scale-out")

@@ -15,7 +15,8 @@ Quirks and gaps of the emulator are handled here:
     file with a far-future access token makes them send it without any refresh.
   - It ignores the `ifGenerationMatch` precondition of uploads, patches and deletes;
     `_with_preconditions` checks it (412 on a mismatch; 0 means "must not exist"), one
-    request at a time, as GCS does.
+    request at a time, as GCS does. It also serves the live object whatever `generation` a
+    read names; `_pinned` answers 404 for another generation, as a bucket without versioning does.
 """
 
 from __future__ import annotations
@@ -108,6 +109,77 @@ def start_emulator(workdir: Path, buckets: list[str], timeout: float = 30.0) -> 
     return Emulator(proc, port, env)
 
 
+class FaultProxy:
+    """An HTTP proxy in front of a store (the emulator) that answers chosen requests itself.
+
+    `fault(method, path, body)` returns an HTTP status to answer with (nothing forwarded),
+    or None to forward the request and relay the answer. Point a client at `url` (e.g.
+    STORAGE_EMULATOR_HOST) to inject faults into some requests only, e.g. the uploads of a
+    run's staged shards after its claim went through. `faulted` counts the answered ones.
+    """
+
+    def __init__(self, upstream: str, fault):
+        import http.client
+        import http.server
+        import threading
+        from urllib.parse import urlsplit
+
+        target = urlsplit(upstream)
+        self.faulted = 0
+        proxy = self
+
+        class Handler(http.server.BaseHTTPRequestHandler):
+            protocol_version = "HTTP/1.1"
+
+            def _relay(self) -> None:
+                body = self.rfile.read(int(self.headers.get("Content-Length") or 0))
+                status = fault(self.command, self.path, body)
+                if status is not None:
+                    proxy.faulted += 1
+                    data = json.dumps({"error": {"code": status, "message": "injected fault"}}).encode()
+                    self.send_response(status)
+                    self.send_header("Content-Type", "application/json")
+                else:
+                    conn = http.client.HTTPConnection(target.hostname, target.port, timeout=60)
+                    headers = {
+                        k: v for k, v in self.headers.items() if k.lower() not in ("host", "connection")
+                    }
+                    conn.request(self.command, self.path, body=body, headers=headers)
+                    answer = conn.getresponse()
+                    data = answer.read()
+                    self.send_response(answer.status)
+                    for key, value in answer.getheaders():
+                        if key.lower() not in (
+                            "content-length",
+                            "transfer-encoding",
+                            "connection",
+                            "date",
+                            "server",
+                        ):
+                            self.send_header(key, value)
+                    conn.close()
+                self.send_header("Content-Length", str(len(data)))
+                self.end_headers()
+                self.wfile.write(data)
+
+            do_GET = do_POST = do_PUT = do_PATCH = do_DELETE = _relay
+
+            def log_message(self, *args) -> None:
+                pass
+
+        self._server = http.server.ThreadingHTTPServer((HOST, 0), Handler)
+        self._server.daemon_threads = True
+        threading.Thread(target=self._server.serve_forever, daemon=True).start()
+
+    @property
+    def port(self) -> int:
+        return self._server.server_address[1]
+
+    def close(self) -> None:
+        self._server.shutdown()
+        self._server.server_close()
+
+
 def upload_tree(bucket, local: Path, prefix: str) -> list[str]:
     """Uploads every file below `local` to `prefix/<relative path>`."""
     names = []
@@ -198,6 +270,30 @@ def _with_preconditions(handler, storage_lock):
     return checked
 
 
+def _pinned(handler, storage_lock):
+    """`handler` (an object read) that answers 404 when `generation` names another generation
+    than the live one (GCS without versioning keeps only the live one; the emulator ignores it)."""
+    from http import HTTPStatus
+
+    from gcp_storage_emulator.exceptions import NotFound
+
+    def checked(request, response, storage, *args, **kwargs):
+        wanted = request.query.get("generation")
+        if wanted:
+            try:
+                with storage_lock:
+                    live = storage.get_file_obj(request.params["bucket_name"], request.params["object_id"])
+            except NotFound:
+                live = {}
+            if str(live.get("generation")) != wanted[0]:
+                response.status = HTTPStatus.NOT_FOUND
+                response.json({"error": {"code": 404, "message": "No such object generation", "errors": []}})
+                return None
+        return handler(request, response, storage, *args, **kwargs)
+
+    return checked
+
+
 def _serve(port: int, buckets: list[str]) -> None:
     import threading
 
@@ -220,9 +316,13 @@ def _serve(port: int, buckets: list[str]) -> None:
     storage.Storage._write_config_to_file = write_config
     lock = threading.Lock()
     guarded = {objects.insert, objects.patch, objects.delete}
+    pinned = {objects.download, objects.get}
+
+    def wrapped(h):
+        return _with_preconditions(h, lock) if h in guarded else _pinned(h, lock) if h in pinned else h
+
     server_module.HANDLERS = tuple(
-        (regex, {m: _with_preconditions(h, lock) if h in guarded else h for m, h in handlers.items()})
-        for regex, handlers in server_module.HANDLERS
+        (regex, {m: wrapped(h) for m, h in handlers.items()}) for regex, handlers in server_module.HANDLERS
     )
     objects.insert = _with_preconditions(objects.insert, lock)  # uploads posted without /upload
     server = create_server(HOST, port, in_memory=True)

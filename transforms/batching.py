@@ -53,6 +53,36 @@ class CountImagesFn(beam.CombineFn):
         return count
 
 
+class SumPerKeyFn(beam.CombineFn):
+    """Elements -> {key: sum}, where `pairs(element, *args)` gives an element's (key, value)
+    pairs (ints, or numpy arrays added elementwise): a lifted combiner, one small dict a
+    bundle. Bounded by what its callers key on (a class, a split, a hash bucket)."""
+
+    def __init__(self, pairs: Callable[..., Iterable[tuple[Any, Any]]], *args: Any):
+        self._pairs, self._args = pairs, args
+
+    def create_accumulator(self) -> dict:
+        return {}
+
+    def add_input(self, acc: dict, element: Any) -> dict:
+        get = acc.get
+        for key, n in self._pairs(element, *self._args):
+            acc[key] = get(key, 0) + n
+        return acc
+
+    def merge_accumulators(self, accs: Iterable[dict]) -> dict:
+        it = iter(accs)
+        merged = next(it, {})
+        get = merged.get
+        for acc in it:
+            for key, n in acc.items():
+                merged[key] = get(key, 0) + n
+        return merged
+
+    def extract_output(self, acc: dict) -> dict:
+        return acc
+
+
 class RebatchFn(beam.DoFn):
     """Base of DoFns whose main output is batched again after per-image work.
 

@@ -15,7 +15,7 @@ the split column left out when every record is in the task's split). A size esti
 element of a short PCollection) is one record's size times the count instead of a full
 encode. Registered for every record type on import; a PCollection gets them when
 its element type is declared (`with_output_types`). The labels table's batches (LabelRows,
-JoinPart) are coded the same way by coders in transforms/labels/beam_table.py (TupleCoder, tagged).
+KeyedFiles, HashedColumns) are coded the same way by transforms/labels/beam_coders.py (TupleCoder, tagged).
 """
 
 from __future__ import annotations
@@ -121,8 +121,10 @@ def _paths(root: str, paths: Sequence[str] | None, relpaths: Sequence[str]) -> S
 _CODE_TYPES = {1: np.dtype("u1"), 2: np.dtype("<u2"), 4: np.dtype("<u4")}
 
 
-def _dictionary(column: Sequence) -> tuple[Sequence, bytes | None]:
-    """A column as (its distinct values, each value's index in them, as bytes).
+def dictionary_code(column: Sequence) -> tuple[Sequence, bytes | None]:
+    """A column as (its distinct values, each value's index in them, as bytes): the one
+    dictionary coding of a column (RecordBatches here, the labels join's columns in
+    labels/buckets.py, which cuts the codes by position: index_array).
 
     Codes b"": every value is the one distinct value (or the column is empty). Codes None:
     the table is the column itself (values that cannot be dict keys, or a column of mostly
@@ -138,16 +140,27 @@ def _dictionary(column: Sequence) -> tuple[Sequence, bytes | None]:
         return column, None
     index: dict = {}
     codes = [index.setdefault(v, len(index)) for v in column]
-    width = 1 if len(index) <= 2**8 else 2 if len(index) <= 2**16 else 4
-    return tuple(index), np.asarray(codes, _CODE_TYPES[width]).tobytes()
+    return tuple(index), index_bytes(codes, len(index))
 
 
-def _undictionary(table: Sequence, codes: bytes | None, n: int) -> Sequence:
+def index_bytes(indices: Sequence[int] | np.ndarray, distinct: int) -> bytes:
+    """Indices into a table of `distinct` values, 1, 2 or 4 bytes each (the fewest that hold them)."""
+    width = 1 if distinct <= 2**8 else 2 if distinct <= 2**16 else 4
+    return np.asarray(indices, _CODE_TYPES[width]).tobytes()
+
+
+def index_array(codes: bytes, n: int) -> np.ndarray:
+    """The `n` indices of dictionary_code's codes (not b"" nor None)."""
+    return np.frombuffer(codes, _CODE_TYPES[len(codes) // n])
+
+
+def dictionary_decode(table: Sequence, codes: bytes | None, n: int) -> Sequence:
+    """The column of `n` values that dictionary_code coded."""
     if codes is None:
         return table
     if not codes:
         return table * n
-    return tuple(map(table.__getitem__, np.frombuffer(codes, _CODE_TYPES[len(codes) // n]).tolist()))
+    return tuple(map(table.__getitem__, index_array(codes, n).tolist()))
 
 
 def file_batch_fields(batch: FileBatch) -> tuple:
@@ -187,9 +200,9 @@ def record_batch_fields(batch: RecordBatch) -> tuple:
         *((root, None) if root is not None else _paths_fields(batch.paths, relpaths)),
         relpaths,
         sizes,
-        *_dictionary(labels),
-        *_dictionary(splits),
-        *_dictionary(extras),
+        *dictionary_code(labels),
+        *dictionary_code(splits),
+        *dictionary_code(extras),
         batch.hashes,
         batch.hash_seed,
     )
@@ -217,9 +230,9 @@ def record_batch_from_fields(fields: Sequence) -> RecordBatch:
         root if paths is None else paths,
         relpaths,
         sizes,
-        _undictionary(labels, label_codes, n),
-        _undictionary(splits, split_codes, n),
-        _undictionary(extras, extra_codes, n),
+        dictionary_decode(labels, label_codes, n),
+        dictionary_decode(splits, split_codes, n),
+        dictionary_decode(extras, extra_codes, n),
         hashes,
         seed,
     )

@@ -1,22 +1,29 @@
 """gs:// for every stage: one storage client, one request per call, the one retry policy.
 
-In: gs:// paths. Out: object bytes (whole or a range, optionally pinned to a generation), sizes
-and generations, listings (with the delimiter), uploads (whole objects or a streamed writer),
-and batch copies/deletes. Everything goes through google-cloud-storage with Beam's credentials
-(GcsIO's client), one client per process and endpoint.
+In: gs:// paths. Out: object bytes (whole or a range, optionally pinned to a generation),
+(size, generation), existence, listings (with the delimiter, page by page), uploads (whole
+objects, or streamed with `create`), streamed reads (`open_read`), batch renames and deletes.
+`create`, `open_read`, `exists` and `literal_or_glob` take any path: other schemes and local
+paths go to Beam's FileSystems (or os), so callers need not branch. Everything on gs:// goes
+through google-cloud-storage with Beam's credentials (GcsIO's client), one client per process
+and endpoint (a batch uses one of its own: an open batch defers every call of its client).
 
-Retries: the functions here make one request and do not retry (`retry=None`), with a
-REQUEST_TIMEOUT on connecting and on each read, so the caller's `RetryPolicy`
-(transforms/retry.py) is the whole budget: `call` wraps them in it. Writes use it themselves:
-an upload or batch that still fails when the budget is spent stops the job with one line
-(StoreUnreachable, exit 2) — a write has no image to fail instead. The streamed writer's
-chunks are retried by the client with the same policy as a google.api_core Retry.
-Beam's own gs:// filesystem hides a 120 s retry inside every request (the storage client's
-default); nothing here goes through it.
+Retries (transforms/retry.py): `read`, `stat` and each list page make one request and do not
+retry (`retry=None`), with REQUEST_TIMEOUT on connecting and on each read, so the caller's
+`RetryPolicy` is the whole budget (`call` wraps a request in it). Writes, batches and the
+streamed reads/uploads apply it themselves (streams as the same policy in google.api_core
+Retry form, per chunk); one that still fails when the budget is spent stops the job with one
+line (StoreUnreachable, exit 2): a write or a table has no image to fail instead. Beam's own gs://
+filesystem hides a 120 s retry inside every request (the storage client's default); nothing
+here goes through it. The local emulator ignores list paging; pages are followed by their token,
+so an endpoint that answers everything in one page is read the same way.
+
+Bounds: a listing page (at most 1,000 entries) is held at a time; a batch sends 100 operations.
 """
 
 from __future__ import annotations
 
+import contextlib
 import functools
 import io
 import os
@@ -26,10 +33,11 @@ from typing import TypeVar
 
 from apache_beam.io.filesystem import CompressedFile, CompressionTypes
 from apache_beam.io.filesystems import FileSystems
-from google.api_core.exceptions import GoogleAPIError
+from google.api_core.exceptions import GoogleAPIError, NotFound
 from google.auth.exceptions import GoogleAuthError
 
 from transforms.failures import USER_ERROR_MARKER
+from transforms.paths import escape_glob
 from transforms.retry import DEFAULT_RETRY, RetryPolicy, StoreUnreachable, describe, store_of
 
 GCS_SCHEME = "gs://"
@@ -38,8 +46,8 @@ DELIMITER = "/"
 REQUEST_TIMEOUT = 20.0
 # Operations in one batch request (GCS's limit).
 BATCH_SIZE = 100
-# Bytes sent in one request of a streamed upload (Beam's writer uses the same).
-UPLOAD_CHUNK = 16 << 20
+# Bytes sent or asked for in one request of a streamed upload or read (as Beam's writer).
+CHUNK = 16 << 20
 # What a request may raise once its retries are spent (requests' errors are OSErrors).
 ERRORS = (GoogleAPIError, GoogleAuthError, OSError)
 
@@ -84,12 +92,13 @@ def split_gcs_path(path: str) -> tuple[str, str]:
     return bucket, (name + "/" if name else "")
 
 
-def blob(path: str, generation: int | None = None):
-    """The Blob of gs:// object `path` (at `generation` if given); makes no request."""
+def blob(path: str, generation: int | None = None, on=None):
+    """The Blob of gs:// object `path` (at `generation` if given) on client `on` (default:
+    the shared one); makes no request."""
     bucket, _, name = path[len(GCS_SCHEME) :].partition("/")
     if not bucket or not name:
         raise ValueError(f"not a gs:// object path: {path}")
-    return client().bucket(bucket).blob(name, generation=generation)
+    return (on or client()).bucket(bucket).blob(name, generation=generation)
 
 
 def call(fn: Callable[[], T], path: str, policy: RetryPolicy = DEFAULT_RETRY) -> T:
@@ -112,8 +121,14 @@ def read(
       google.api_core.exceptions.GoogleAPICallError: the answer was an HTTP error.
       requests.exceptions.RequestException: no answer (refused, reset, timed out).
     """
+    whole = start is None and end is None  # the client checks a whole object's checksum
     return blob(path, generation).download_as_bytes(
-        raw_download=True, start=start, end=end, timeout=timeout, retry=None, checksum=None
+        raw_download=True,
+        start=start,
+        end=end,
+        timeout=timeout,
+        retry=None,
+        checksum="auto" if whole else None,
     )
 
 
@@ -122,6 +137,27 @@ def stat(path: str, timeout: float = REQUEST_TIMEOUT) -> tuple[int, int]:
     b = blob(path)
     b.reload(timeout=timeout, retry=None)
     return b.size, b.generation
+
+
+def exists(path: str, policy: RetryPolicy = DEFAULT_RETRY) -> bool:
+    """True if file or object `path` exists (local, gs:// in one request a try, other Beam filesystems)."""
+    if "://" not in path:
+        return os.path.exists(path)
+    if not path.startswith(GCS_SCHEME):
+        return FileSystems.exists(path)
+    if not path[len(GCS_SCHEME) :].partition("/")[2]:
+        return False  # a bucket is not a file
+    try:
+        call(lambda: stat(path), path, policy)
+    except NotFound:
+        return False
+    return True
+
+
+def literal_or_glob(path: str) -> str:
+    """The pattern for Beam's match of a path the user gave: the path itself, taken literally
+    (`[`, `*`, `?` escaped) if it exists as a file or folder; otherwise `path` as a glob."""
+    return escape_glob(path) if exists(path) else path
 
 
 def lister(bucket: str) -> Lister:
@@ -213,42 +249,94 @@ def upload(
         raise cannot_write(path, e) from None
 
 
-class _Writer(io.RawIOBase):
-    """A streamed upload (google-cloud-storage's BlobWriter) whose failures are one-line errors."""
+class _Stream(io.RawIOBase):
+    """A streamed read or upload (google-cloud-storage's BlobReader / BlobWriter: ranged
+    requests / resumable chunks, each retried by the client under the policy as a google.api_core
+    Retry) whose failures are one-line errors."""
 
-    mode = "wb"  # for Beam's CompressedFile
-
-    def __init__(self, path: str, content_type: str, policy: RetryPolicy):
-        self.path = path
+    def __init__(self, path: str, mode: str, policy: RetryPolicy, **kwargs):
+        self.path, self.mode = path, mode  # mode: for Beam's CompressedFile
         self._file = blob(path).open(
-            "wb",
-            chunk_size=UPLOAD_CHUNK,
-            ignore_flush=True,
-            content_type=content_type,
-            timeout=REQUEST_TIMEOUT,
-            retry=policy.as_api_retry(),
+            mode, chunk_size=CHUNK, timeout=REQUEST_TIMEOUT, retry=policy.as_api_retry(), **kwargs
         )
 
+    @contextlib.contextmanager
+    def _one_line(self) -> Iterator[None]:
+        try:
+            yield
+        except NotFound:
+            if self.mode == "wb":
+                raise cannot_write(self.path, OSError("no such bucket")) from None
+            raise FileNotFoundError(f"no such object: {self.path}") from None
+        except ERRORS as e:
+            raise (cannot_write if self.mode == "wb" else cannot_read)(self.path, e) from None
+
+    def readable(self) -> bool:
+        return self.mode == "rb"
+
     def writable(self) -> bool:
-        return True
+        return self.mode == "wb"
+
+    def seekable(self) -> bool:
+        return self.readable()
+
+    def read(self, size: int = -1) -> bytes:
+        with self._one_line():
+            return self._file.read(size)
+
+    def readall(self) -> bytes:
+        return self.read(-1)
+
+    def readinto(self, buffer) -> int:
+        data = self.read(len(buffer))
+        buffer[: len(data)] = data
+        return len(data)
+
+    def write(self, data) -> int:
+        with self._one_line():
+            return self._file.write(data)
+
+    def seek(self, offset: int, whence: int = io.SEEK_SET) -> int:
+        with self._one_line():
+            return self._file.seek(offset, whence)
 
     def tell(self) -> int:
         return self._file.tell()
 
-    def write(self, data) -> int:
-        try:
-            return self._file.write(data)
-        except ERRORS as e:
-            raise cannot_write(self.path, e) from None
-
     def close(self) -> None:
         if not self.closed:
             try:
-                self._file.close()
-            except ERRORS as e:
-                raise cannot_write(self.path, e) from None
+                with self._one_line():
+                    self._file.close()
             finally:
                 super().close()
+
+
+def cannot_read(path: str, error: BaseException) -> StoreUnreachable:
+    """The one-line error (exit 2) of a read of a file the job needs whole (a table, metadata)."""
+    if isinstance(error, StoreUnreachable):
+        return error
+    return StoreUnreachable(
+        f"{USER_ERROR_MARKER} cannot read {path}: {describe(error)}; rerun when it is reachable"
+    )
+
+
+def open_read(
+    path: str,
+    mime_type: str = "application/octet-stream",
+    compression_type: str = CompressionTypes.AUTO,
+    policy: RetryPolicy = DEFAULT_RETRY,
+):
+    """`path` open for reading: gs:// through the policy (see module docstring), any other path
+    through Beam's FileSystems. `compression_type` as FileSystems.open's (AUTO: by extension)."""
+    if not path.startswith(GCS_SCHEME):
+        return FileSystems.open(path, mime_type=mime_type, compression_type=compression_type)
+    if compression_type == CompressionTypes.AUTO:
+        compression_type = CompressionTypes.detect_compression_type(path)
+    raw = _Stream(path, "rb", policy, raw_download=True)
+    if compression_type == CompressionTypes.UNCOMPRESSED:
+        return io.BufferedReader(raw, buffer_size=1 << 20)
+    return CompressedFile(raw, compression_type=compression_type)
 
 
 def create(
@@ -263,14 +351,14 @@ def create(
         return FileSystems.create(path, mime_type=mime_type, compression_type=compression_type)
     if compression_type == CompressionTypes.AUTO:
         compression_type = CompressionTypes.detect_compression_type(path)
-    raw = _Writer(path, mime_type, policy)
+    raw = _Stream(path, "wb", policy, content_type=mime_type, ignore_flush=True)
     if compression_type == CompressionTypes.UNCOMPRESSED:
         return raw
     return CompressedFile(raw, compression_type=compression_type)
 
 
-def _batch(add: Callable[[object], None], items: list, path: str, policy: RetryPolicy) -> list[int]:
-    """HTTP status of each deferred request `add(item)`, in batches of BATCH_SIZE; transient
+def _batch(add: Callable[[object, object], None], items: list, path: str, policy: RetryPolicy) -> list[int]:
+    """HTTP status of each deferred request `add(client, item)`, in batches of BATCH_SIZE; transient
     statuses are sent again under `policy` (one batch request per attempt)."""
     statuses = [0] * len(items)
     for first in range(0, len(items), BATCH_SIZE):
@@ -304,12 +392,20 @@ class _Sent(Exception):
     """Leaves a batch's `with` block once it was sent (so it is not sent again)."""
 
 
-def _send(add: Callable[[object], None], items: list) -> list:
+def _send(add: Callable[[object, object], None], items: list) -> list:
+    """One batch request of `add(client, item)` for each item: the HTTP answers, in order.
+
+    On a client of its own: while a batch is open, its client defers every JSON API call made
+    through it, so the shared client (other threads' reads) must not hold one.
+    """
+    from apache_beam.io.gcp.gcsio import GcsIO
+
     responses: list = []
+    own = GcsIO().client
     try:
-        with client().batch(raise_exception=False) as batch:
+        with own.batch(raise_exception=False) as batch:
             for item in items:
-                add(item)
+                add(own, item)
             responses = batch.finish(raise_exception=False)
             raise _Sent
     except _Sent:
@@ -324,8 +420,8 @@ def delete_batch(paths: list[str], policy: RetryPolicy = DEFAULT_RETRY) -> None:
       StoreUnreachable: an object could not be deleted (one line).
     """
 
-    def add(path: str) -> None:
-        blob(path).delete(timeout=REQUEST_TIMEOUT, retry=None)
+    def add(own, path: str) -> None:
+        blob(path, on=own).delete(timeout=REQUEST_TIMEOUT, retry=None)
 
     statuses = _batch(add, paths, paths[0] if paths else "", policy) if paths else []
     failed = [(p, s) for p, s in zip(paths, statuses, strict=True) if s >= 400 and s != 404]
@@ -342,8 +438,8 @@ def rename_batch(pairs: list[tuple[str, str]], policy: RetryPolicy = DEFAULT_RET
       StoreUnreachable: an object could not be copied or deleted (one line).
     """
 
-    def add(pair: tuple[str, str]) -> None:
-        src, dst = blob(pair[0]), blob(pair[1])
+    def add(own, pair: tuple[str, str]) -> None:
+        src, dst = blob(pair[0], on=own), blob(pair[1], on=own)
         src.bucket.copy_blob(src, dst.bucket, dst.name, timeout=REQUEST_TIMEOUT, retry=None)
 
     if not pairs:

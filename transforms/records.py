@@ -15,8 +15,8 @@ image by nature (dedupe) take single records inside and batch them again on the 
 (transforms/labels/beam_table.py).
 
 A RecordBatch may also carry its records' seeded hashes (`hashes`: 16 bytes a record, made
-once by the layout stage, transforms/layout/cuts.py `record_hashes`), so split assignment,
-the bucket tables, keying and the order inside a shard all read one stored value.
+once by the layout stage, transforms/layout/plan.py `record_hashes`), so split assignment,
+the shard plan, keying and the order inside a shard all read one stored value.
 """
 
 from __future__ import annotations

@@ -1,16 +1,27 @@
 """The checks convert makes before the job starts (one line, exit 2, on a user error).
 
-The input (exists, holds images or archives, is listable; a cheap look at gs://), the output
-(claimed exclusively, writable), the labels table's header and whether every image would fail.
+The runner (a remote one with a local path, a classic template: refused before anything
+else), the input (exists, holds images or archives, is listable; a cheap look at gs://), the
+output (claimed exclusively, writable), the labels table's header and whether every image
+would fail.
 """
 
 from __future__ import annotations
 
 import os
 import sys
+import urllib.parse
 
 from apache_beam.io.filesystem import BeamIOError
 from apache_beam.io.filesystems import FileSystems
+from apache_beam.options.pipeline_options import (
+    FlinkRunnerOptions,
+    GoogleCloudOptions,
+    PipelineOptions,
+    PortableOptions,
+    SparkRunnerOptions,
+    StandardOptions,
+)
 
 from beam_pipeline.cli import preflight
 from beam_pipeline.cli.options import (
@@ -19,7 +30,7 @@ from beam_pipeline.cli.options import (
     table_spec,
 )
 from transforms.gcs import ERRORS as LIST_ERRORS
-from transforms.gcs import first_page
+from transforms.gcs import first_page, literal_or_glob
 from transforms.labels.beam_webdataset import WEBDATASET
 from transforms.labels.label_map import load_label_map
 from transforms.labels.table import check_table
@@ -32,6 +43,93 @@ from transforms.output.publish import (
     list_children,
 )
 from transforms.paths import escape_glob, has_image_extension, normalize_root
+
+# Runner names (lower case, without "Runner") whose steps run in this process or its children.
+_LOCAL_RUNNERS = ("", "direct", "fnapi", "bundlebaseddirect", "switchingdirect", "testdirect", "interactive")
+
+# Addresses that are this machine, and the endpoints that start a job service here.
+_THIS_MACHINE = ("localhost", "127.0.0.1", "::1", "0.0.0.0", "")
+_HERE = ("embed", "[local]", "[auto]")
+
+
+def _elsewhere(address: str) -> bool:
+    """An address (host:port, a URL, Flink's "[auto]", Spark's "local[4]") that is not this machine."""
+    if address in _HERE or address.startswith("local"):
+        return False
+    host = urllib.parse.urlsplit(address if "://" in address else f"//{address}").hostname
+    return (host or "") not in _THIS_MACHINE
+
+
+def remote_workers(options: PipelineOptions) -> str | None:
+    """Where the job's steps run when that is not this machine (they cannot read its files), or None.
+
+    Remote: DataflowRunner; a runner whose job service or cluster is on another host
+    (--job_endpoint, --flink_master, --spark_master_url); SDK workers in Docker containers
+    (--environment_type DOCKER, PortableRunner's default), which see none of this machine's
+    files; a worker pool on another host (--environment_type EXTERNAL). Beam's local runners
+    and a job service here with LOOPBACK, PROCESS or a worker pool here read local paths.
+    """
+    runner = options.view_as(StandardOptions).runner or ""
+    name = str(runner).rsplit(".", 1)[-1].lower().removesuffix("runner")
+    if name in _LOCAL_RUNNERS:
+        return None
+    if "dataflow" in name:
+        return f"--runner {runner} runs the job on Google Cloud workers"
+    portable = options.view_as(PortableOptions)
+    for flag, address in (
+        ("--job_endpoint", portable.job_endpoint),
+        ("--flink_master", options.view_as(FlinkRunnerOptions).flink_master),
+        ("--spark_master_url", options.view_as(SparkRunnerOptions).spark_master_url),
+    ):
+        if address and _elsewhere(address):
+            return f"{flag} {address} runs the job on another machine"
+    environment = (portable.environment_type or ("DOCKER" if name == "portable" else "")).upper()
+    if environment == "DOCKER":
+        return "the job's SDK workers run in Docker containers (--environment_type DOCKER, PortableRunner's default)"
+    if environment == "EXTERNAL":
+        pool = portable.environment_config or next(
+            (
+                o.split("=", 1)[1]
+                for o in portable.environment_options or ()
+                if o.startswith("external_service_address=")
+            ),
+            "",
+        )
+        if _elsewhere(pool):
+            return f"the job's SDK workers run in the worker pool at {pool}, on another machine"
+    return None
+
+
+def check_runner_reaches_paths(options: PipelineOptions, opts: ConvertOptions) -> None:
+    """A remote runner with a local path, or a classic template: one line (exit 2), before any
+    credential check, claim or graph. Without it the job was built and submitted, and failed
+    (or hung) on workers that cannot see the path.
+
+    Classic templates (--template_location) are refused: the run id, temp folder and claim
+    of this launch would be baked into the template and shared by every later launch, which
+    would skip the checks. The Flex Template (docs/cloud.md) runs the CLI at each launch.
+    """
+    if options.view_as(GoogleCloudOptions).template_location:
+        raise UserError(
+            "--template_location: a classic template would reuse this launch's run id, temp folder "
+            "and output claim on every launch; build the Flex Template instead (docs/cloud.md, "
+            '"Flex Template")'
+        )
+    where = remote_workers(options)
+    if where is None:
+        return
+    labels = opts.labels_path if opts.labels_path != WEBDATASET else None
+    for flag, path in (
+        ("--input", opts.input),
+        ("--output_dir", opts.output_dir),
+        ("--labels", labels),
+        ("--label_map", opts.label_map),
+    ):
+        if path and "://" not in path:
+            raise UserError(
+                f"{flag} {path} is a path on this machine, but {where}, which cannot read it: "
+                "copy it to a bucket and pass its gs:// path"
+            )
 
 
 def check_input(root: str) -> None:
@@ -63,7 +161,7 @@ def is_input_file(name: str) -> bool:
 
 def check_archives(pattern: str) -> None:
     try:
-        found = FileSystems.match([pattern], limits=[_REMOTE_CHECK_LIMIT])[0].metadata_list
+        found = FileSystems.match([literal_or_glob(pattern)], limits=[_REMOTE_CHECK_LIMIT])[0].metadata_list
     except BeamIOError as e:
         raise UserError(f"--input {pattern}: cannot list: {_first_line(e)}") from None
     if not any(archive_kind(m.path) for m in found):

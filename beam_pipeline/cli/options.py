@@ -18,7 +18,6 @@ from transforms.labels.rows import (
     LABEL_TYPES,
     UNLABELED_POLICIES,
     JoinSettings,
-    LabelMap,
     TableSpec,
 )
 from transforms.labels.table import detect_format, parse_extra_columns
@@ -142,7 +141,7 @@ class ConvertOptions(PipelineOptions):
             type=int,
             default=DEFAULT_MAX_RECORDS_PER_SHARD,
             metavar="N",
-            help="Caps shards of tiny images (0: no cap).",
+            help="Caps shards of tiny images, at about N (0: no cap).",
         )
         group.add_argument(
             "--num_shards", type=int, default=0, metavar="N", help="Shards per split (0: by size)."
@@ -314,13 +313,13 @@ def table_spec(opts: ConvertOptions) -> TableSpec:
     )
 
 
-def join_settings(opts: ConvertOptions, label_map: LabelMap | None = None) -> JoinSettings:
-    """How table rows label images, from the options and the loaded --label_map."""
+def join_settings(opts: ConvertOptions) -> JoinSettings:
+    """How table rows label images, from the options (--label_map's names reach the join as a
+    side input: JoinLabels' `label_map`)."""
     return JoinSettings(
         unlabeled=opts.unlabeled,
         duplicates=opts.duplicate_keys,
-        label_type="str" if label_map else opts.label_type,
-        label_map=label_map,
+        label_type="str" if opts.label_map else opts.label_type,
         split_from_folders=opts.splits == "folders",
     )
 

@@ -15,7 +15,7 @@ from beam_pipeline import main
 from beam_pipeline.cli.options import ConvertOptions
 from beam_pipeline.pipeline import build_pipeline
 from tests.conftest import write_image
-from transforms.batching import CountImagesFn
+from transforms.batching import CountImagesFn, SumPerKeyFn
 from transforms.coders import (
     FileBatchCoder,
     ImageFileCoder,
@@ -24,7 +24,7 @@ from transforms.coders import (
     ShardTaskCoder,
 )
 from transforms.failures import Failure
-from transforms.labels.beam import ClassNamesFn, CountPerClassFn
+from transforms.labels.beam import ClassNamesFn, split_class_counts
 from transforms.records import FileBatch, ImageFile, ImageRecord, RecordBatch, ShardTask
 
 RECORDS = [
@@ -112,23 +112,19 @@ def test_plan_shards_shuffles_use_the_record_coders(tmp_path):
         return payloads(next(pc.coder_id for pc in pcolls if pc.unique_name.endswith(step + ".None")))
 
     assert b"RecordBatchCoder" in coder_of("PlanShards/GroupByShard")
-    assert b"RecordBatchCoder" in coder_of("PlanShards/CutSplits/GroupStraddling")
     assert b"ShardTaskCoder" in coder_of("PlanShards/CutShards")
     assert b"FileBatchCoder" in coder_of("ListImages/WalkLocal/ParDo(WalkLocalFn)")
     assert b"FileBatchCoder" in coder_of("ListImages/IndexArchives/Index/ParDo(IndexArchivesFn)")  # members
     assert b"FileBatchCoder" in coder_of("ListImages/AllFiles")
     assert b"RecordBatchCoder" in coder_of("ParDo(LabelFromFoldersFn)")  # the main output, .records
-    # CutOrder's output and the side inputs of the plan: coded as columns and plain dicts, never
-    # pickled (a pickled batch costs ~2 us an image at every boundary).
-    assert b"RecordBatchCoder" in coder_of("PlanShards/CutSplits/KeyParts")
-    assert b"SideDictCoder" in coder_of("PlanShards/CutSplits/TotalsSide")
-    assert b"SideDictCoder" in coder_of("PlanShards/CutSplits/BucketTableSide")
-    assert b"SideDictCoder" in coder_of("PlanShards/CutSplits/BoundariesSide")
+    # The records keyed to their shard: coded as columns, never pickled (a pickled batch costs
+    # ~2 us an image at every boundary). The plan's totals (a few numpy arrays) are pickled once.
+    assert b"RecordBatchCoder" in coder_of("PlanShards/KeyShards")
     assert b"SideListCoder" in coder_of("BuildClassIndex/NamesSide")
 
 
 def test_count_and_name_combiners_merge():
-    counts, names = CountPerClassFn(), ClassNamesFn()
+    counts, names = SumPerKeyFn(split_class_counts), ClassNamesFn()
     a = counts.add_input(counts.create_accumulator(), RecordBatch(RECORDS[:1]))
     b = counts.add_input(counts.create_accumulator(), RecordBatch((RECORDS[0], RECORDS[1])))
     assert counts.extract_output(counts.merge_accumulators([a, b, counts.create_accumulator()])) == {

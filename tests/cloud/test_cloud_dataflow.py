@@ -1,10 +1,9 @@
 """The Dataflow submission path, offline: Beam's own DataflowRunner against local servers.
 
-With `--template_location` the runner builds the job exactly as for a real submission (the
-portable pipeline proto, the `--setup_file` sdist, the job description) and stages it,
-here into a bucket on the local GCS emulator, instead of calling the Dataflow API. With
-`--dataflow_endpoint` pointing at a tiny local HTTP server, Beam's own client sends the real
-create-job request there.
+With `--dataflow_endpoint` pointing at a tiny local HTTP server, Beam's own client builds the
+job exactly as for a real submission (the portable pipeline proto and the `--setup_file`
+sdist, staged into a bucket on the local GCS emulator) and sends the real create-job request
+there. (Classic templates, `--template_location`, are refused: tests/cli/test_remote_runner.py.)
 """
 
 from __future__ import annotations
@@ -23,6 +22,7 @@ import pytest
 from apache_beam.portability.api import beam_runner_api_pb2
 
 from beam_pipeline import main
+from beam_pipeline.cli.options import UserError
 from tests.conftest import write_image
 from tests.gcs_emulator import BUCKET, upload_tree
 from transforms import records as records_module
@@ -59,18 +59,20 @@ def _dataflow_args(name: str, n_images: int) -> list[str]:
 
 @dataclasses.dataclass
 class Described:
-    """What one template build left in the bucket."""
+    """What one submission sent to the Dataflow API and left in the bucket."""
 
-    template: dict
+    template: dict  # the create-job request: the job description a template would hold
     pipeline: beam_runner_api_pb2.Pipeline
     staged: dict[str, bytes]  # file name -> content
 
 
-def _describe(bucket, name: str, n_images: int, extra: list[str]) -> Described:
-    args = _dataflow_args(name, n_images) + ["--template_location", f"gs://{BUCKET}/templates/{name}.json"]
-    summary = main.run(args + extra, save_main_session=False)
-    assert summary == {"described_only": True, "output_dir": f"gs://{BUCKET}/df-out-{name}"}
-    template = json.loads(bucket.blob(f"templates/{name}.json").download_as_bytes())
+def _describe(bucket, endpoint: str, name: str, n_images: int, extra: list[str]) -> Described:
+    FakeDataflowHandler.requests = []
+    args = _dataflow_args(name, n_images) + [f"--dataflow_endpoint={endpoint}"]
+    # The fake job ran nothing, so there is no summary.
+    with pytest.raises(UserError, match="without writing summary.json"):
+        main.run(args + extra, save_main_session=False)
+    (template,) = [body for verb, _, body in FakeDataflowHandler.requests if verb == "POST"]
     staged = {
         b.name.rsplit("/", 1)[1]: b.download_as_bytes()
         for b in bucket.client.list_blobs(bucket, prefix=f"staging-{name}/")
@@ -99,12 +101,26 @@ def test_templates_from_dataflow_runner(described):
 
 
 @pytest.fixture(scope="module")
-def described(inputs) -> dict[str, Described]:
-    """Two templates: 3 images with --setup_file, 60 images with the custom container."""
+def dataflow_api():
+    """The URL of a local fake of the Dataflow API (FakeDataflowHandler)."""
+    server = ThreadingHTTPServer(("127.0.0.1", 0), FakeDataflowHandler)
+    threading.Thread(target=server.serve_forever, daemon=True).start()
+    try:
+        yield f"http://localhost:{server.server_address[1]}"
+    finally:
+        server.shutdown()
+        server.server_close()
+
+
+@pytest.fixture(scope="module")
+def described(inputs, dataflow_api) -> dict[str, Described]:
+    """Two jobs: 3 images with --setup_file, 60 images with the custom container."""
     gcs_bucket = inputs
     return {
-        "setup_file": _describe(gcs_bucket, "setup", 3, ["--setup_file", str(REPO / "setup.py")]),
-        "container": _describe(gcs_bucket, "container", 60, ["--sdk_container_image", IMAGE]),
+        "setup_file": _describe(
+            gcs_bucket, dataflow_api, "setup", 3, ["--setup_file", str(REPO / "setup.py")]
+        ),
+        "container": _describe(gcs_bucket, dataflow_api, "container", 60, ["--sdk_container_image", IMAGE]),
     }
 
 
@@ -212,7 +228,7 @@ def _check_setup_file_sdist_is_staged_with_both_packages(described):
     for package in ("beam_pipeline", "transforms"):
         modules = {f"{package}/{f.name}" for f in (REPO / package).glob("*.py")}
         assert modules and modules <= names, sorted(modules - names)
-    options = {o["key"]: o["value"] for o in d.template["environment"]["sdkPipelineOptions"]["display_data"]}
+    options = d.template["environment"]["sdkPipelineOptions"]["options"]
     assert options["setup_file"].endswith("setup.py")
     assert options["input"] == f"gs://{BUCKET}/df-in-3"
 
@@ -271,22 +287,16 @@ class FakeDataflowHandler(BaseHTTPRequestHandler):
         pass
 
 
-def test_submission_reaches_the_dataflow_api(inputs, capsys, caplog):
-    server = ThreadingHTTPServer(("127.0.0.1", 0), FakeDataflowHandler)
-    threading.Thread(target=server.serve_forever, daemon=True).start()
+def test_submission_reaches_the_dataflow_api(inputs, dataflow_api, capsys, caplog):
     FakeDataflowHandler.requests = []
-    try:
-        args = _dataflow_args("submit", 3) + [
-            f"--dataflow_endpoint=http://localhost:{server.server_address[1]}",
-            "--sdk_container_image",
-            IMAGE,
-            "--labels",
-            "team=ml",
-        ]
-        code = main.main(["convert"] + args)
-    finally:
-        server.shutdown()
-        server.server_close()
+    args = _dataflow_args("submit", 3) + [
+        f"--dataflow_endpoint={dataflow_api}",
+        "--sdk_container_image",
+        IMAGE,
+        "--labels",
+        "team=ml",
+    ]
+    code = main.main(["convert"] + args)
     (create,) = [body for verb, path, body in FakeDataflowHandler.requests if verb == "POST"]
     assert create["labels"] == {"team": "ml"}
     pool = create["environment"]["workerPools"][0]

@@ -327,7 +327,7 @@ def test_label_map_table_errors(tmp_path):
     cases = {
         "gap.csv": ("id,name\n0,a\n2,b\n", "ids must run without gaps from 0: id 1 is missing"),
         "twice.csv": ("0,a\n0,b\n", "id 0 is listed twice"),
-        "three.csv": ("id,name,x\n0,a,b\n", "row 1 has 3 columns"),
+        "three.csv": ("id,name,x\n0,a,b\n", "line 1 has 3 columns"),
         "words.csv": ("a,b\nc,d\n", "no column holds an integer id"),
         "dup.tsv": ("1\ta\n2\ta\n", "lists 'a' twice"),
     }

@@ -2,8 +2,7 @@
 
 The graph runs on real images at two sizes (1x and 4x); every GroupByKey of ours reports the
 records of each group to a Beam distribution (batching.group_size), read from the run's
-metrics. Shard planning groups one shard's records (plus, for a cut that falls inside a hash
-bucket, that bucket alone); stratified splits a pack of small classes of up to 512 images in
+metrics. Shard planning groups one shard's records; stratified splits a pack of small classes of up to 512 images in
 all (here PACK = 16 records: one class of 10 a pack), or one bucket of a larger class; dedupe
 the copies of one content. The labels join (GroupByBucket) is bounded
 by its bucket size (transforms/labels/beam_table.py) and is not run here.
@@ -60,7 +59,6 @@ def test_largest_group_is_the_same_at_1x_and_4x(tmp_path, monkeypatch):
     # Every GroupByKey of ours ran at both sizes and reported its groups.
     steps = {
         "PlanShards/GroupByShard",
-        "PlanShards/CutSplits/GroupStraddling",
         "AssignSplits/CutClasses/GroupClasses",
         "DropDuplicates/GroupByContent",
     }
@@ -73,10 +71,6 @@ def test_largest_group_is_the_same_at_1x_and_4x(tmp_path, monkeypatch):
         g1["AssignSplits/CutClasses/GroupClasses"] == g4["AssignSplits/CutClasses/GroupClasses"] == PER_CLASS
     )
     assert g1["DropDuplicates/GroupByContent"] == g4["DropDuplicates/GroupByContent"] == 1
-    # A straddling hash bucket holds about 1/8 of a shard: never more than a shard.
-    assert g1["PlanShards/CutSplits/GroupStraddling"] <= PER_SHARD
-    assert g4["PlanShards/CutSplits/GroupStraddling"] <= PER_SHARD
-
     # What the groups are for still holds at 4x: each class cut 8/2, shards exact.
     for cls, counts in s4["splits"]["test"]["classes"].items():
         assert counts["written"] == 2, cls
@@ -86,7 +80,7 @@ def test_largest_group_is_the_same_at_1x_and_4x(tmp_path, monkeypatch):
 
 
 def test_stratified_plan_is_byte_identical_on_one_and_two_workers(tmp_path):
-    """The cuts (totals, bucket table, straddling groups) do not depend on how bundles fall."""
+    """The plan (split totals, class counts, bucket table) does not depend on how bundles fall."""
     import filecmp
     import os
 

@@ -8,11 +8,11 @@ from apache_beam.runners.worker import statecache
 from apache_beam.testing.test_pipeline import TestPipeline
 from apache_beam.testing.util import assert_that, equal_to
 
+from tests.layout.reference import seeded_hashes, split_for_key
 from transforms import coders
-from transforms.layout import cuts
+from transforms.layout import plan
 from transforms.layout.beam import AssignSplits, PlanShards
-from transforms.layout.beam_cuts import Located, LocatedCoder
-from transforms.layout.plan import parse_split_ratios, shuffle_key, split_for_key, with_hashes
+from transforms.layout.plan import parse_split_ratios, shuffle_order, with_hashes
 from transforms.records import BATCH_SIZE, HASH_BYTES, FileBatch, ImageFile, ImageRecord, RecordBatch
 
 RECORDS = (
@@ -57,28 +57,24 @@ def test_batches_round_trip_through_their_coders_with_hashes_and_surrogates():
     assert coders.encode_record_batch(RecordBatch(RECORDS[:2]))[:1] == b"\x00"
     files = FileBatch(tuple(ImageFile(r.path, r.relpath, r.size) for r in RECORDS))
     assert coders.decode_file_batch(coders.encode_file_batch(files)) == files
-    located = Located((0, 1, 1), hashed)
-    back = LocatedCoder().decode(LocatedCoder().encode(located))
-    assert back.parts == (0, 1, 1) and back.batch.records == RECORDS and back.batch.hashes == hashed.hashes
 
 
 def test_one_seeded_hash_per_record_gives_split_and_shuffle_hashes():
     # sha256 over (seed, NUL, relpath): the same bytes on every platform and Python.
     digest = hashlib.sha256(b"5\0cat/1.jpg").digest()
-    assert cuts.record_hashes(["cat/1.jpg"], 5) == digest[:16]
-    split_hash, shuffle_hash = cuts.seeded_hashes("cat/1.jpg", 5)
+    assert plan.record_hashes(["cat/1.jpg"], 5) == digest[:16]
+    split_hash, shuffle_hash = seeded_hashes("cat/1.jpg", 5)
     assert split_hash == int.from_bytes(digest[:8], "big") and shuffle_hash == int.from_bytes(
         digest[8:16], "big"
     )
     batch = with_hashes(RecordBatch(RECORDS), 5)
-    splits, shuffles = cuts.hash_columns(batch.hashes)
+    splits, shuffles = plan.hash_columns(batch.hashes)
     assert splits.dtype == np.uint64 and shuffles.tolist()[0] == shuffle_hash
-    assert [shuffle_key(r, 5)[0] for r in RECORDS] == shuffles.tolist()
+    assert [RECORDS[i] for i in shuffle_order(batch)] == sorted(
+        RECORDS, key=lambda r: (seeded_hashes(r.relpath, 5)[1], r.relpath)
+    )
     assert with_hashes(batch, 5) is batch  # computed once: a batch that has them keeps them
     assert with_hashes(batch, 6).hashes != batch.hashes  # another seed, other hashes
-    # Buckets are the top bits, 0 where a segment has no bucket bits.
-    bits = np.array([0, 3, 64 - 1], dtype=np.int64)
-    assert cuts.buckets_of(shuffles, bits) == [0, shuffles.tolist()[1] >> 61, shuffles.tolist()[2] >> 1]
 
 
 def test_layout_hashes_records_once_and_plan_keeps_them():
@@ -91,7 +87,7 @@ def test_layout_hashes_records_once_and_plan_keeps_them():
             p | beam.Create([RecordBatch(records[:20]), RecordBatch(records[20:])]) | AssignSplits(ratios, 3)
         )
         assert_that(
-            split | beam.Map(lambda b: (b.hash_seed, b.hashes == cuts.record_hashes(b.relpaths, 3))),
+            split | beam.Map(lambda b: (b.hash_seed, b.hashes == plan.record_hashes(b.relpaths, 3))),
             equal_to([(3, True), (3, True)]),
         )
         assert_that(

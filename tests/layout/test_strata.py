@@ -1,13 +1,14 @@
 """Stratified splits in bounded groups (transforms/layout/strata.py), without Beam: the packs,
-the group keys, and each group's splits against the whole class sorted (plan.stratified_splits)."""
+the group keys, and each group's splits against the whole class sorted (reference.stratified_splits)."""
 
 import collections
 import random
 
 import numpy as np
 
-from transforms.layout import cuts, strata
-from transforms.layout.plan import _cumulative, parse_split_ratios, stratified_splits
+from tests.layout.reference import seeded_hashes, stratified_splits
+from transforms.layout import strata
+from transforms.layout.plan import cumulative, parse_split_ratios
 from transforms.records import ImageRecord
 
 RATIOS = parse_split_ratios("train=0.7,validation=0.2,test=0.1")
@@ -48,7 +49,7 @@ def _records(sizes, seed=0):
 def _splits_by_groups(records, seed, bucket):
     """Every record's split as the groups give it: keyed, gathered per key, placed."""
     totals = dict(collections.Counter(r.class_key for r in records))
-    hashes = np.array([cuts.seeded_hashes(r.relpath, seed)[0] for r in records], dtype=np.uint64)
+    hashes = np.array([seeded_hashes(r.relpath, seed)[0] for r in records], dtype=np.uint64)
     codes, distinct = strata.group_keys([r.class_key for r in records], hashes, strata.Packs(totals, bucket))
     assert len(set(distinct)) == len(distinct) == len(set(codes.tolist()))
     keys = [distinct[c] for c in codes.tolist()]
@@ -57,18 +58,18 @@ def _splits_by_groups(records, seed, bucket):
     for i, key in enumerate(keys):
         groups[key].append(i)
         if key[0] == strata._BUCKET:
-            cuts.add_totals(table.setdefault(key[1], {}), key[2], 1)
+            table[key[1:]] = table.get(key[1:], 0) + 1
     assert max(len(g) for k, g in groups.items() if k[0] == strata._PACK) <= bucket
     out = {}
     for (kind, name, number), members in groups.items():
-        start = strata.bucket_starts(table[name])[number] if kind == strata._BUCKET else 0
+        start = strata.bucket_starts(table)[name, number] if kind == strata._BUCKET else 0
         parts = strata.split_indexes_in_group(
             [records[i].class_key for i in members],
             hashes[members],
             [records[i].relpath for i in members],
             [records[i].path for i in members],
             totals if kind == strata._BUCKET else None,  # a pack: the counts of the group
-            _cumulative(RATIOS),
+            cumulative(RATIOS),
             start,
         )
         out.update((records[i].relpath, RATIOS[p][0]) for i, p in zip(members, parts.tolist()))

@@ -8,13 +8,14 @@ from apache_beam.io.filesystem import FileMetadata
 from apache_beam.testing.test_pipeline import TestPipeline
 from apache_beam.testing.util import assert_that, equal_to
 
+from tests.layout.reference import plan_shards, split_for_key, stratified_splits
 from transforms import progress
 from transforms.batching import KeyedGather, chunked, key_batch
 from transforms.failures import FAILED
 from transforms.labels.beam import LabelFromFolders
 from transforms.layout.beam import AssignSplits, PlanShards
 from transforms.layout.beam_prescan import DropDuplicates
-from transforms.layout.plan import parse_split_ratios, plan_shards, split_for_key, stratified_splits
+from transforms.layout.plan import parse_split_ratios
 from transforms.layout.prescan import DEDUPE_STAGE
 from transforms.listing.beam import ListImages
 from transforms.listing.beam_walk import KeepImagesFn

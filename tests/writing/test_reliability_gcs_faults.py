@@ -11,7 +11,10 @@ from __future__ import annotations
 
 import functools
 import http.server
+import os
 import re
+import subprocess
+import sys
 import threading
 import time
 
@@ -19,13 +22,15 @@ import apache_beam as beam
 import pytest
 from apache_beam.testing.test_pipeline import TestPipeline
 
-from tests.gcs_emulator import HOST, emulator_env, fake_credentials, free_port
+from tests.gcs_emulator import BUCKET, HOST, FaultProxy, emulator_env, fake_credentials, free_port
+from transforms import gcs
 from transforms.encoding.encoder import EncodeSettings
 from transforms.failures import user_error_text
 from transforms.gcs import read as read_gcs
 from transforms.images.read import ReadError, read_bytes, read_with_retries
+from transforms.listing.members import member_address
 from transforms.records import ClassIndex, ImageRecord, ShardTask
-from transforms.retry import DEFAULT_RETRY, RetryPolicy, StoreHealth, StoreUnreachable
+from transforms.retry import BUDGET_ENV, DEFAULT_RETRY, RetryPolicy, StoreHealth, StoreUnreachable
 from transforms.writing.beam import WriteShards
 
 
@@ -103,6 +108,22 @@ def test_an_object_that_always_answers_503_fails_after_the_promised_attempts(mon
     assert sum(slept) <= (0.5 + 1 + 2 + 4) * 1.5  # 0.5 s doubling, jittered by at most half
 
 
+def test_an_archive_member_that_always_answers_503_fails_after_the_promised_attempts(monkeypatch, tmp_path):
+    """A tar member is read as plain objects are: one ranged request per attempt of the policy
+    (it used the storage client's own retry: ~10 requests over 85-113 s)."""
+    server = _FaultyGcs()
+    try:
+        _point_at(monkeypatch, tmp_path, server.server_address[1])
+        slept: list[float] = []
+        member = member_address("gs://bucket/set.tar", "cat/a.png", 512, 100)
+        read = functools.partial(read_with_retries, member, read_bytes, DEFAULT_RETRY, slept.append)
+        error, seconds = _in_thread(read, 30)
+    finally:
+        server.close()
+    assert isinstance(error, ReadError) and "still failing after 5 attempts" in str(error), error
+    assert server.requests == 5 and len(slept) == 4 and seconds < 10
+
+
 def test_an_object_that_never_answers_fails_within_its_deadline(monkeypatch, tmp_path):
     server = _FaultyGcs(silent=True)
     try:
@@ -165,3 +186,77 @@ def test_an_endpoint_that_disappeared_stops_the_job_with_one_line(monkeypatch, t
         r"gs://bucket answered nothing but errors for \d+ s \(last: .*Connection refused\); .*", line
     )
     assert seconds < 20
+
+
+def _cli(args: list[str], env: dict[str, str], limit: float) -> tuple[int, list[str], float]:
+    start = time.monotonic()
+    proc = subprocess.run(
+        [sys.executable, "-m", "beam_pipeline", "convert", *args, "--quiet"],
+        env={**os.environ, **env},
+        capture_output=True,
+        text=True,
+        timeout=limit,
+    )
+    return proc.returncode, proc.stderr.strip().splitlines(), time.monotonic() - start
+
+
+def test_a_gs_output_that_refuses_every_upload_ends_with_one_line(gcs_bucket, image_tree, tmp_path):
+    """The run claims its gs:// folder, then every upload of its staged files answers 503: the
+    writes give up within the retry budget (IMG2TFRECORD_RETRY_SECONDS, shortened here) and the
+    job ends with one line, exit 2 (it was the client's 120 s upload retry, then exit 1 and a
+    589-line traceback)."""
+
+    def staged_uploads(method: str, path: str, body: bytes) -> int | None:
+        if method in ("POST", "PUT") and path.startswith("/upload/") and b"beam-temp" in path.encode() + body:
+            return 503
+        return None
+
+    emulator = os.environ["STORAGE_EMULATOR_HOST"]
+    proxy = FaultProxy(emulator, staged_uploads)
+    try:
+        env = {**emulator_env(proxy.port, fake_credentials(tmp_path / "adc.json")), BUDGET_ENV: "2"}
+        out = f"gs://{BUCKET}/refused-out"
+        status, lines, seconds = _cli(["--input", str(image_tree), "--output_dir", out], env, 120)
+    finally:
+        proxy.close()
+    assert proxy.faulted >= 2, "no upload was refused: the fault was not injected"
+    assert status == 2, lines
+    assert len(lines) == 1 and re.fullmatch(
+        rf"img2tfrecord: error: cannot write {out}/beam-temp-img2tfrecord-\w+/.*: .*503.*; "
+        r"nothing was published, rerun when the bucket is writable",
+        lines[0],
+    ), lines
+    assert seconds < 45
+    # The claim was given up: no marker, nothing published.
+    assert [b.name for b in gcs_bucket.client.list_blobs(gcs_bucket, prefix="refused-out/")] == []
+
+
+def test_listing_pages_and_batches_answered_503_once_are_asked_again(gcs_bucket, monkeypatch):
+    """One request per attempt, made again under the policy: a listing page (asked for by its
+    token on a fresh request: a page iterator that raised would end the listing early) and a
+    batch of renames, each refused once with 503, still list and rename everything."""
+    names = [f"once/src/{i:03d}.png" for i in range(150)]
+    for name in names:
+        gcs_bucket.blob(name).upload_from_string(name.encode())
+    refused: list[str] = []
+
+    def first_of_each_kind(method: str, path: str, body: bytes) -> int | None:
+        kind = (
+            "batch" if path.startswith("/batch/") else "list" if "/o?" in path and method == "GET" else None
+        )
+        if kind is None or kind in refused:
+            return None
+        refused.append(kind)
+        return 503
+
+    proxy = FaultProxy(os.environ["STORAGE_EMULATOR_HOST"], first_of_each_kind)
+    try:
+        monkeypatch.setenv("STORAGE_EMULATOR_HOST", f"http://{HOST}:{proxy.port}")
+        listed = [name for name, _ in gcs.lister(BUCKET)("once/src/", None)]
+        gcs.rename_batch([(f"gs://{BUCKET}/{n}", f"gs://{BUCKET}/{n.replace('src', 'dst')}") for n in listed])
+    finally:
+        proxy.close()
+    assert refused == ["list", "batch"]
+    assert listed == names
+    moved = sorted(b.name for b in gcs_bucket.client.list_blobs(gcs_bucket, prefix="once/"))
+    assert moved == [n.replace("src", "dst") for n in names]

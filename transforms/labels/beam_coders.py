@@ -1,7 +1,7 @@
 """Coders of the labels-table batches that cross a shuffle: their columns coded flat, a
 few values a batch, never one coder call (or Python object) per row.
 
-In: HashedColumns, LabelRows, KeyedFiles, JoinPart, OrphanRow, OrphanLines, and
+In: HashedColumns, LabelRows, KeyedFiles, OrphanLines, and
 JoinedLabels.listed's items. Out: bytes. A batch is coded as a handful of flat columns
 (buckets.code_column: text as one UTF-8 blob, ints as one array, few distinct values as an
 index array), then the primitive coder codes that small tuple once; a HashedColumns is
@@ -26,7 +26,7 @@ from transforms.failures import Failure
 from transforms.labels.buckets import FILE_KINDS as _FILE_KINDS
 from transforms.labels.buckets import ROW_KINDS as _ROW_KINDS
 from transforms.labels.buckets import code_column, decode_column
-from transforms.labels.rows import HashedColumns, JoinPart, KeyedFiles, LabelRows, OrphanLines, OrphanRow
+from transforms.labels.rows import HashedColumns, KeyedFiles, LabelRows, OrphanLines
 from transforms.records import RecordBatch
 
 
@@ -55,14 +55,6 @@ def decode_keyed_files(data: bytes) -> KeyedFiles:
     return untagged(data, lambda t: KeyedFiles(*_decode(t)))
 
 
-def encode_join_part(part: JoinPart) -> bytes:
-    return tagged((_code(part.files.columns(), _FILE_KINDS), _code(part.rows.columns(), _ROW_KINDS)), part)
-
-
-def decode_join_part(data: bytes) -> JoinPart:
-    return untagged(data, lambda t: JoinPart(KeyedFiles(*_decode(t[0])), LabelRows(*_decode(t[1]))))
-
-
 def _estimated_size(columns: tuple) -> int:
     """Coded size of equal-length columns, from their first values (for Beam's size counters)."""
     if not columns or not columns[0]:
@@ -79,10 +71,6 @@ def estimate_keyed_files(files: KeyedFiles) -> int:
     return _estimated_size(files.columns())
 
 
-def estimate_join_part(part: JoinPart) -> int:
-    return _estimated_size(part.files.columns()) + _estimated_size(part.rows.columns())
-
-
 class LabelRowsCoder(TupleCoder):
     _type, _encode, _decode, _estimate = LabelRows, encode_label_rows, decode_label_rows, estimate_label_rows
 
@@ -94,10 +82,6 @@ class KeyedFilesCoder(TupleCoder):
         decode_keyed_files,
         estimate_keyed_files,
     )
-
-
-class JoinPartCoder(TupleCoder):
-    _type, _encode, _decode, _estimate = JoinPart, encode_join_part, decode_join_part, estimate_join_part
 
 
 def encode_hashed(batch: HashedColumns) -> bytes:
@@ -144,18 +128,6 @@ class ListedCoder(TupleCoder):
     _type, _encode, _decode, _estimate = Listed, encode_listed, decode_listed, estimate_listed
 
 
-def encode_orphan(o: OrphanRow) -> bytes:
-    return tagged((o.key, o.source, o.line, o.reason, o.first), o)
-
-
-def decode_orphan(data: bytes) -> OrphanRow:
-    return untagged(data, lambda t: OrphanRow(*t))
-
-
-class OrphanRowCoder(TupleCoder):
-    _type, _encode, _decode = OrphanRow, encode_orphan, decode_orphan
-
-
 def encode_orphan_lines(o: OrphanLines) -> bytes:
     return tagged((o.chunk, o.lines), o)
 
@@ -180,16 +152,10 @@ class OrphanLinesCoder(TupleCoder):
 coders.registry.register_coder(Listed, ListedCoder)
 
 
-coders.registry.register_coder(OrphanRow, OrphanRowCoder)
-
-
 coders.registry.register_coder(OrphanLines, OrphanLinesCoder)
 
 
 coders.registry.register_coder(LabelRows, LabelRowsCoder)
-
-
-coders.registry.register_coder(JoinPart, JoinPartCoder)
 
 
 coders.registry.register_coder(KeyedFiles, KeyedFilesCoder)

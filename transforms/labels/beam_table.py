@@ -28,11 +28,12 @@ from apache_beam.io.filesystems import FileSystems
 from apache_beam.metrics import Metrics
 from apache_beam.transforms.window import GlobalWindows
 
+from transforms import gcs
 from transforms.batching import CountImagesFn, group_size
 from transforms.failures import FAILED
+from transforms.gcs import literal_or_glob
 from transforms.labels.beam_coders import Listed
 from transforms.labels.buckets import bucket_count, concat_parts, cut_parts, hash_sorted, join_part
-from transforms.labels.columns import image_keys, iter_row_batches
 from transforms.labels.join import (
     join_bucket,
     label_summary,
@@ -51,12 +52,13 @@ from transforms.labels.rows import (
     HashedColumns,
     JoinSettings,
     KeyedFiles,
+    LabelMap,
     LabelRows,
     OrphanLines,
     TableError,
     TableSpec,
 )
-from transforms.labels.table import _BLOCK_BYTES, check_regular_file
+from transforms.labels.table import _BLOCK_BYTES, check_regular_file, image_keys, iter_row_batches
 from transforms.records import BATCH_SIZE, FileBatch, RecordBatch
 
 
@@ -79,8 +81,7 @@ class ReadLabelsFn(beam.DoFn):
             raise ValueError(f"{USER_ERROR_MARKER} {e}") from None
         with readable.open(mime_type="application/octet-stream") as f:
             try:
-                blocks = iter(lambda: f.read(_BLOCK_BYTES), b"")
-                for batch in iter_row_batches(blocks, self._spec, source):
+                for batch in iter_row_batches(f, self._spec, source):
                     self._rows.inc(len(batch))
                     self._invalid.inc(len(batch) - batch.errors.count(None))
                     yield batch
@@ -105,7 +106,7 @@ class ReadLabels(beam.PTransform):
     def expand(self, pbegin: beam.pvalue.PBegin) -> beam.PCollection[LabelRows]:
         return (
             pbegin
-            | "MatchTable" >> fileio.MatchFiles(self._spec.path)
+            | "MatchTable" >> fileio.MatchFiles(literal_or_glob(self._spec.path))
             | "OpenTable" >> fileio.ReadMatches()
             | "ParseRows" >> beam.ParDo(ReadLabelsFn(self._spec)).with_output_types(LabelRows)
         )
@@ -196,7 +197,8 @@ class BucketPartsFn(beam.DoFn):
 class JoinLabelsFn(beam.DoFn):
     """(bucket, [HashedColumns]) -> RecordBatches of the labelled images (BATCH_SIZE each, and
     the bundle's remainder at its end); FAILED, ORPHANS and STATS (summed over the bucket)
-    as tagged outputs, and LISTED: each RecordBatch and Failure again."""
+    as tagged outputs, and LISTED: each RecordBatch and Failure again. The --label_map, if
+    any, comes as the side input `label_map` (not in the pickled settings)."""
 
     def __init__(self, settings: JoinSettings, step: str = "GroupByBucket"):
         self._settings = settings
@@ -208,11 +210,16 @@ class JoinLabelsFn(beam.DoFn):
     def start_bundle(self) -> None:
         self._pending: list[list] = [[] for _ in range(6)]  # record columns not yet sent
 
-    def process(self, element: tuple[int, Iterable[HashedColumns]]) -> Iterator:
+    def process(
+        self, element: tuple[int, Iterable[HashedColumns]], label_map: LabelMap | None = None
+    ) -> Iterator:
         _, coded = element
         parts = list(map(join_part, coded))
         self._sizes.update(sum(map(len, parts)))
-        result = join_bucket(parts, self._settings)
+        settings = (
+            self._settings if label_map is None else dataclasses.replace(self._settings, label_map=label_map)
+        )
+        result = join_bucket(parts, settings)
         labeled = len(result.columns[0])
         self._labeled.inc(labeled)
         self._failed.inc(len(result.failures))
@@ -272,9 +279,12 @@ class JoinLabels(beam.PTransform):
     count that grows with the data: `per_bucket` images or rows a bucket, from counts taken
     meanwhile), and each bucket is joined on its columns (join_bucket).
 
+    `label_map` (ReadLabelMap's singleton, for --label_map) is a side input of the join.
+
     Bounds: a GroupByBucket group holds one bucket's images and rows (~`per_bucket` of each
     when keys are spread; all of a key's rows and images are in its bucket, so one key with
-    a million rows makes a group of a million). The side inputs are two counts (singletons).
+    a million rows makes a group of a million). The side inputs are two counts (singletons)
+    and the label map (its class names).
     """
 
     def __init__(
@@ -282,6 +292,7 @@ class JoinLabels(beam.PTransform):
         image_key_mode: str = "stem",
         settings: JoinSettings = JoinSettings(),
         per_bucket: int = BATCH_SIZE,
+        label_map: beam.PCollection[LabelMap] | None = None,
     ):
         super().__init__()
         if image_key_mode not in IMAGE_KEYS:
@@ -291,6 +302,7 @@ class JoinLabels(beam.PTransform):
         if settings.duplicates not in DUPLICATE_POLICIES:
             raise ValueError(f"duplicates must be one of {DUPLICATE_POLICIES}")
         self._mode, self._settings, self._per_bucket = image_key_mode, settings, per_bucket
+        self._label_map = label_map
 
     def expand(self, inputs: tuple[beam.PCollection[FileBatch], beam.PCollection[LabelRows]]) -> JoinedLabels:
         files, rows = inputs
@@ -328,12 +340,13 @@ class JoinLabels(beam.PTransform):
                 tuple[int, HashedColumns]
             )
         )
+        side = {} if self._label_map is None else {"label_map": pvalue.AsSingleton(self._label_map)}
         joined = (
             (keyed_images, keyed_rows)
             | "Parts" >> beam.Flatten()
             | "GroupByBucket" >> beam.GroupByKey()  # (bucket, [HashedColumns])
             | "Join"
-            >> beam.ParDo(JoinLabelsFn(self._settings, f"{self.label}/GroupByBucket"))
+            >> beam.ParDo(JoinLabelsFn(self._settings, f"{self.label}/GroupByBucket"), **side)
             .with_output_types(RecordBatch)
             .with_outputs(FAILED, ORPHANS, STATS, LISTED, main="records")
         )
@@ -410,9 +423,9 @@ def write_orphan_part(chunk: tuple[str, int], lines: Iterable[tuple[tuple, str]]
 def concatenate_parts(path: str, parts: Iterable[tuple[tuple[str, int], str]]) -> str:
     """Appends the parts, in chunk order, into `path` (empty if none), then deletes them."""
     ordered = [part for _, part in sorted(parts)]
-    with FileSystems.create(path) as out:
+    with gcs.create(path) as out:
         for part in ordered:
-            with FileSystems.open(part, compression_type=CompressionTypes.UNCOMPRESSED) as f:
+            with gcs.open_read(part, compression_type=CompressionTypes.UNCOMPRESSED) as f:
                 while block := f.read(_BLOCK_BYTES):
                     out.write(block)
     if ordered:

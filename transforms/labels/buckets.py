@@ -16,8 +16,10 @@ How a column is coded (code_column; decode_column reverses it):
 - a column of text (keys, paths, relpaths) as one UTF-8 blob of its values joined by NUL
   (decoded with one split; a column holding a NUL itself is kept as a tuple);
 - a column of ints (sizes, lines) as one array of little-endian int64;
-- a column of few distinct values (labels, splits, sources, errors) as those values and one
-  array of their indices, or the value alone when all are equal;
+- labels, splits, sources and errors by coders.dictionary_code (the codec of RecordBatches):
+  their distinct values and an array of 1-4-byte indices (cut by position at the codes'
+  width; a cut of fewer items than the values keeps its items' values instead), the value
+  alone when all are equal, the tuple when most are distinct;
 - anything else (the extras) as the tuple it is (packed when all empty: their numbers may be
   1, 1.0 or True, which are equal but not the same);
 - the images' paths, when each is one root followed by its relpath, as that root (hash_sorted).
@@ -32,6 +34,7 @@ from operator import itemgetter, methodcaller
 
 import numpy as np
 
+from transforms.coders import dictionary_code, dictionary_decode, index_array, index_bytes
 from transforms.labels.rows import HashedColumns, JoinPart, KeyedFiles, LabelRows
 from transforms.records import BATCH_SIZE, root_of, rooted_paths
 
@@ -47,10 +50,6 @@ def code_column(column: Sequence, kind: str) -> tuple:
     """One column as a few flat values (see the module docstring); decode_column reverses it."""
     column = tuple(column)
     n = len(column)
-    if n > 1 and kind in (FEW, ANY) and column.count(column[0]) == n:
-        first = column[0]
-        if kind == FEW or first == ():
-            return ("=", first)
     if kind == TEXT and n:
         try:
             text = _SEP.join(column)
@@ -63,12 +62,10 @@ def code_column(column: Sequence, kind: str) -> tuple:
             return ("q", np.array(column, dtype=_INT64).tobytes())
         except (TypeError, OverflowError, ValueError):
             pass
-    elif kind == FEW and n > 1 and len(set(column[:64])) <= 16:  # few distinct, judged on a sample
-        distinct = dict.fromkeys(column)  # str, None or tuples of str: equal means the same
-        if len(distinct) < n // 2:
-            index = {value: i for i, value in enumerate(distinct)}
-            indices = np.fromiter(map(index.__getitem__, column), dtype=_UINT32, count=n)
-            return ("d", tuple(distinct), indices.tobytes())
+    elif kind == FEW or (kind == ANY and n and column.count(()) == n):  # extras: 1 and 1.0 kept apart
+        table, codes = dictionary_code(column)
+        if codes is not None:
+            return ("d", table, codes)
     return ("t", column)
 
 
@@ -79,11 +76,8 @@ def decode_column(coded: tuple, n: int) -> tuple:
         return tuple(coded[1].decode("utf-8", "surrogatepass").split(_SEP))
     if how == "q":
         return tuple(np.frombuffer(coded[1], dtype=_INT64).tolist())
-    if how == "=":
-        return (coded[1],) * n
     if how == "d":
-        indices = np.frombuffer(coded[2], dtype=_UINT32).tolist()
-        return itemgetter(*indices)(coded[1]) if n > 1 else (coded[1][indices[0]],)
+        return tuple(dictionary_decode(coded[1], coded[2], n))
     return tuple(coded[1])
 
 
@@ -131,12 +125,10 @@ def _code_sorted(column: Sequence, kind: str, order: np.ndarray, gather: Callabl
 
     Values are read in the order they are held (a random order of a large column's objects
     misses the CPU's caches on each): a text column is coded whole, and its values' bytes,
-    split apart, are reordered and joined again; ints and the indices of few distinct values
-    (judged on the whole column) are reordered as numpy arrays.
+    split apart, are reordered and joined again; ints and dictionary codes are reordered as
+    numpy arrays.
     """
     n = len(column)
-    if n > 1 and kind in (FEW, ANY) and column.count(column[0]) == n and (kind == FEW or column[0] == ()):
-        return ("=", column[0])  # as code_column codes it, whatever the order
     if kind == TEXT and n > 1:
         coded = code_column(column, kind)
         if coded[0] == "s":
@@ -146,12 +138,11 @@ def _code_sorted(column: Sequence, kind: str, order: np.ndarray, gather: Callabl
             return ("q", np.array(column, dtype=_INT64)[order].tobytes())
         except (TypeError, OverflowError, ValueError):
             pass
-    elif kind == FEW and n > 1:
-        distinct = dict.fromkeys(column)  # str, None or tuples of str: equal means the same
-        if len(distinct) <= n // 2:
-            index = {value: i for i, value in enumerate(distinct)}
-            indices = np.fromiter(map(index.__getitem__, column), dtype=_UINT32, count=n)
-            return ("d", tuple(distinct), indices[order].tobytes())
+    elif kind != TEXT:
+        coded = code_column(column, kind)
+        if coded[0] == "d":
+            codes = coded[2]
+            return ("d", coded[1], codes and index_array(codes, n)[order].tobytes())
     return code_column(gather(column), kind)
 
 
@@ -198,15 +189,17 @@ def _cutter(coded: tuple, n: int) -> Callable[[int, int], tuple]:
     if how == "q":
         data = coded[1]
         return lambda start, stop: ("q", data[8 * start : 8 * stop])
-    if how in ("=", "r"):
+    if how == "r" or (how == "d" and not coded[2]):  # one root; one value
         return lambda start, stop: coded
     if how == "d":
-        distinct, indices = coded[1], np.frombuffer(coded[2], dtype=_UINT32)
+        table, codes = coded[1], coded[2]
+        width = len(codes) // n
 
         def cut_few(start: int, stop: int) -> tuple:
-            used, index = np.unique(indices[start:stop], return_inverse=True)
-            values = tuple(distinct[i] for i in used.tolist())  # only the part's own values
-            return ("d", values, index.astype(_UINT32).tobytes())
+            part = codes[width * start : width * stop]
+            if len(table) > stop - start:  # more values than the part has items: its values
+                return ("t", tuple(dictionary_decode(table, part, stop - start)))
+            return ("d", table, part)
 
         return cut_few
     values = coded[1]
@@ -227,9 +220,9 @@ def concat_parts(parts: Sequence[HashedColumns]) -> HashedColumns:
             columns.append(("s", b"\x00".join(c[1] for c in coded)))
         elif hows == {"q"}:
             columns.append(("q", b"".join(c[1] for c in coded)))
-        elif len(hows) == 1 and hows <= {"=", "r"} and all(c == coded[0] for c in coded):
-            columns.append(coded[0])  # one value (or one root) throughout
-        elif hows <= {"=", "d"}:  # few values (only FEW columns are coded "d"; "=" extras are all ())
+        elif hows == {"r"} and all(c == coded[0] for c in coded):
+            columns.append(coded[0])  # one root throughout
+        elif hows == {"d"}:
             columns.append(_merged_few(coded, [p.count for p in parts]))
         elif i == 1 and not parts[0].rows:  # paths, some coded as their root
             columns.append(("t", tuple(path for p in parts for path in join_part(p).files.paths)))
@@ -239,18 +232,15 @@ def concat_parts(parts: Sequence[HashedColumns]) -> HashedColumns:
 
 
 def _merged_few(coded: Sequence[tuple], counts: Sequence[int]) -> tuple:
-    """Columns coded "=" or "d" as one "d" column: each distinct value once."""
+    """Columns coded "d" as one: each distinct value once, the codes remapped."""
     values: dict = {}
     indices = []
-    for c, n in zip(coded, counts):
-        if c[0] == "=":
-            indices.append(np.full(n, values.setdefault(c[1], len(values)), dtype=_UINT32))
-        else:
-            remap = np.fromiter(
-                (values.setdefault(v, len(values)) for v in c[1]), dtype=_UINT32, count=len(c[1])
-            )
-            indices.append(remap[np.frombuffer(c[2], dtype=_UINT32)])
-    return ("d", tuple(values), np.concatenate(indices).tobytes())
+    for (_, table, codes), n in zip(coded, counts):
+        remap = np.fromiter(
+            (values.setdefault(v, len(values)) for v in table), dtype=np.uint32, count=len(table)
+        )
+        indices.append(remap[index_array(codes, n)] if codes else np.full(n, remap[0], dtype=np.uint32))
+    return ("d", tuple(values), index_bytes(np.concatenate(indices), len(values)))
 
 
 def join_part(part: HashedColumns) -> JoinPart:

@@ -1,6 +1,11 @@
 """Label maps (pure): class names in id order, or an id,name table such as GLDv2's category CSV.
 
 In: the file named by --label_map. Out: LabelMap (names by id, the first id).
+
+Lines are split at "\\n" (a "\\r\\n" ending is stripped with the name's spaces) and nowhere
+else, as TFDS reads a `names_file`: `str.splitlines` would also break at U+0085, U+2028,
+U+001C and the like inside a name and shift every later id by one. A name that still holds
+such a character (or any control character) is refused with its line number.
 """
 
 from __future__ import annotations
@@ -9,8 +14,7 @@ import csv
 import posixpath
 import unicodedata
 
-from apache_beam.io.filesystems import FileSystems
-
+from transforms import gcs
 from transforms.labels.folders import class_name_problem
 from transforms.labels.rows import _COMPRESSED_SUFFIXES, LabelMap
 
@@ -29,10 +33,10 @@ def load_label_map(path: str, offset: int = 0) -> LabelMap:
 
     Raises:
       ValueError: unreadable, empty, not UTF-8, a name or id listed twice, a name that
-        cannot be a class name, or a table that is not id,name pairs.
+        cannot be a class name (named by its line), or a table that is not id,name pairs.
     """
     try:
-        with FileSystems.open(path) as f:
+        with gcs.open_read(path) as f:
             text = f.read().decode("utf-8-sig")
     except (OSError, UnicodeDecodeError) as e:
         raise ValueError(f"--label_map {path}: cannot read: {e}") from None
@@ -43,19 +47,26 @@ def load_label_map(path: str, offset: int = 0) -> LabelMap:
     if suffix in (".csv", ".tsv"):
         label_map = _id_name_table(text, "\t" if suffix == ".tsv" else ",", path)
     else:
-        names = [unicodedata.normalize("NFC", line.strip()) for line in text.splitlines()]
-        label_map = LabelMap(tuple(n for n in names if n), offset)
+        lines = enumerate(text.split("\n"), 1)
+        named = [(number, _name(line, number, path)) for number, line in lines if line.strip()]
+        label_map = LabelMap(tuple(n for _, n in named), offset)
     if not label_map.names:
         raise ValueError(f"--label_map {path} lists no classes")
     seen: set[str] = set()
     for n in label_map.names:
         if n in seen:
             raise ValueError(f"--label_map {path} lists {n!r} twice")
-        problem = class_name_problem(n)
-        if problem:
-            raise ValueError(f"--label_map {path}: class name {n!r} {problem}")
         seen.add(n)
     return label_map
+
+
+def _name(text: str, line: int, path: str) -> str:
+    """A class name as written on `line` (spaces stripped, NFC), or ValueError naming the line."""
+    name = unicodedata.normalize("NFC", text.strip())
+    problem = class_name_problem(name)
+    if problem:
+        raise ValueError(f"--label_map {path} line {line}: class name {name!r} {problem}")
+    return name
 
 
 def _is_id(text: str) -> bool:
@@ -64,30 +75,37 @@ def _is_id(text: str) -> bool:
 
 def _id_name_table(text: str, delimiter: str, path: str) -> LabelMap:
     """A LabelMap from the rows of an id,name (or name,id) table; see load_label_map."""
-    rows = [
-        [c.strip() for c in r]
-        for r in csv.reader(text.splitlines(), delimiter=delimiter)
-        if any(map(str.strip, r))
-    ]
-    for i, r in enumerate(rows):
-        if len(r) != 2:
-            raise ValueError(
-                f"--label_map {path}: row {i + 1} has {len(r)} columns, expected two (id and name)"
-            )
-    if rows and not (_is_id(rows[0][0]) or _is_id(rows[0][1])):
+    # Each line keeps its "\n": a quoted name that runs over lines holds it, and is refused.
+    reader = csv.reader((line + "\n" for line in text.split("\n")), delimiter=delimiter)
+    rows = []  # (first line, cells) of each row
+    first_line = 1
+    try:
+        for cells in reader:
+            cells = [c.strip() for c in cells]
+            if len(cells) != 2 and any(cells):
+                raise ValueError(
+                    f"--label_map {path} line {first_line} has {len(cells)} columns, expected two "
+                    "(id and name)"
+                )
+            if any(cells):
+                rows.append((first_line, cells))
+            first_line = reader.line_num + 1
+    except csv.Error as e:
+        raise ValueError(f"--label_map {path} line {first_line}: {e}") from None
+    if rows and not (_is_id(rows[0][1][0]) or _is_id(rows[0][1][1])):
         rows = rows[1:]  # a header row
-    if all(_is_id(r[0]) for r in rows):
-        pairs = [(int(r[0]), r[1]) for r in rows]
-    elif all(_is_id(r[1]) for r in rows):
-        pairs = [(int(r[1]), r[0]) for r in rows]
+    if all(_is_id(cells[0]) for _, cells in rows):
+        triples = [(int(cells[0]), line, cells[1]) for line, cells in rows]
+    elif all(_is_id(cells[1]) for _, cells in rows):
+        triples = [(int(cells[1]), line, cells[0]) for line, cells in rows]
     else:
         raise ValueError(f"--label_map {path}: no column holds an integer id on every row")
-    pairs.sort()
-    if not pairs:
+    triples.sort()
+    if not triples:
         return LabelMap(())
-    first = pairs[0][0]
-    for i, (class_id, _) in enumerate(pairs):
+    first = triples[0][0]
+    for i, (class_id, _, _) in enumerate(triples):
         if class_id != first + i:
             what = f"id {class_id} is listed twice" if class_id < first + i else f"id {first + i} is missing"
             raise ValueError(f"--label_map {path}: ids must run without gaps from {first}: {what}")
-    return LabelMap(tuple(unicodedata.normalize("NFC", n) for _, n in pairs), first)
+    return LabelMap(tuple(_name(name, line, path) for _, line, name in triples), first)

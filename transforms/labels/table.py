@@ -1,27 +1,39 @@
 """Parsing a labels table (CSV, TSV, JSON Lines; plain or compressed) into LabelRows (pure).
 
-In: a table file's bytes, a block at a time. Out: LabelRow per row (key, labels, split,
-extra columns) or the reason a row is invalid. Plain blocks are split directly; blocks with
-quotes go through the csv module until a record ends at a block end.
+In: a table file (a binary file object, read as a stream). Out: LabelRows, batches of rows
+as columns (key, labels, split, extra columns, where) with the reason a row is invalid.
+CSV and TSV are parsed by pyarrow.csv, a block of ~4 MB at a time, and each column is
+checked and converted for the block at once; JSON Lines by the json module, a line at a time.
 
-About 600 lines: the block parser, its csv-module fallback and the checks of each cell
-(labels, splits, extra columns) must agree line for line, and are tested together
-(tests/labels/test_label_table.py compares the block parser with the csv module).
+Over 500 lines: the rules of each cell (keys, labels, splits, extra columns) and of the
+records pyarrow hands over or rejects (their lines, bad UTF-8, blank records, a quote never
+closed) are one table's rules, tested together in tests/labels/test_label_table.py.
 """
 
 from __future__ import annotations
 
+import codecs
 import csv
 import dataclasses
+import itertools
 import json
 import os
 import posixpath
+import re
 import stat
 import unicodedata
-from collections.abc import Callable, Iterable, Iterator, Mapping
+from collections.abc import Callable, Iterator, Mapping, Sequence
+from operator import itemgetter, methodcaller
+from typing import BinaryIO
 
+import numpy as np
+import pyarrow as pa
+import pyarrow.compute as pc
+import pyarrow.csv as pacsv
 from apache_beam.io.filesystems import FileSystems
 
+from transforms import gcs
+from transforms.gcs import literal_or_glob
 from transforms.labels.folders import class_name_problem
 from transforms.labels.rows import (
     _COMPRESSED_SUFFIXES,
@@ -31,10 +43,11 @@ from transforms.labels.rows import (
     FORMATS,
     IMAGE_KEYS,
     LabelRow,
+    LabelRows,
     TableError,
     TableSpec,
-    _new_row,
 )
+from transforms.records import BATCH_SIZE
 
 
 def detect_format(path: str, fmt: str = "auto") -> str:
@@ -104,6 +117,41 @@ def image_key(relpath: str, mode: str = "stem") -> str:
     if mode == "stem":
         return normalize_key(posixpath.splitext(name)[0])
     raise ValueError(f"--image_key must be one of {', '.join(IMAGE_KEYS)}")
+
+
+_LAST_DOT = methodcaller("rpartition", ".")
+_LAST_SLASH = methodcaller("rpartition", "/")
+_FIRST = itemgetter(0)
+
+
+def normalize_keys(keys: Sequence[str]) -> list[str]:
+    """normalize_key of each key: the keys as they are when none needs a change (checked on
+    the whole column at once: no outer blanks, NFC, no backslash, no leading './' or '/')."""
+    keys = list(keys)
+    joined = "\n".join(keys)  # "\n" composes with nothing: NFC of the whole is NFC of each
+    if (
+        "\\" in joined
+        or joined.startswith(("/", "./"))
+        or "\n/" in joined
+        or "\n./" in joined
+        or not unicodedata.is_normalized("NFC", joined)
+        or list(map(str.strip, keys)) != keys
+    ):
+        return list(map(normalize_key, keys))
+    return keys
+
+
+def image_keys(relpaths: Sequence[str], mode: str = "stem") -> list[str]:
+    """table.image_key of each relpath, computed for the column at once."""
+    if mode == "relpath":
+        return normalize_keys(relpaths)
+    if mode not in ("name", "stem"):
+        raise ValueError("--image_key must be one of stem, name, relpath")
+    names = list(map(itemgetter(2), map(_LAST_SLASH, relpaths)))
+    if mode == "stem":  # posixpath.splitext: a name's leading dots never start its extension
+        heads = map(_FIRST, map(_LAST_DOT, names))
+        names = [h if h.lstrip(".") else n for h, n in zip(heads, names)]
+    return normalize_keys(names)
 
 
 def split_labels(value: object, separator: str = "|") -> tuple[str, ...]:
@@ -192,216 +240,381 @@ def parse_row(fields: Mapping[str, object], spec: TableSpec, source: str = "", l
     return LabelRow(key=key, labels=labels, split=split, extras=extras, source=source, line=line)
 
 
-# Bytes read from a table file at a time, and about the size of a block parsed in one go.
-_BLOCK_BYTES = 1 << 20
+# Bytes pyarrow parses at a time: a record (with its quoted line breaks) must fit in one.
+_BLOCK_BYTES = 4 << 20
 
 
-# A line is at most this long (a file without line breaks is not a table): bounds a block.
-_MAX_LINE_BYTES = 64 << 20
+# The csv module's field size limit (131,072 characters), kept: a longer field is an error.
+_FIELD_LIMIT = 131_072
 
 
-# The csv module's field size limit (131,072 characters): longer fields are an error.
-_FIELD_LIMIT = csv.field_size_limit()
-
-
-# Label cells parsed once per distinct value (tables repeat a few labels many times).
+# Label and split cells parsed once per distinct value (tables repeat a few labels many times).
 _CACHE_SIZE = 100_000
 
 
-def _line_blocks(chunks: Iterable[bytes], source: str) -> Iterator[bytes]:
-    """Byte chunks regrouped into blocks of whole lines: the first line alone (the header),
-    then blocks of about _BLOCK_BYTES. Only the last block may lack its final newline.
+# Given to pyarrow after the table's bytes: read as a record of its own unless a quoted
+# field was never closed (that field then takes it in).
+_END = "\x00end of the table\x00"
+
+
+# What pyarrow is given for bytes that are not UTF-8: a noncharacter (never in interchanged
+# text), so a row holding one is known to have had bytes that are not UTF-8.
+_NOT_UTF8 = "\ufdd0"
+_UNDECODED = re.compile("[\udc80-\udcff]+")
+_LONE_CR = re.compile("\r(?!\n)")
+
+
+class _Text:
+    """A table file's bytes as pyarrow reads them (`read`): UTF-8 (each undecodable run of
+    bytes replaced by _NOT_UTF8), then _END. Counts the lone carriage returns (pyarrow ends
+    a line at one, the csv module refuses one outside quotes) and notes the first one's line."""
+
+    closed = False
+
+    def __init__(self, f: BinaryIO, lines: int):
+        self._f, self._lines = f, lines  # lines read so far
+        self._decode = codecs.getincrementaldecoder("utf-8")("surrogateescape").decode
+        self._held = ""  # a "\r" that ended the last chunk: the next may start with "\n"
+        self._done, self._out = False, b""
+        self.not_utf8 = False
+        self.lone_cr = 0
+        self.first_cr_line = 0
+
+    def read(self, size: int = -1) -> bytes:
+        """Up to `size` bytes (pyarrow asks for a block at a time)."""
+        size = size if size and size > 0 else _BLOCK_BYTES
+        while len(self._out) < size and not self._done:
+            self._out += self._next(self._f.read(size))
+        out, self._out = self._out[:size], self._out[size:]
+        return out
+
+    def _next(self, data: bytes) -> bytes:
+        text = self._held + self._decode(data, final=not data)
+        self._held = ""
+        if not data:
+            self._done = True
+            text += f"\n{_END}\n"
+        elif text.endswith("\r"):
+            text, self._held = text[:-1], "\r"
+        if "\r" in text and (found := _LONE_CR.search(text)):
+            if not self.lone_cr:
+                self.first_cr_line = self._lines + text.count("\n", 0, found.start()) + 1
+            self.lone_cr += len(_LONE_CR.findall(text))
+        self._lines += text.count("\n")
+        try:
+            return text.encode("utf-8")
+        except UnicodeEncodeError:
+            self.not_utf8 = True
+            return _UNDECODED.sub(_NOT_UTF8, text).encode("utf-8")
+
+
+def _count(column: pa.Array, text: str) -> np.ndarray:
+    """How often `text` occurs in each value of the column."""
+    return pc.count_substring(column, text).to_numpy(zero_copy_only=False)
+
+
+def _first_errors(first: list | None, then: list | None) -> list | None:
+    """Per row, the first of two columns of errors (None: no row has one)."""
+    if first is None or then is None:
+        return then if first is None else first
+    return [a or b for a, b in zip(first, then)]
+
+
+class _Columns:
+    """LabelRows' columns from the cells of CSV/TSV records, as parse_row makes them from a
+    dict of the record (the last of same-named columns wins): keys normalized for the column
+    at once, label and split cells parsed once per distinct value."""
+
+    def __init__(self, header: list[str], spec: TableSpec, source: str):
+        self._spec, self._source, self._width = spec, source, len(header)
+        at = {name: i for i, name in enumerate(header)}
+        self._key_first = header.index(spec.key_column)
+        self._key, self._label = at[spec.key_column], at[spec.label_column]
+        self._split = at[spec.split_column] if spec.split_column else None
+        self._extras = tuple((name, kind, at[name]) for name, kind in spec.extra_columns)
+        self._labels: dict = {}  # cell -> (labels, error)
+        self._splits: dict = {}  # cell -> (split, error)
+
+    def rows(self, columns: list[pa.Array], lines: list[int], not_utf8: bool) -> list[tuple]:
+        """The seven columns of a batch's records (their first lines `lines`), and each
+        record's position (a blank record is left out).
+
+        Raises:
+          TableError: a field longer than _FIELD_LIMIT.
+        """
+        n, source = len(lines), self._source
+        for column in columns:
+            lengths = pc.utf8_length(column)
+            if n and pc.max(lengths).as_py() > _FIELD_LIMIT:
+                at = np.flatnonzero(lengths.to_numpy(zero_copy_only=False) > _FIELD_LIMIT)[0]
+                raise TableError(
+                    f"labels table {source} line {lines[at]}: field larger than field limit ({_FIELD_LIMIT})"
+                )
+        keys = normalize_keys(columns[self._key].to_pylist())
+        labels, errors = self._parsed(columns[self._label], self._labels, self._label_cell)
+        extras: list = [()] * n
+        if self._extras:
+            extras, extra_errors = self._converted([columns[i].to_pylist() for _, _, i in self._extras])
+            errors = _first_errors(errors, extra_errors)
+        splits: list = [None] * n
+        if self._split is not None:
+            splits, split_errors = self._parsed(columns[self._split], self._splits, self._split_cell)
+            errors = _first_errors(errors, split_errors)
+        bad_text = np.zeros(n, bool)
+        if not_utf8:
+            for column in columns:
+                bad_text |= _count(column, _NOT_UTF8) > 0
+        if errors is None and "" not in keys and not bad_text.any():
+            return [(keys, labels, splits, extras, [source] * n, lines, [None] * n), range(n)]
+        rows, kept = [], []
+        for i, key in enumerate(keys):
+            line, error = lines[i], errors[i] if errors else None
+            if bad_text[i]:
+                key, error = "", f"line {line} is not valid UTF-8"
+            elif not key:
+                if not any(column[i].as_py().strip() for column in columns):
+                    continue  # a blank record
+                error = f"no value in key column {self._spec.key_column!r}"
+            kept.append(i)
+            if error:
+                rows.append((key, (), None, (), source, line, error))
+            else:
+                rows.append((key, labels[i], splits[i], extras[i], source, line, None))
+        return [list(zip(*rows)) if rows else [[] for _ in range(7)], kept]
+
+    def invalid(self, text: str, line: int) -> tuple | None:
+        """The row of a record whose number of fields is not the header's (None if blank)."""
+        if _NOT_UTF8 in text:
+            return ("", (), None, (), self._source, line, f"line {line} is not valid UTF-8")
+        cells = next(csv.reader([text], delimiter=_delimiter(self._spec)), [])
+        if not any(c.strip() for c in cells):
+            return None
+        key = normalize_key(cells[self._key_first] if len(cells) > self._key_first else "")
+        error = f"{len(cells)} fields where the header has {self._width}"
+        return (key, (), None, (), self._source, line, error)
+
+    def _label_cell(self, cell: str) -> tuple:
+        try:
+            return split_labels(cell, self._spec.separator), None
+        except ValueError as e:
+            return (), str(e)
+
+    def _split_cell(self, cell: str) -> tuple:
+        return _check_split(cell, self._spec.split_column)
+
+    @staticmethod
+    def _parsed(column: pa.Array, cache: dict, parse: Callable) -> tuple[list, list | None]:
+        """parse(cell) -> (value, error) of each cell, once per distinct cell (kept in
+        `cache`): the values, and the errors (None if no cell has one)."""
+        coded = column.dictionary_encode()
+        distinct = coded.dictionary.to_pylist()
+        if len(cache) + len(distinct) > _CACHE_SIZE:
+            cache.clear()
+        found = [cache.get(cell) or cache.setdefault(cell, parse(cell)) for cell in distinct]
+        index = coded.indices.to_numpy(zero_copy_only=False).tolist()
+        values = list(map([f[0] for f in found].__getitem__, index))
+        if not any(f[1] for f in found):
+            return values, None
+        return values, list(map([f[1] for f in found].__getitem__, index))
+
+    def _converted(self, cells: list[list[str]]) -> tuple[list, list | None]:
+        """The extras of each row (convert_extra of each of its extra cells), and the errors."""
+        extras, errors, names = [], [], self._extras
+        for values in zip(*cells):
+            try:
+                extras.append(
+                    tuple((name, convert_extra(name, kind, v)) for (name, kind, _), v in zip(names, values))
+                )
+                errors.append(None)
+            except ValueError as e:
+                extras.append(())
+                errors.append(str(e))
+        return extras, errors if any(errors) else None
+
+
+def _first_record(f: BinaryIO, spec: TableSpec, source: str) -> tuple[list[str], int]:
+    """The first record of a CSV/TSV file (its header: the csv module parses it, a quoted
+    cell may span lines), and the lines it takes; the file is left after it.
 
     Raises:
-      TableError: a line longer than _MAX_LINE_BYTES (not a table, e.g. a binary file).
+      TableError: the file is empty, or its header is not UTF-8 text or not CSV.
     """
-    buf: list[bytes] = []
-    size, header = 0, True
-    for chunk in chunks:
-        if not chunk:
-            continue
-        buf.append(chunk)
-        size += len(chunk)
-        if not header and size < _BLOCK_BYTES:
-            continue
-        data = b"".join(buf)
-        cut = data.find(b"\n") if header else data.rfind(b"\n")
-        if cut < 0:
-            if size > _MAX_LINE_BYTES:
-                raise TableError(f"labels table {source}: a line longer than {_MAX_LINE_BYTES >> 20} MiB")
-            buf = [data]
-            continue
-        yield data[: cut + 1]
-        rest = data[cut + 1 :]
-        buf, size, header = ([rest] if rest else []), len(rest), False
-    if size:
-        yield b"".join(buf)
-
-
-def _split_lines(block: bytes) -> list[bytes]:
-    """Lines of a block, each with its newline (as readline gives them: split at b'\\n' only)."""
-    parts = block.split(b"\n")
-    last = parts.pop()
-    lines = [p + b"\n" for p in parts]
-    if last:
-        lines.append(last)
-    return lines
-
-
-def _plain_text(block: bytes) -> str | None:
-    """The block as text if every line is one record split at the delimiter alone (no quote,
-    NUL or lone carriage return; valid UTF-8), with CRLF line ends made LF; else None."""
-    if b'"' in block or b"\x00" in block:
-        return None
-    if b"\r" in block and block.count(b"\r") != block.count(b"\r\n"):
-        return None
+    raw = [f.readline()]
+    if not raw[0]:
+        raise TableError(f"labels table {source} is empty")
+    while raw[-1] and b"".join(raw).count(b'"') % 2 and len(raw) < 100:
+        raw.append(f.readline())
     try:
-        text = block.decode("utf-8")
+        text = b"".join(raw).decode("utf-8").removeprefix("\ufeff")
+        return next(csv.reader(text.splitlines(keepends=True), delimiter=_delimiter(spec)), []), len(raw)
     except UnicodeDecodeError:
-        return None
-    return text.replace("\r\n", "\n") if "\r" in text else text
+        raise TableError(f"labels table {source} is not UTF-8 text") from None
+    except csv.Error:
+        raise TableError(f"labels table {source}: cannot read the header") from None
 
 
-class _LineFeed:
-    """Decoded lines for the csv module: a block's, then the next blocks' as it asks for more.
+def _csv_columns(f: BinaryIO, spec: TableSpec, source: str) -> Iterator[list]:
+    """The records of a CSV/TSV file after its header, a pyarrow batch (~_BLOCK_BYTES) at a
+    time, as [seven columns] (in file order).
 
-    Counts lines (absolute numbers), notes undecodable ones, and tells whether every line of
-    the blocks taken so far was handed out (a record that ends there ends at a block end).
+    pyarrow parses (serially: its numbers of the records it rejects then count from the
+    first record) and hands over a batch of well-formed records; a record with a wrong
+    number of fields goes to its handler, and is put back in place by that number. A record's
+    line is its number plus the line breaks inside the fields before it.
     """
+    header, line = _first_record(f, spec, source)
+    header = [h.strip() for h in header]
+    check_header(header, spec, source)
+    builder, text = _Columns(header, spec, source), _Text(f, line)
+    rejected: dict[int, str] = {}  # record number -> its text
 
-    def __init__(self, block: bytes, blocks: Iterator[bytes], line: int, keep_record: bool = True):
-        self._blocks = blocks
-        self._keep_record = keep_record
-        self._lines = _split_lines(block)
-        self._next = 0
-        self.number = line  # lines handed out so far (absolute)
-        self.bad_lines: set[int] = set()
-        self.record: list[str] = []  # lines handed out since the caller cleared it (if kept)
-        self.ended = False  # the end of the data was reached
+    def reject(row: pacsv.InvalidRow) -> str:
+        rejected[row.number] = row.text
+        return "skip"
 
-    def __iter__(self) -> _LineFeed:
-        return self
+    names = [str(i) for i in range(len(header))]
+    record, last, ended, quoted_cr = 0, line, False, 0  # records placed; line of the last; _END read
+    try:
+        reader = pacsv.open_csv(
+            text,
+            read_options=pacsv.ReadOptions(use_threads=False, block_size=_BLOCK_BYTES, column_names=names),
+            parse_options=pacsv.ParseOptions(
+                delimiter=_delimiter(spec),
+                newlines_in_values=True,
+                ignore_empty_lines=False,
+                invalid_row_handler=reject,
+            ),
+            convert_options=pacsv.ConvertOptions(
+                column_types=dict.fromkeys(names, pa.string()),
+                strings_can_be_null=False,
+                quoted_strings_can_be_null=False,
+                check_utf8=False,
+            ),
+        )
+        for batch in itertools.chain(reader, [None]):
+            columns = batch.columns if batch is not None else []
+            n = batch.num_rows if batch is not None else 0
+            if batch is not None and not n:
+                continue
+            numbers = np.arange(record + 1, record + 1 + n)
+            placed = []  # the rejected records before this batch's last
+            for number in sorted(rejected):
+                if n and number > numbers[-1]:
+                    break
+                numbers[numbers >= number] += 1
+                placed.append((number, rejected.pop(number)))
+            breaks = np.zeros(n, np.int64)
+            for column in columns:
+                breaks += _count(column, "\n")
+            if text.lone_cr:
+                quoted_cr += sum(int(_count(c, "\r").sum() - _count(c, "\r\n").sum()) for c in columns)
+                quoted_cr += sum(t.count("\r") - t.count("\r\n") for _, t in placed)
+            every = np.concatenate([numbers, [number for number, _ in placed]]).astype(np.int64)
+            if not len(every):
+                break
+            every_breaks = np.concatenate([breaks, [t.count("\n") for _, t in placed]]).astype(np.int64)
+            order = np.argsort(every, kind="stable")
+            before = np.cumsum(every_breaks[order]) - every_breaks[order]
+            lines = np.empty(len(every), np.int64)
+            lines[order] = line + every[order] - record + before
+            line += int(every.max() - record + every_breaks.sum())
+            record, last = int(every.max()), int(lines[order[-1]])
+            out, kept = builder.rows(columns, lines[:n].tolist(), text.not_utf8) if n else ([[]] * 7, [])
+            if placed:
+                rows = list(zip(numbers[kept].tolist(), zip(*out))) if kept else []
+                for (number, row_text), at in zip(placed, lines[n:].tolist()):
+                    if row_text == _END:
+                        ended = True
+                    elif (row := builder.invalid(row_text, at)) is not None:
+                        rows.append((number, row))
+                rows.sort(key=itemgetter(0))
+                out = list(zip(*(row for _, row in rows))) if rows else [[] for _ in range(7)]
+            yield out
+    except pa.ArrowInvalid as e:
+        raise TableError(
+            f"labels table {source} after line {line}: {e} (a quoted field never closed, or a record over "
+            f"{_BLOCK_BYTES >> 20} MiB)"
+        ) from None
+    if text.lone_cr > quoted_cr:
+        raise TableError(
+            f"labels table {source} line {text.first_cr_line}: new-line character seen in unquoted field "
+            "(a lone carriage return)"
+        )
+    if not ended:
+        raise TableError(
+            f"labels table {source} line {last}: a quoted field is never closed "
+            '(a missing ", it would take in every line to the end)'
+        )
 
-    def __next__(self) -> str:
-        while self._next >= len(self._lines):
-            try:
-                self._lines, self._next = _split_lines(next(self._blocks)), 0
-            except StopIteration:
-                self.ended = True
-                raise
-        raw = self._lines[self._next]
-        self._next += 1
-        self.number += 1
+
+def _jsonl_columns(f: BinaryIO, spec: TableSpec, source: str) -> Iterator[tuple]:
+    """The rows of a JSON Lines file, as seven columns a BATCH_SIZE of lines.
+
+    Parsed a line at a time by the json module: pyarrow.json refuses a field whose type
+    changes from row to row (a label as text in one, a list in the next) and stops at the
+    first line that is not JSON instead of naming it.
+    """
+    rows: list[LabelRow] = []
+    for line, raw in enumerate(iter(f.readline, b""), 1):  # (Beam's CompressedFile.readline takes no limit)
         try:
             text = raw.decode("utf-8")
         except UnicodeDecodeError:
-            self.bad_lines.add(self.number)
-            text = raw.decode("utf-8", "replace")
-        if self.number == 1:
-            text = text.removeprefix("\ufeff")
-        if self._keep_record:
-            self.record.append(text)
-        return text
-
-    def at_block_end(self) -> bool:
-        return self._next >= len(self._lines)
-
-
-class _RowBuilder:
-    """LabelRows from the cells of CSV/TSV records, as parse_row makes them from a dict of the
-    record (the last of same-named columns wins), with label and split cells parsed once per
-    distinct value."""
-
-    def __init__(self, header: list[str], spec: TableSpec, source: str):
-        self._spec, self._source = spec, source
-        self._width = len(header)
-        index = {name: i for i, name in enumerate(header)}
-        self._key_first = header.index(spec.key_column)
-        self._key, self._label = index[spec.key_column], index[spec.label_column]
-        self._split = index[spec.split_column] if spec.split_column else None
-        self._extras = tuple((name, kind, index[name]) for name, kind in spec.extra_columns)
-        self._labels: dict[str, tuple[tuple[str, ...], str | None]] = {}  # cell -> (labels, error)
-        self._splits: dict[str, tuple[str | None, str | None]] = {}
-
-    def row(self, cells: list[str], line: int) -> LabelRow | None:
-        """The row of one record's cells, or None for a blank record (skipped)."""
-        source = self._source
-        if len(cells) != self._width:
-            if not any(c.strip() for c in cells):
-                return None
-            key = cells[self._key_first] if len(cells) > self._key_first else ""
-            error = f"{len(cells)} fields where the header has {self._width}"
-            return LabelRow(normalize_key(key), source=source, line=line, error=error)
-        key = normalize_key(cells[self._key])
-        if not key:
-            if not any(c.strip() for c in cells):
-                return None
-            return LabelRow(
-                key, source=source, line=line, error=f"no value in key column {self._spec.key_column!r}"
-            )
-        cell = cells[self._label]
-        found = self._labels.get(cell)
-        if found is None:
-            if len(self._labels) >= _CACHE_SIZE:
-                self._labels.clear()
-            try:
-                found = (split_labels(cell, self._spec.separator), None)
-            except ValueError as e:
-                found = ((), str(e))
-            self._labels[cell] = found
-        labels, error = found
-        if error:
-            return LabelRow(key, source=source, line=line, error=error)
-        extras: tuple = ()
-        if self._extras:
-            try:
-                extras = tuple((name, convert_extra(name, kind, cells[i])) for name, kind, i in self._extras)
-            except ValueError as e:
-                return LabelRow(key, source=source, line=line, error=str(e))
-        split = None
-        if self._split is not None:
-            cell = cells[self._split]
-            found = self._splits.get(cell)
-            if found is None:
-                if len(self._splits) >= _CACHE_SIZE:
-                    self._splits.clear()
-                found = self._splits[cell] = _check_split(cell, self._spec.split_column)
-            split, error = found
-            if error:
-                return LabelRow(key, source=source, line=line, error=error)
-        return _new_row((key, labels, split, extras, source, line, None))
-
-    def rows_of_text(self, text: str, line: int) -> tuple[list[LabelRow], int]:
-        """Rows of a plain block (_plain_text) whose first line is `line`; and its line count.
-
-        Raises:
-          TableError: a field longer than the csv module's limit (its message and line).
-        """
-        lines = text.split("\n")
-        if not lines[-1]:
-            lines.pop()
-        delimiter, build, out = _delimiter(self._spec), self.row, []
-        for number, text_line in enumerate(lines, line):
-            cells = text_line.split(delimiter)
-            if len(text_line) > _FIELD_LIMIT and max(map(len, cells)) > _FIELD_LIMIT:
-                raise TableError(
-                    f"labels table {self._source} line {number}: field larger than field limit ({_FIELD_LIMIT})"
-                )
-            row = build(cells, number)
-            if row is not None:
-                out.append(row)
-        return out, len(lines)
+            rows.append(LabelRow(key="", source=source, line=line, error=f"line {line} is not valid UTF-8"))
+            continue
+        text = text.removeprefix("\ufeff") if line == 1 else text
+        if not text.strip():
+            continue
+        try:
+            obj = json.loads(text)
+        except ValueError as e:
+            rows.append(LabelRow(key="", source=source, line=line, error=f"not JSON: {e}"))
+            continue
+        if not isinstance(obj, dict):
+            rows.append(LabelRow(key="", source=source, line=line, error="not a JSON object"))
+        else:
+            rows.append(parse_row(obj, spec, source, line))
+        if len(rows) >= BATCH_SIZE:
+            yield LabelRows.of(rows).columns()
+            rows = []
+    if rows:
+        yield LabelRows.of(rows).columns()
 
 
-def _ends_in_quotes(lines: list[str], delimiter: str) -> bool:
-    """Whether a record that the end of the data ended was still inside a quoted field (the
-    csv module then returns what it has instead of an error, unless strict)."""
-    try:
-        for _ in csv.reader(lines, delimiter=delimiter, strict=True):
-            pass
-    except csv.Error as e:
-        return "unexpected end of data" in str(e)
-    return False
+def iter_row_batches(
+    f: BinaryIO, spec: TableSpec, source: str = "", size: int = BATCH_SIZE
+) -> Iterator[LabelRows]:
+    """The rows of a table file (a binary file object, read as a stream) in LabelRows of up
+    to `size` rows, in file order.
+
+    CSV and TSV (parsed by pyarrow.csv): a header row, RFC 4180 quoting (quoted fields may
+    hold the delimiter, quotes and line breaks), UTF-8 with or without BOM, CRLF or LF line
+    ends. JSON Lines: one object a line. Lines are numbered from 1 (split at '\\n'); a row's
+    line is the line its record starts on.
+
+    Raises:
+      TableError: the header lacks a required column, or the text is not CSV: a field over
+        _FIELD_LIMIT characters, a lone carriage return outside quotes, a quoted field never
+        closed (it would take in every line to the end), a record over _BLOCK_BYTES.
+    """
+    parts = _jsonl_columns(f, spec, source) if spec.format == "jsonl" else _csv_columns(f, spec, source)
+    pending: list[list] = [[] for _ in range(7)]
+    for columns in parts:
+        for held, values in zip(pending, columns):
+            held.extend(values)
+        if len(pending[0]) >= size:
+            done = len(pending[0]) // size * size
+            for start in range(0, done, size):
+                yield LabelRows(*(tuple(column[start : start + size]) for column in pending))
+            for column in pending:
+                del column[:done]
+    if pending[0]:
+        yield LabelRows(*map(tuple, pending))
+
+
+def iter_table(f: BinaryIO, spec: TableSpec, source: str = "") -> Iterator[LabelRow]:
+    """The rows of a table file one LabelRow each (iter_row_batches; for tests and small tables)."""
+    for batch in iter_row_batches(f, spec, source):
+        yield from batch.rows
 
 
 def _check_split(cell: str, column: str) -> tuple[str | None, str | None]:
@@ -438,140 +651,26 @@ def _column_fix(column: str, present: list[str], spec: TableSpec) -> str:
     return f"name the {flag[2:].replace('_', ' ')} with {flag} " + (free[0] if free else "NAME")
 
 
-def iter_table(
-    chunks: Iterable[bytes],
-    spec: TableSpec,
-    source: str = "",
-    plain: Callable[[_RowBuilder, str, int], tuple[list, int]] | None = None,
-) -> Iterator[LabelRow]:
-    """Parses a table streamed as bytes (any pieces: lines, or blocks read from a file) into
-    LabelRow tuples, in file order.
-
-    `plain(builder, text, first line)` parses the plain blocks instead of
-    `_RowBuilder.rows_of_text` (columns.plain_rows yields a whole block as one LabelRows).
-
-    CSV and TSV: a header row, RFC 4180 quoting (quoted fields may hold the delimiter,
-    quotes and newlines), UTF-8 with or without BOM. JSON Lines: one object per line.
-    Lines are numbered from 1, split at '\\n' (as readline does).
-
-    CSV and TSV are parsed a block of lines (~1 MB) at a time: a block without quotes,
-    NUL bytes, lone carriage returns or undecodable bytes is split at line ends and
-    delimiters directly (the common case, several times faster); any other block goes
-    through the csv module, line by line, until a record ends where a block ends. Both give
-    the same rows: the csv module splits such a block the same way.
-
-    Raises:
-      TableError: the header lacks a required column, or the text is not CSV (the csv
-        module's errors: a field over its limit, a line break in an unquoted field; and a
-        quoted field never closed, which the csv module would end at the end of the data).
-    """
-    if spec.format == "jsonl":
-        feed = _LineFeed(b"", _line_blocks(chunks, source), 0, keep_record=False)
-        yield from _iter_jsonl(feed, spec, source, feed.bad_lines)
-        return
-    blocks = _line_blocks(chunks, source)
-    builder: _RowBuilder | None = None
-    line = 0  # lines parsed so far
-    for block in blocks:
-        text = _plain_text(block) if builder is not None else None
-        if text is not None:
-            rows, count = (plain or _RowBuilder.rows_of_text)(builder, text, line + 1)
-            yield from rows
-            line += count
-            continue
-        feed = _LineFeed(block, blocks, line)
-        reader = csv.reader(feed, delimiter=_delimiter(spec))
-        try:
-            if builder is None:
-                header = next(reader, None)
-                if header is None:
-                    raise TableError(f"labels table {source} is empty")
-                check_header(header, spec, source)
-                builder = _RowBuilder([h.strip() for h in header], spec, source)
-            while not feed.at_block_end():
-                first = feed.number + 1
-                feed.record.clear()
-                cells = next(reader, None)
-                if cells is None:
-                    break
-                if feed.ended and _ends_in_quotes(feed.record, _delimiter(spec)):
-                    raise TableError(
-                        f"labels table {source} line {first}: a quoted field is never closed "
-                        '(a missing ", it would take in every line to the end)'
-                    )
-                last = feed.number
-                if not any(c.strip() for c in cells):
-                    continue
-                if any(n in feed.bad_lines for n in range(first, last + 1)):
-                    yield LabelRow(
-                        key="", source=source, line=first, error=f"line {first} is not valid UTF-8"
-                    )
-                    continue
-                row = builder.row(cells, first)
-                if row is not None:
-                    yield row
-        except csv.Error as e:
-            raise TableError(f"labels table {source} line {line + reader.line_num}: {e}") from None
-        line = feed.number
-    if builder is None:
-        raise TableError(f"labels table {source} is empty")
-
-
-def _iter_jsonl(
-    lines: Iterable[str], spec: TableSpec, source: str, bad_lines: set[int]
-) -> Iterator[LabelRow]:
-    for line, text in enumerate(lines, 1):
-        if not text.strip():
-            continue
-        if line in bad_lines:
-            yield LabelRow(key="", source=source, line=line, error=f"line {line} is not valid UTF-8")
-            continue
-        try:
-            obj = json.loads(text)
-        except ValueError as e:
-            yield LabelRow(key="", source=source, line=line, error=f"not JSON: {e}")
-            continue
-        if not isinstance(obj, dict):
-            yield LabelRow(key="", source=source, line=line, error="not a JSON object")
-            continue
-        yield parse_row(obj, spec, source, line)
-
-
 def read_header(path: str, spec: TableSpec) -> list[str]:
     """The column names of one table file: the CSV header, or the keys of the first JSON line.
 
     Reads only the beginning of the file. Raises TableError (or OSError if unreadable).
     """
-    with FileSystems.open(path) as f:
-        first = b""
+    with gcs.open_read(path) as f:
+        if spec.format != "jsonl":
+            return _first_record(f, spec, path)[0]
+        first = b" "
         while not first.strip():
             first = f.readline()
             if not first:
                 raise TableError(f"labels table {path} is empty")
-            if spec.format != "jsonl":
-                break
-        if spec.format != "jsonl":
-            # A quoted header cell may span lines; read on until the record is complete.
-            raw = [first]
-            while raw[-1] and raw[-1].count(b'"') % 2 and len(raw) < 100:
-                raw.append(f.readline())
-            first = b"".join(raw)
     try:
-        text = first.decode("utf-8").removeprefix("\ufeff")
-    except UnicodeDecodeError:
-        raise TableError(f"labels table {path} is not UTF-8 text") from None
-    if spec.format == "jsonl":
-        try:
-            obj = json.loads(text)
-        except ValueError:
-            raise TableError(f"labels table {path}: the first line is not a JSON object") from None
-        if not isinstance(obj, dict):
-            raise TableError(f"labels table {path}: the first line is not a JSON object")
-        return list(obj)
-    try:
-        return next(csv.reader(text.splitlines(keepends=True), delimiter=_delimiter(spec)))
-    except (csv.Error, StopIteration):
-        raise TableError(f"labels table {path}: cannot read the header") from None
+        obj = json.loads(first.decode("utf-8").removeprefix("\ufeff"))
+    except ValueError:  # UnicodeDecodeError too
+        raise TableError(f"labels table {path}: the first line is not a JSON object") from None
+    if not isinstance(obj, dict):
+        raise TableError(f"labels table {path}: the first line is not a JSON object")
+    return list(obj)
 
 
 def check_regular_file(path: str) -> None:
@@ -603,7 +702,7 @@ def check_table(spec: TableSpec) -> list[str]:
       TableError: no such file, not a regular file, or a required column is missing.
     """
     try:
-        found = FileSystems.match([spec.path])[0].metadata_list
+        found = FileSystems.match([literal_or_glob(spec.path)])[0].metadata_list
     except Exception:  # noqa: BLE001 - Beam raises BeamIOError/OSError/ValueError per filesystem
         found = []
     paths = sorted(m.path for m in found)

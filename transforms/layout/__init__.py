@@ -2,7 +2,7 @@
 Out: the records with their split (AssignSplits) and ShardTask, one shard's records in write
 order (PlanShards).
 
-plan.py and cuts.py are the arithmetic (pure), prescan.py the reads before the plan (pure);
-beam.py and beam_prescan.py are the Beam shells. Every GroupByKey group is one shard's
-metadata or one straddling hash bucket (cuts.py says why).
+plan.py and strata.py are the arithmetic (pure), prescan.py the reads before the plan (pure);
+beam.py, beam_strata.py and beam_prescan.py are the Beam shells. Every GroupByKey group is one
+shard's metadata, or (--stratify) a pack of small classes or one hash bucket of a big class.
 """

@@ -4,13 +4,12 @@ RecordBatches of ImageRecord metadata in (transforms/records.py); RecordBatches 
 record's split set (AssignSplits) and ShardTasks, one shard's records in write order
 (PlanShards), out. No image bytes are read here.
 
-The shuffle is a sort by a seeded hash of each image's relative path, so the same input
-and seed give the same shards on any runner and with any number of workers, and classes
-are mixed inside every shard. Neither a split nor a class is ever gathered on one worker:
-shard boundaries are found from totals and per-bucket counts of that hash order
-(transforms/layout/cuts.py, beam_cuts.py), a class's split boundaries inside bounded groups
-(strata.py, beam_strata.py), and the only groups are one shard's records, one hash bucket
-that straddles a shard boundary, or (--stratify) a pack of small classes of at most 512
+The shuffle is a seeded hash of each image's relative path, computed once (HashRecords), so
+the same input and seed give the same shards on any runner and with any number of workers,
+and classes are mixed inside every shard. A shard is a range of that hash, sized from its
+split's totals (as TensorFlow Datasets' BeamWriter assigns shards), and written in hash order.
+Neither a split nor a class is ever gathered on one worker: the only groups are one shard's
+records, or (--stratify, strata.py, beam_strata.py) a pack of small classes of at most 512
 records or one hash bucket of a bigger class. Every group's size goes to a Beam distribution
 metric (batching.group_size).
 """
@@ -20,63 +19,32 @@ from __future__ import annotations
 from collections.abc import Iterable, Iterator, Sequence
 
 import apache_beam as beam
+import numpy as np
+from apache_beam import pvalue
 from apache_beam.transforms.window import GlobalWindows
 
-from transforms.batching import group_size
-from transforms.layout import cuts
-from transforms.layout.beam_cuts import (
-    SHUFFLE_HASH,
-    SPLIT_HASH,
-    CutOrder,
-    Located,
-    Order,
-    splits_of,
-)
+from transforms.batching import KeyedGather, SumPerKeyFn, group_size
 from transforms.layout.beam_strata import CutClasses
 from transforms.layout.plan import (
-    _FINE_BITS,
     DEFAULT_SEED,
-    _cumulative,
-    _shard_layout,
-    planning_weights,
+    RECORDS,
+    SHUFFLE_HASH,
+    SPLIT_HASH,
+    WEIGHTS,
+    hash_columns,
+    shard_indexes,
+    shard_scale,
+    shuffle_order,
     split_indexes,
+    split_weights,
     weight_floor,
     with_hashes,
 )
-from transforms.records import BATCH_SIZE, RecordBatch, ShardTask
-
-
-class SetSplitsFn(beam.DoFn):
-    """(split indexes, RecordBatch) -> RecordBatches with those splits set, batched again
-    (BATCH_SIZE records; the bundle's rest when it finishes)."""
-
-    def __init__(self, names: tuple[str, ...]):
-        self._names = names
-
-    def start_bundle(self) -> None:
-        self._pending: list[RecordBatch] = []
-        self._held = 0
-
-    def process(self, located: Located) -> Iterator[RecordBatch]:
-        parts, batch = located
-        names = self._names
-        self._pending.append(batch.with_columns(splits=tuple([names[p] for p in parts])))
-        self._held += len(batch)
-        if self._held >= BATCH_SIZE:
-            *full, rest = RecordBatch.concat(self._pending).chunks()
-            if len(rest) == BATCH_SIZE:
-                full, rest = [*full, rest], None
-            self._pending, self._held = ([rest], len(rest)) if rest else ([], 0)
-            yield from full
-
-    def finish_bundle(self) -> Iterator:
-        if self._pending:
-            yield GlobalWindows.windowed_value(RecordBatch.concat(self._pending))
-            self._pending, self._held = [], 0
+from transforms.records import RecordBatch, ShardTask
 
 
 class HashRecords(beam.PTransform):
-    """Adds each record's seeded hashes to its RecordBatch (cuts.record_hashes), once: the
+    """Adds each record's seeded hashes to its RecordBatch (plan.record_hashes), once: the
     split hash and the shuffle hash every later layout step reads."""
 
     def __init__(self, seed: int):
@@ -92,12 +60,12 @@ class AssignSplits(beam.PTransform):
 
     Every record leaves with its seeded hashes (HashRecords), which PlanShards reuses.
     With `stratify`, each class is cut at the ratios on its own, in the order of the same
-    seeded hash (as `stratified_splits` would with the whole class), so class proportions
-    are the same in every split, as closely as whole images allow. No class is gathered:
-    per-class counts come from a combiner (a side input of one entry per class: 203k small
-    ints for GLDv2), and every record is placed in one group (CutClasses): a pack of small
-    classes of at most 512 records in all, or one hash bucket of 256-512 records of a larger
-    class (a bucket table of one entry per bucket). RecordBatches in, RecordBatches out.
+    seeded hash (as sorting the whole class would), so class proportions are the same in
+    every split, as closely as whole images allow. No class is gathered: per-class counts
+    come from a combiner (a side input of one entry per class: 203k small ints for GLDv2),
+    and every record is placed in one group (CutClasses): a pack of small classes of at most
+    512 records in all, or one hash bucket of 256-512 records of a larger class (a bucket
+    table of one entry per bucket). RecordBatches in, RecordBatches out.
     """
 
     def __init__(
@@ -113,64 +81,96 @@ class AssignSplits(beam.PTransform):
         hashed = records | "HashRecords" >> HashRecords(seed)
         if not ratios:
             return hashed
+        if self._stratify:
+            return hashed | "CutClasses" >> CutClasses(seed, ratios, f"{self.label}/CutClasses")
         names = tuple(name for name, _ in ratios)
-        if not self._stratify:
 
-            def hash_split(batch: RecordBatch) -> RecordBatch:
-                split_hashes = cuts.hash_columns(with_hashes(batch, seed).hashes)[SPLIT_HASH]
-                return batch.with_columns(
-                    splits=tuple([names[i] for i in split_indexes(split_hashes, ratios)])
+        def hash_split(batch: RecordBatch) -> RecordBatch:
+            split_hashes = hash_columns(batch.hashes)[SPLIT_HASH]
+            return batch.with_columns(splits=tuple([names[i] for i in split_indexes(split_hashes, ratios)]))
+
+        return hashed | "HashSplit" >> beam.Map(hash_split).with_output_types(RecordBatch)
+
+
+KeyedBatch = tuple[tuple[str, int], RecordBatch]
+
+
+class KeyShardsFn(beam.DoFn):
+    """RecordBatch -> ((split, shard), RecordBatch), gathered per key over the bundle
+    (batching.KeyedGather: at most 50,000 records held). A record's shard is the range of
+    its split's weight its shuffle hash falls in (plan.shard_indexes), from the split's
+    totals (a side input: a record count and 65,536 bucket weights a split)."""
+
+    def __init__(self, target_bytes: int | None, num_shards: int | None):
+        self._target, self._num = target_bytes, num_shards
+
+    def setup(self) -> None:
+        self._totals: dict | None = None
+        self._scales: dict = {}
+
+    def start_bundle(self) -> None:
+        self._gather = KeyedGather()
+
+    def process(self, batch: RecordBatch, totals: dict) -> Iterator[KeyedBatch]:
+        if self._totals is not totals:  # each split's scale once per side input
+            self._totals, self._scales = totals, {}
+        index: dict[str, int] = {}
+        splits = batch.splits
+        codes = np.fromiter((index.setdefault(s, len(index)) for s in splits), np.int64, len(splits))
+        names = list(index)
+        hashes = hash_columns(batch.hashes)[SHUFFLE_HASH]
+        shards = np.empty(len(splits), dtype=np.int64)
+        for code, split in enumerate(names):
+            scale = self._scales.get(split)
+            if scale is None:
+                scale = self._scales[split] = shard_scale(
+                    totals[split, RECORDS], totals[split, WEIGHTS], self._target, self._num
                 )
+            mine = slice(None) if len(names) == 1 else codes == code
+            shards[mine] = shard_indexes(hashes[mine], *scale)
+        width = int(shards.max(initial=0)) + 1
+        distinct, inverse = np.unique(codes * width + shards, return_inverse=True)
+        keys = [(names[d // width], d % width) for d in distinct.tolist()]
+        yield from self._gather.add_coded(batch, inverse.reshape(-1), keys)
 
-            return hashed | "HashSplit" >> beam.Map(hash_split).with_output_types(RecordBatch)
-
-        return (
-            hashed
-            | "CutClasses"
-            >> CutClasses(
-                seed, _cumulative(ratios), f"{self.label}/CutClasses"
-            )  # (split indexes, RecordBatch)
-            | "SetSplits" >> beam.ParDo(SetSplitsFn(names)).with_output_types(RecordBatch)
-        )
+    def finish_bundle(self) -> Iterator:
+        for item in self._gather.drain():
+            yield GlobalWindows.windowed_value(item)
 
 
 class CutShardsFn(beam.DoFn):
     """((split, shard), [RecordBatch]) -> ShardTask: one shard's records in shuffled order."""
 
-    def __init__(self, seed: int, step: str):
-        self._seed = seed
+    def __init__(self, step: str):
         self._sizes = group_size(step)
 
     def process(self, element: tuple[tuple[str, int], Iterable[RecordBatch]]) -> Iterator[ShardTask]:
         (split, index), batches = element
-        batch = with_hashes(RecordBatch.concat(batches), self._seed)
-        keys = list(zip(cuts.hash_columns(batch.hashes)[SHUFFLE_HASH].tolist(), batch.relpaths, batch.paths))
-        order = sorted(range(len(batch)), key=keys.__getitem__)
-        self._sizes.update(len(order))
-        yield ShardTask(split, index, batch.take(order))
+        batch = RecordBatch.concat(batches)
+        self._sizes.update(len(batch))
+        yield ShardTask(split, index, batch.take(shuffle_order(batch)))
 
 
 class PlanShards(beam.PTransform):
-    """Cuts each split, in a seeded shuffled order, into ShardTasks without gathering a split.
+    """Cuts each split into ShardTasks by ranges of its seeded shuffle hash, without
+    gathering a split (as TensorFlow Datasets' BeamWriter: the shard from the hash's range,
+    the totals as a side input, one group per shard).
 
-    The shards are those of `plan_shards` on the whole split. Totals per split (count,
-    estimated bytes) give the shard count and a hash-bucket resolution of about 8 buckets a
-    shard (capped at 2**16 buckets a split: the totals and the bucket counts come from one
-    pass over the records, a 16-bit histogram a split coarsened to those bits, so past
-    8,192 shards a split a bucket is 1/65,536 of it); the bucket table's prefix sums place every bucket that lies inside one shard,
-    and a straddling bucket is grouped and sorted to give the exact boundaries inside it (CutOrder).
-    Then one group per (split, shard): the largest group is one shard's metadata
-    (ImageRecords, a few hundred bytes each), whatever the number of images.
+    One lifted combiner sums each split's record count and its planning weight (estimated
+    bytes) per hash bucket, 65,536 buckets a split (a side input of 512 KB a split); then
+    every record goes to the shard whose range of the split's weight holds its place in the
+    hash order (plan.shard_indexes), and one GroupByKey gathers each (split, shard): the
+    largest group is one shard's metadata (a few hundred bytes a record), whatever the
+    number of images.
 
-    With `target_bytes` every shard but the last is within one record of the target at any
-    shard size (so within 10% once a shard holds more than ~10 images of similar size; a
-    single image larger than the target makes a shard of its own), and the last is at most
-    one record over it. With `max_records` too, no shard holds more than that many records:
-    a record weighs at least target // max_records + 1 bytes in the plan (plan.weight_floor),
-    so a shard of images smaller than that holds up to `max_records` of them and fewer bytes
-    than the target. That bounds the largest group (and what a writer holds) by a number of
-    records, whatever the image sizes. With `num_shards`, exactly that many shards unless
-    one image weighs more than a shard (or there are fewer images than shards); no cap.
+    With `target_bytes` every shard but the last is within a few records of the target
+    (within part of a hash bucket's weight at each end; a single image larger than the
+    target makes a shard of its own), the last holds the rest. With `max_records` too, a
+    record weighs at least target // max_records + 1 bytes in the plan (plan.weight_floor),
+    so a shard of tiny images holds about `max_records` of them and fewer bytes than the
+    target. With `num_shards`, that many equal parts of the weight (at most one a record).
+    A range that holds no record makes no shard; the shards are numbered again when
+    written. The order inside a shard is the hash order, so classes are mixed.
     """
 
     def __init__(
@@ -187,21 +187,17 @@ class PlanShards(beam.PTransform):
         self._floor = 0 if num_shards else weight_floor(target_bytes, max_records)
 
     def expand(self, records: beam.PCollection[RecordBatch]) -> beam.PCollection[ShardTask]:
-        seed = self._seed
-        order = Order(
-            seed=seed,
-            segments=splits_of,
-            hash_column=SHUFFLE_HASH,
-            weights=planning_weights(self._floor),
-            layout=_shard_layout(self._target, self._num),
-            fine_bits=_FINE_BITS,
-        )
+        hashed = records | "HashRecords" >> HashRecords(self._seed)  # the batches AssignSplits hashed
+        totals = pvalue.AsSingleton(
+            hashed
+            | "Totals" >> beam.CombineGlobally(SumPerKeyFn(split_weights, self._floor)).without_defaults(),
+            default_value={},
+        )  # {(split, RECORDS): int, (split, WEIGHTS): 65,536 int64}: a few numpy arrays, no walk
+        keys = KeyShardsFn(None if self._num else self._target, self._num)
         return (
-            records
-            | "HashRecords" >> HashRecords(seed)  # the same batches where AssignSplits hashed them
-            | "CutSplits"
-            >> CutOrder(order, f"{self.label}/CutSplits")  # ((split, shard), RecordBatch): a shard in parts
+            hashed
+            | "KeyShards" >> beam.ParDo(keys, totals).with_output_types(KeyedBatch)
             | "GroupByShard" >> beam.GroupByKey()  # ((split, shard), [RecordBatch]): one shard's metadata
             | "CutShards"
-            >> beam.ParDo(CutShardsFn(seed, f"{self.label}/GroupByShard")).with_output_types(ShardTask)
+            >> beam.ParDo(CutShardsFn(f"{self.label}/GroupByShard")).with_output_types(ShardTask)
         )

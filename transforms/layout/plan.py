@@ -1,25 +1,26 @@
-"""Splits and shard plans as plain arithmetic on record metadata (pure).
+"""Splits and the shard plan as plain arithmetic on record metadata (pure).
 
-In: ImageRecords (path, label, size). Out: each record's split (a seeded hash, or per class
-for --stratify), the seeded shuffle order, and the whole-split reference plan the tests
-compare the bounded Beam plan (beam.py, cuts.py) against.
+In: RecordBatches of ImageRecords (path, label, size). Out: each record's seeded hashes, its
+split (a seeded hash, or per class for --stratify: strata.py), its estimated bytes, and its
+shard: a range of the seeded shuffle hash, as TensorFlow Datasets' BeamWriter assigns shards
+(tensorflow_datasets core/shuffle.py `get_bucket_number`), sized from its split's totals.
 """
 
 from __future__ import annotations
 
-from collections.abc import Callable, Iterable, Sequence
+import collections
+import hashlib
+from collections.abc import Iterable, Sequence
 
 import numpy as np
 
-from transforms.coders import RecordBatchCoder  # noqa: F401 - registers the record coders
-from transforms.layout import cuts
-from transforms.records import ImageRecord, RecordBatch
+from transforms.records import RecordBatch
 
 DEFAULT_SEED = 42
 
 
 DEFAULT_SHARD_SIZE_MB = 128
-# Records a shard holds at most with --shard_size_mb (as WebDataset's ShardWriter caps
+# Records a shard holds (about) at most with --shard_size_mb (as WebDataset's ShardWriter caps
 # `maxcount`): a 128 MB shard of 600-byte images would otherwise hold ~150,000 records, all
 # in one group and one writer's hands. Images above ~13 KB never meet it at 128 MB.
 DEFAULT_MAX_RECORDS_PER_SHARD = 10_000
@@ -30,42 +31,49 @@ DEFAULT_MAX_RECORDS_PER_SHARD = 10_000
 _RECORD_OVERHEAD = 250
 
 
-# Hash buckets per planned shard: a straddling bucket (grouped whole to place its records)
-# holds about 1/8 of a shard's records, and the bucket table 8 small entries a shard.
-_BUCKETS_PER_SHARD = 8
+# The columns of RecordBatch.hashes (hash_columns): the split hash and the shuffle hash.
+SPLIT_HASH, SHUFFLE_HASH = 0, 1
 
 
-# Bucket bits of the one-pass bucket counts of shard planning (CutOrder with fine_bits):
-# 65,536 buckets a split, coarsened to ~8 a shard. Up to 8,192 shards a split (~9 M images of
-# ~120 KB at 128 MB a shard) that is the same table as a count at the bits the totals give;
-# past that a bucket holds 1/65,536 of the split (the straddling group grows past 1/8 shard).
-_FINE_BITS = 16
+def hash64(*parts: str) -> int:
+    """A seeded 64-bit hash, the same on every platform and Python (sha256's first 8 bytes)."""
+    digest = hashlib.sha256("\0".join(parts).encode("utf-8", "surrogateescape")).digest()
+    return int.from_bytes(digest[:8], "big")
 
 
-# Records per hash bucket of a class above this size (stratified splits): the largest
-# straddling group is about this, the bucket table one entry per 256-512 records of such classes.
-_SPLIT_BUCKET = 512
+def record_hashes(relpaths: Iterable[str], seed: int) -> bytes:
+    """Each relpath's two seeded 64-bit hashes, 16 bytes a record (RecordBatch.hashes).
+
+    One sha256 over (seed, relpath) per record: its first 8 bytes (big-endian) are the split
+    hash, the next 8 the shuffle hash. The same on every platform and Python.
+    """
+    prefix = hashlib.sha256(f"{seed}\0".encode())
+    out = []
+    for relpath in relpaths:
+        h = prefix.copy()
+        h.update(relpath.encode("utf-8", "surrogateescape"))
+        out.append(h.digest()[:16])
+    return b"".join(out)
 
 
-def _shuffle_hash(record: ImageRecord, seed: int) -> int:
-    return cuts.seeded_hashes(record.relpath, seed)[1]
-
-
-def _split_hash(record: ImageRecord, seed: int) -> int:
-    return cuts.seeded_hashes(record.relpath, seed)[0]
+def hash_columns(hashes: bytes) -> tuple[np.ndarray, np.ndarray]:
+    """(split hashes, shuffle hashes) of RecordBatch.hashes, as uint64 arrays."""
+    both = np.frombuffer(hashes, dtype=">u8").astype(np.uint64).reshape(-1, 2)
+    return both[:, SPLIT_HASH], both[:, SHUFFLE_HASH]
 
 
 def with_hashes(batch: RecordBatch, seed: int) -> RecordBatch:
-    """`batch` with its records' seeded hashes (cuts.record_hashes), computed unless it has them."""
+    """`batch` with its records' seeded hashes (record_hashes), computed unless it has them."""
     if batch.hashes is not None and batch.hash_seed == seed:
         return batch
-    return batch.with_columns(hashes=cuts.record_hashes(batch.relpaths, seed), hash_seed=seed)
+    return batch.with_columns(hashes=record_hashes(batch.relpaths, seed), hash_seed=seed)
 
 
-def shuffle_key(record: ImageRecord, seed: int) -> tuple[int, str, str]:
-    """Sort key of the global shuffle: a seeded hash, ties broken by relpath, then by path
-    (two archives may hold the same member path)."""
-    return _shuffle_hash(record, seed), record.relpath, record.path
+def shuffle_order(batch: RecordBatch) -> list[int]:
+    """The indexes of a hashed batch's records in the seeded shuffle order: the shuffle hash,
+    ties broken by relpath, then by path (two archives may hold the same member path)."""
+    keys = list(zip(hash_columns(batch.hashes)[SHUFFLE_HASH].tolist(), batch.relpaths, batch.paths))
+    return sorted(range(len(keys)), key=keys.__getitem__)
 
 
 def parse_split_ratios(spec: str) -> tuple[tuple[str, float], ...]:
@@ -96,161 +104,102 @@ def parse_split_ratios(spec: str) -> tuple[tuple[str, float], ...]:
     return tuple(ratios)
 
 
-def split_for_key(key: str, seed: int, ratios: Sequence[tuple[str, float]]) -> str:
-    """The split of an image, from a seeded hash of its key alone.
-
-    Adding or removing other images never moves this one to another split.
-    """
-    return ratios[split_indexes(np.array([cuts.seeded_hashes(key, seed)[0]], np.uint64), ratios)[0]][0]
+def cumulative(ratios: Sequence[tuple[str, float]]) -> tuple[float, ...]:
+    """The running sums of the split ratios."""
+    return tuple(np.cumsum([ratio for _, ratio in ratios]).tolist())
 
 
 def split_indexes(split_hashes: np.ndarray, ratios: Sequence[tuple[str, float]]) -> list[int]:
     """The split (an index into `ratios`) of each split hash: the first split whose
-    cumulative ratio exceeds hash / 2**64 (the last split past them all)."""
+    cumulative ratio exceeds hash / 2**64 (the last split past them all). A record's split
+    depends on its own hash alone: adding images never moves another."""
     points = split_hashes.astype(np.float64) / 2.0**64  # exact: a power of two
-    index = np.searchsorted(np.array(_cumulative(ratios)), points, side="right")
+    index = np.searchsorted(np.array(cumulative(ratios)), points, side="right")
     return np.minimum(index, len(ratios) - 1).tolist()
-
-
-def _cumulative(ratios: Sequence[tuple[str, float]]) -> tuple[float, ...]:
-    out, running = [], 0.0
-    for _, ratio in ratios:
-        running += ratio
-        out.append(running)
-    return tuple(out)
-
-
-def stratified_splits(
-    records: Iterable[ImageRecord], seed: int, ratios: Sequence[tuple[str, float]]
-) -> list[tuple[str, ImageRecord]]:
-    """Splits one class's records so that each split gets its ratio of the class.
-
-    Records are ordered by the same seeded hash as `split_for_key` and cut at the
-    cumulative ratios, so every class is represented in each split as closely as whole
-    images allow. Unlike the plain hash, adding images can move a few existing ones.
-    This sorts the class whole: the reference that AssignSplits(stratify=True) matches
-    without gathering a class (tested).
-    """
-    ordered = list(records)
-    part = cuts.split_part(len(ordered), _cumulative(ratios))
-    placed = cuts.resolve_bucket(
-        ordered, 0, part, lambda r: (_split_hash(r, seed), r.relpath, r.path), lambda r: 1
-    )
-    return [(ratios[index][0], record) for index, record in placed]
 
 
 def _utf8_len(text: str) -> int:
     return len(text) if text.isascii() else len(text.encode("utf-8", "surrogateescape"))
 
 
-def record_size(record: ImageRecord) -> int:
-    """Estimated bytes of the record in a TFRecord file."""
-    text = _utf8_len(record.relpath) + sum(map(_utf8_len, record.labels))
-    return record.size + text + _RECORD_OVERHEAD
-
-
-def record_sizes(batch: RecordBatch) -> list[int]:
-    """record_size of each record of `batch`, from its columns (numpy sums: the text lengths
-    counted once per distinct label tuple, and per record only when a path is not ASCII)."""
+def record_sizes(batch: RecordBatch) -> np.ndarray:
+    """Each record's estimated bytes in a TFRecord file (file size + relpath + labels + the
+    Example's overhead), from the batch's columns: the text lengths counted once per distinct
+    label tuple, and per record only when a path is not ASCII."""
     n = len(batch)
     relpaths = batch.relpaths
     if "".join(relpaths).isascii():
         text = np.fromiter(map(len, relpaths), np.int64, n)
     else:
         text = np.fromiter(map(_utf8_len, relpaths), np.int64, n)
-    label_len: dict[tuple[str, ...], int] = {}
-    for labels in set(batch.labels):
-        label_len[labels] = sum(map(_utf8_len, labels))
+    label_len = {labels: sum(map(_utf8_len, labels)) for labels in set(batch.labels)}
     text += np.fromiter(map(label_len.__getitem__, batch.labels), np.int64, n)
-    return (np.fromiter(batch.sizes, np.int64, n) + text + _RECORD_OVERHEAD).tolist()
+    return np.fromiter(batch.sizes, np.int64, n) + text + _RECORD_OVERHEAD
 
 
 def weight_floor(target_bytes: int | None, max_records: int | None) -> int:
-    """The least planning weight of a record, so that no shard of `target_bytes` holds more
-    than `max_records` records (0: no floor; only with a target and a cap).
-
-    A shard holds the records whose middle byte lies in a range of `target_bytes`; with every
-    record weighing at least target // max_records + 1, their middles lie that far apart, so
-    fewer than target / floor < max_records + 1 of them fit. Only records smaller than the
-    floor (tiny images: ~13 KB at the defaults) weigh more than their estimated bytes.
-    """
+    """The least planning weight of a record, so that a shard of `target_bytes` holds about
+    `max_records` records at most (0: no floor; only with a target and a cap). Only records
+    smaller than the floor (tiny images: ~13 KB at the defaults) weigh more than their bytes."""
     if not target_bytes or not max_records:
         return 0
     return target_bytes // max_records + 1
 
 
-def planning_weights(floor: int) -> Callable[[RecordBatch], list[int]]:
-    """record_sizes of a batch, each raised to `floor` (weight_floor)."""
-    if not floor:
-        return record_sizes
+# Bits of the hash buckets of a split's weight histogram: 65,536 buckets (512 KB) a split.
+FINE_BITS = 16
+_FINE = np.uint64(64 - FINE_BITS)  # a hash >> _FINE: its bucket
+_WITHIN = np.uint64((1 << (64 - FINE_BITS)) - 1)  # a hash & _WITHIN: its place in its bucket
 
-    def weights(batch: RecordBatch) -> list[int]:
-        return np.maximum(np.asarray(record_sizes(batch), dtype=np.int64), floor).tolist()
+# A split's totals are two keys of the summed side input: (split, RECORDS), its record count,
+# and (split, WEIGHTS), its planning weight per hash bucket (an int64 array of 2**FINE_BITS).
+RECORDS, WEIGHTS = "records", "weights"
 
-    return weights
+
+def split_weights(batch: RecordBatch, floor: int) -> list[tuple[tuple[str, str], object]]:
+    """((split, RECORDS), records) and ((split, WEIGHTS), weight per hash bucket) per split
+    of a hashed `batch` (weights: record_sizes raised to `floor`): what batching.SumPerKeyFn
+    sums into each split's totals."""
+    buckets = (hash_columns(batch.hashes)[SHUFFLE_HASH] >> _FINE).astype(np.int64)
+    weights = np.maximum(record_sizes(batch), floor)
+    counts = collections.Counter(batch.splits)
+    out: list[tuple[tuple[str, str], object]] = []
+    for split, n in counts.items():
+        mine = slice(None) if n == len(buckets) else np.array(batch.splits) == split
+        hist = np.bincount(buckets[mine], weights=weights[mine], minlength=1 << FINE_BITS)
+        out += [((split, RECORDS), n), ((split, WEIGHTS), hist.astype(np.int64))]
+    return out
 
 
-def plan_shards(
-    records: Iterable[ImageRecord],
-    seed: int,
-    target_bytes: int | None = None,
-    num_shards: int | None = None,
-    max_records: int | None = None,
-) -> list[list[ImageRecord]]:
-    """Shuffles one split's records and cuts them into shards (the whole split sorted at once).
+def shard_scale(
+    records: int, weights: np.ndarray, target_bytes: int | None, num_shards: int | None
+) -> tuple[np.ndarray, float, int]:
+    """(cumulative weight before each hash bucket and the total, weight of a shard, last
+    shard) of a split from its totals: `num_shards` (at most one a record) equal parts of
+    its weight, or parts of `target_bytes`."""
+    cum = np.concatenate(([0], np.cumsum(weights)))
+    if num_shards:
+        n = min(num_shards, records)
+        return cum, int(cum[-1]) / n, n - 1
+    if not target_bytes or target_bytes <= 0:
+        raise ValueError("shard planning needs target_bytes or num_shards")
+    return cum, float(target_bytes), max(1, -(-int(cum[-1]) // target_bytes)) - 1
 
-    Shard k holds the records whose middle byte (in shuffled order) falls in its range:
-    with `target_bytes` the range [k * target, (k + 1) * target), so every shard but the
-    last is within one record of the target and the last at most one record over it;
-    with `num_shards`, `num_shards` equal ranges of the total. With `target_bytes` and
-    `max_records`, a record weighs at least weight_floor (so a shard of tiny images holds
-    at most `max_records` of them). Empty shards are dropped. This is the reference that
-    PlanShards matches without gathering a split (tested).
+
+def shard_indexes(shuffle_hashes: np.ndarray, cum: np.ndarray, shard: float, last: int) -> np.ndarray:
+    """Each record's shard: the range of its shuffle hash, as TFDS's get_bucket_number
+    assigns shards (without a modulo, so the shards keep the hash order), but a range of
+    the split's weight rather than of the hash: a record's place is the weight of the hash
+    buckets before its own plus its hash's fraction of its bucket's weight, and shard k
+    holds the places in [k x shard, (k + 1) x shard), the last shard the rest.
+
+    So a shard's size is exact at the bucket edges and off by at most part of a bucket's
+    weight at each end (a bucket holds 1/65,536 of the split: a few records at 4 M images);
+    the hash range alone would leave it a sum of random records, ~3% (sd) at 1,000 records a
+    shard (`benchmarks/scale.py --spread`). Float64 arithmetic: the same on every platform.
     """
-    ordered = list(records)
-    if not ordered:
-        return []
-    if not num_shards and (not target_bytes or target_bytes <= 0):
-        raise ValueError("plan_shards needs target_bytes or num_shards")
-    floor = 0 if num_shards else weight_floor(target_bytes, max_records)
-
-    def weight(record: ImageRecord) -> int:
-        return max(record_size(record), floor)
-
-    total = sum(map(weight, ordered))
-    part = cuts.shard_part(total, target_bytes, num_shards, len(ordered))
-    shards: dict[int, list[ImageRecord]] = {}
-    for index, record in cuts.resolve_bucket(ordered, 0, part, lambda r: shuffle_key(r, seed), weight):
-        shards.setdefault(index, []).append(record)
-    return [shards[i] for i in sorted(shards)]
-
-
-def _split_layout(
-    cumulative: tuple[float, ...],
-) -> Callable[[str, int, int], tuple[int, Callable[[int], int]]]:
-    def layout(_segment: str, count: int, _weight: int) -> tuple[int, Callable[[int], int]]:
-        return cuts.bits_for(count / _SPLIT_BUCKET), cuts.split_part(count, cumulative)
-
-    return layout
-
-
-def _shard_layout(
-    target: int | None, num: int | None
-) -> Callable[[str, int, int], tuple[int, Callable[[int], int]]]:
-    def layout(_segment: str, count: int, weight: int) -> tuple[int, Callable[[int], int]]:
-        shards = cuts.shard_count(weight, target, num, count)
-        return cuts.bits_for(shards * _BUCKETS_PER_SHARD), cuts.shard_part(weight, target, num, count)
-
-    return layout
-
-
-def _class_of(record: ImageRecord) -> str:
-    return record.class_key
-
-
-def _split_of(record: ImageRecord) -> str:
-    return record.split
-
-
-def _one(_record: ImageRecord) -> int:
-    return 1
+    buckets = (shuffle_hashes >> _FINE).astype(np.int64)
+    within = (shuffle_hashes & _WITHIN).astype(np.float64) * 2.0 ** -(64 - FINE_BITS)  # exact
+    before = cum[buckets]
+    place = before + within * (cum[buckets + 1] - before)
+    return np.minimum((place / shard).astype(np.int64), last)

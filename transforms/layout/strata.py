@@ -4,15 +4,15 @@ its split once its group is gathered.
 In: per-class counts (a class's record count, from a combiner), each record's class and its
 seeded split hash; for the classes above `bucket` records, their bucket table (records per
 hash bucket). Out: each record's group key, then, inside a group, each record's split index,
-exactly the one `plan.stratified_splits` gives with the whole class sorted: record i of a
+exactly the one the whole class sorted would give (tests/layout/reference.py): record i of a
 class of n (0-based in the seeded order: split hash, then relpath, then path) goes to the
-first split whose cumulative ratio exceeds (i + 0.5) / n (cuts.split_part).
+first split whose cumulative ratio exceeds (i + 0.5) / n.
 
 Every record of a class of up to `bucket` records is in one group with the rest of its class;
 small classes share a group, packed in class-name order up to `bucket` records a group (GLDv2's
 203,094 classes, most of a few images, make ~N / `bucket` groups, not one per class). A class
 above `bucket` records is cut into hash buckets of `bucket` / 2 to `bucket` records (bits from
-its count, cuts.bits_for) and each bucket is a group; the bucket table's prefix sums give the
+its count, class_bits) and each bucket is a group; the bucket table's prefix sums give the
 rank of the bucket's first record in its class. So a group holds at most `bucket` records of
 small classes, or one hash bucket (~`bucket` records: a bucket's count is random, about
 count / 2**bits), whatever the number of images.
@@ -21,11 +21,10 @@ count / 2**bits), whatever the number of images.
 from __future__ import annotations
 
 import bisect
+import math
 from collections.abc import Mapping, Sequence
 
 import numpy as np
-
-from transforms.layout import cuts
 
 # Group keys: (_PACK, "", pack number) for a pack of small classes, (_BUCKET, class, bucket)
 # for one hash bucket of a class above the pack size.
@@ -33,8 +32,9 @@ _PACK, _BUCKET = 0, 1
 
 
 def class_bits(count: int, bucket: int) -> int:
-    """The hash-bucket bits of a class of `count` records (0: the class is packed whole)."""
-    return cuts.bits_for(count / bucket) if count > bucket else 0
+    """The hash-bucket bits of a class of `count` records: 2**bits buckets of `bucket` / 2 to
+    `bucket` records on average (0: the class is packed whole)."""
+    return math.ceil(math.log2(count / bucket)) if count > bucket else 0
 
 
 class Packs:
@@ -93,19 +93,21 @@ def group_keys(
     out = key_of[codes]
     if bits.any():
         at = np.flatnonzero(bits[codes])
-        buckets = cuts.buckets_of(split_hashes[at], bits[codes[at]])
+        buckets = (split_hashes[at] >> (64 - bits[codes[at]]).astype(np.uint64)).tolist()
         out[at] = [
             keys.setdefault((_BUCKET, names[c], b), len(keys)) for c, b in zip(codes[at].tolist(), buckets)
         ]
     return out, list(keys)
 
 
-def bucket_starts(table: Mapping[int, Sequence[int]]) -> dict[int, int]:
-    """{bucket: records of the class before it}, from the class's bucket table ({bucket: [count, weight]})."""
-    starts, before = {}, 0
-    for b in sorted(table):
-        starts[b] = before
-        before += table[b][0]
+def bucket_starts(table: Mapping[tuple[str, int], int]) -> dict[tuple[str, int], int]:
+    """{(class, bucket): records of the class before that bucket}, from the bucket table
+    ({(class, bucket): records}; the classes above the pack size only)."""
+    starts, before, last = {}, 0, None
+    for name, bucket in sorted(table):
+        before = 0 if name != last else before
+        starts[name, bucket], last = before, name
+        before += table[name, bucket]
     return starts
 
 
@@ -149,7 +151,7 @@ def split_indexes_in_group(
         totals = np.bincount(codes, minlength=len(index))[sorted_codes]
     else:
         totals = np.array([counts[name] for name in index], dtype=np.int64)[sorted_codes]
-    # cuts.split_part: the first split whose cumulative ratio exceeds (2 * rank + 1) / (2 * count),
+    # The first split whose cumulative ratio exceeds (2 * rank + 1) / (2 * count),
     # the same float64 division as Python's (both operands exact integers below 2**53).
     points = (2 * ranks + 1).astype(np.float64) / (2 * totals).astype(np.float64)
     parts = np.minimum(

@@ -22,6 +22,7 @@ from apache_beam.io import fileio
 
 from transforms.coders import FileBatchCoder  # noqa: F401 - registers the record coders
 from transforms.failures import FAILED, Failure
+from transforms.gcs import literal_or_glob
 from transforms.listing.beam_walk import ARCHIVES, KeepImagesFn, WalkLocalFn
 from transforms.listing.local import is_archive_input
 from transforms.paths import IMAGE_EXTENSIONS, escape_glob, normalize_root
@@ -75,7 +76,9 @@ class ListImages(beam.PTransform):
                 FileBatch
             )
             archives = (
-                pbegin | "Start" >> beam.Impulse() | "MatchArchives" >> beam.ParDo(MatchArchivesFn(root))
+                pbegin
+                | "Start" >> beam.Impulse()
+                | "MatchArchives" >> beam.ParDo(MatchArchivesFn(literal_or_glob(root)))
             )
         elif "://" not in root:
             walked = (

@@ -17,12 +17,12 @@ import apache_beam as beam
 from apache_beam import pvalue
 from apache_beam.io.filesystems import FileSystems
 
-from transforms.batching import images_in
+from transforms.batching import SumPerKeyFn, images_in
 from transforms.coders import SideDict
 from transforms.encoding.encoder import EncodeSettings
 from transforms.encoding.schema import schema_from_summary
 from transforms.failures import USER_ERROR_MARKER, Failure, diagnosis_of_kinds
-from transforms.labels.beam import CountPerClassFn
+from transforms.labels.beam import split_class_counts
 from transforms.labels.rows import ORPHANS_FILE
 from transforms.output.beam_failures import FailureCountsFn, WriteFailurePartsFn
 from transforms.output.failure_log import FailureCounts, merge_parts, part_of
@@ -45,26 +45,10 @@ from transforms.writing.index import index_path
 from transforms.writing.shard import shard_suffix
 
 
-class WrittenPerClassFn(beam.CombineFn):
-    """ShardResults -> {(split, class_key): images written}: bounded by splits x classes."""
-
-    def create_accumulator(self) -> dict:
-        return {}
-
-    def add_input(self, acc: dict, shard: ShardResult) -> dict:
-        for key, n in shard.written:
-            acc[key] = acc.get(key, 0) + n
-        return acc
-
-    def merge_accumulators(self, accs: Iterable[dict]) -> dict:
-        merged: dict = {}
-        for acc in accs:
-            for key, n in acc.items():
-                merged[key] = merged.get(key, 0) + n
-        return merged
-
-    def extract_output(self, acc: dict) -> dict:
-        return acc
+def written_per_class(shard: ShardResult) -> Iterable[tuple[tuple[str, str], int]]:
+    """((split, class_key), images written) of one shard: summed by batching.SumPerKeyFn
+    (bounded by splits x classes)."""
+    return shard.written
 
 
 class FinalizeFn(beam.DoFn):
@@ -221,7 +205,8 @@ class WriteMetadata(beam.PTransform):
         )
         listed = (
             self._records
-            | "CountListedPerClass" >> beam.CombineGlobally(CountPerClassFn()).without_defaults()
+            | "CountListedPerClass"
+            >> beam.CombineGlobally(SumPerKeyFn(split_class_counts)).without_defaults()
             | "ListedSide" >> beam.Map(SideDict).with_output_types(SideDict)
         )
         extras = self._extras if self._extras is not None else pbegin | "NoExtras" >> beam.Create([{}])
@@ -235,7 +220,7 @@ class WriteMetadata(beam.PTransform):
         # small ShardResult a shard: per class, a shard's counts add up to the dataset's size).
         written = (
             self._shards
-            | "CountWritten" >> beam.CombineGlobally(WrittenPerClassFn()).without_defaults()
+            | "CountWritten" >> beam.CombineGlobally(SumPerKeyFn(written_per_class)).without_defaults()
             | "WrittenSide" >> beam.Map(SideDict).with_output_types(SideDict)
         )
         shards = self._shards | "ShardsOnly" >> beam.Map(lambda s: dataclasses.replace(s, written=()))

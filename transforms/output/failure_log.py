@@ -24,8 +24,9 @@ from collections.abc import Iterable, Iterator
 
 from apache_beam.io.filesystems import FileSystems
 
+from transforms import gcs
 from transforms.failures import Failure, reason_kind
-from transforms.layout.cuts import hash64
+from transforms.layout.plan import hash64
 
 # Failures per part file (and per group): a few MB of JSON lines.
 PART_SIZE = 10_000
@@ -134,7 +135,7 @@ def part_path(staging: str, part: int) -> str:
 
 def _write_lines(path: str, lines: Iterable[str]) -> None:
     """Streams `lines` (each ending in a newline) into `path` as UTF-8, ~1 MB a write."""
-    with FileSystems.create(path, mime_type="text/plain") as out:
+    with gcs.create(path, mime_type="text/plain") as out:
         chunk: list[str] = []
         held = 0
         for line in lines:
@@ -154,7 +155,7 @@ def write_part(staging: str, part: int, failures: Iterable[Failure]) -> str:
 
 
 def _lines(path: str) -> Iterator[str]:
-    with FileSystems.open(path, mime_type="text/plain") as f:
+    with gcs.open_read(path, mime_type="text/plain") as f:
         for raw in f:
             yield raw.decode("utf-8")
 

@@ -100,7 +100,7 @@ def existing_files(paths: list[str]) -> set[str]:
     for path in paths:
         if path.startswith("gs://"):
             folders.setdefault(path.rsplit("/", 1)[0], []).append(path)
-        elif os.path.lexists(path) if "://" not in path else FileSystems.exists(path):
+        elif os.path.lexists(path) if "://" not in path else gcs.exists(path):
             found.add(path)
     for folder, wanted in folders.items():
         bucket, prefix = split_gcs_path(folder)
@@ -145,11 +145,11 @@ def publish_failures_only(output_dir: str, staged_failures: str) -> bool:
     Returns:
       True if an old dataset was kept.
     """
-    if not FileSystems.exists(FileSystems.join(output_dir, SUMMARY_FILE)):
+    if not gcs.exists(FileSystems.join(output_dir, SUMMARY_FILE)):
         publish(output_dir, [(staged_failures, FAILURES_FILE)], keep_marker=True)
         return False
     final = FileSystems.join(output_dir, ABORTED_FAILURES_FILE)
-    if FileSystems.exists(staged_failures):
+    if gcs.exists(staged_failures):
         if "://" in final:
             delete_paths([final])  # copy-based renames may refuse to overwrite
         rename_files([(staged_failures, final)])
@@ -165,7 +165,7 @@ def mark_aborted(temp_dir: str, reason: str) -> None:
 def aborted_reason(output_dir: str, run_id: str) -> str | None:
     """Why run `run_id` did not publish its dataset, if it stopped on purpose (see mark_aborted)."""
     path = FileSystems.join(temp_dir_for(output_dir, run_id), ABORTED_FILE)
-    if not FileSystems.exists(path):
+    if not gcs.exists(path):
         return None
     with FileSystems.open(path) as f:
         return f.read().decode("utf-8")

@@ -98,11 +98,13 @@ def _features_dict(features: dict) -> dict:
 
 
 def class_label_names(class_names: list[str], offset: int) -> list[str]:
-    """ClassLabel names by id: ids below `offset` get a placeholder name."""
+    """ClassLabel names by id: ids below `offset` get a placeholder name (unique: one that is a
+    class name is skipped), in time linear in `offset` plus the class count."""
+    taken = set(class_names)
     fillers, n = [], 0
     while len(fillers) < offset:
         name = _BACKGROUND if n == 0 else f"{_BACKGROUND}_{n}"
-        if name not in class_names and name not in fillers:
+        if name not in taken:
             fillers.append(name)
         n += 1
     return fillers + list(class_names)

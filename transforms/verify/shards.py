@@ -21,8 +21,8 @@ import zlib
 from collections.abc import Iterable
 
 from apache_beam.io.filesystem import CompressionTypes
-from apache_beam.io.filesystems import FileSystems
 
+from transforms import gcs
 from transforms.encoding.dataset_format import DatasetFormat
 from transforms.encoding.schema import Schema
 from transforms.encoding.tfrecord import RECORD_OVERHEAD, RecordError, iter_records
@@ -261,9 +261,9 @@ def check_index(path: str, offsets: list[tuple[int, int]]) -> None:
       RecordError: at the first record the index gets wrong.
     """
     idx = index_path(path)
-    if not FileSystems.exists(idx):
+    if not gcs.exists(idx):
         return
-    with FileSystems.open(idx, compression_type=CompressionTypes.UNCOMPRESSED) as f:
+    with gcs.open_read(idx, compression_type=CompressionTypes.UNCOMPRESSED) as f:
         entries = parse_index(f.read().decode("ascii"))
     for want, got in zip(offsets, entries, strict=False):
         if want != got:
@@ -295,7 +295,7 @@ def check_shard(
     batch: list[tuple[int, int, bytes]] = []
     error, bad_offset = None, None
     try:
-        with FileSystems.open(path, compression_type=CompressionTypes.AUTO) as f:
+        with gcs.open_read(path, compression_type=CompressionTypes.AUTO) as f:
             try:
                 for i, (at, data) in enumerate(iter_records(f)):
                     positions.append((at, len(data) + RECORD_OVERHEAD))

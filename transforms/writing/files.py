@@ -35,9 +35,16 @@ def delete_paths(paths: list[str]) -> None:
 
     Beam's delete matches its argument as a glob pattern, so local paths are deleted
     directly and remote ones escaped; a remote folder is a prefix, deleted as `path/`.
+    gs:// goes through transforms/gcs.py (the one retry policy, batch deletes).
     """
     for path in paths:
-        if "://" not in path:
+        if path.startswith("gs://"):
+            if gcs.exists(path):
+                gcs.delete_batch([path])
+            else:
+                bucket, prefix = gcs.split_gcs_path(path)
+                gcs.delete_batch([f"gs://{bucket}/{name}" for name, _ in gcs.lister(bucket)(prefix, None)])
+        elif "://" not in path:
             if os.path.isdir(path) and not os.path.islink(path):
                 shutil.rmtree(path)
             elif os.path.lexists(path):
