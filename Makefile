@@ -28,17 +28,22 @@ test: lint airflow-venv browser
 	$(BIN)/python -m pytest -n 2 -q tests
 
 # The HTML report is checked in a real browser (tests/readers/): Debian's chromium, installed
-# here when it is missing and this is root on a Debian-like machine (as in CI); elsewhere the
-# two browser tests say they were skipped.
+# here with apt-get when it is missing and this is root on a Debian-like machine (as in CI);
+# elsewhere, or with `make test NO_BROWSER=1`, the two browser tests say they were skipped.
 browser:
+ifdef NO_BROWSER
+	@echo "NO_BROWSER is set: chromium is not installed (the browser tests run only if it already is)"
+else
 	@command -v chromium >/dev/null || { [ "$$(id -u)" = 0 ] && command -v apt-get >/dev/null && \
+	  echo "installing chromium with apt-get for the HTML report's browser tests (skip: make test NO_BROWSER=1)" && \
 	  apt-get update -qq && DEBIAN_FRONTEND=noninteractive apt-get install -y -qq chromium >/dev/null; } || \
 	  echo "chromium is not installed: the browser tests of the HTML report will be skipped"
+endif
 
 bench: setup
 	$(BIN)/python benchmarks/run.py
 
-# Airflow lives in its own venv (its pins clash with the project's); tests/test_cloud_airflow.py
+# Airflow lives in its own venv (its pins clash with the project's); tests/cloud/test_cloud_airflow.py
 # runs the DAGs with it. Rebuilt only when the lock file changes.
 AIRFLOW_VENV ?= .airflow-venv
 

@@ -11,11 +11,15 @@ import argparse
 import json
 import os
 import random
+import shlex
 from collections.abc import Callable
 
 from PIL import Image, ImageDraw
 
 CLASSES = ("circle", "square", "서울 광장")
+
+# The two broken files are ~3% of the demo: a ratio that lets them fail, said out loud.
+DEMO_FAILURE_RATIO = 0.1
 
 
 def _draw(cls: str, rng: random.Random) -> Image.Image:
@@ -58,14 +62,15 @@ def generate(root: str, per_class: int = 20, seed: int = 0) -> int:
 
 def main(argv: list[str], convert: Callable[..., dict]) -> int:
     """The demo verb: `convert` is the entry point's run() (demo never imports the entry point)."""
-    from beam_pipeline.cli.help import prog_name
+    from beam_pipeline.cli.help import Formatter, prog_name
+    from beam_pipeline.cli.options import DEFAULT_MAX_FAILURE_RATIO
 
     parser = argparse.ArgumentParser(
         prog=f"{prog_name()} demo",
         description="Generate a small image folder with Pillow (three classes, one with a Korean "
         "name, two broken files; no download) and convert it with a 80/20 train/validation split.",
         epilog="Other flags are passed to convert (e.g. --shard_size_mb 1, --runner ...).",
-        formatter_class=argparse.ArgumentDefaultsHelpFormatter,
+        formatter_class=Formatter,
     )
     parser.add_argument(
         "--data_dir", default="demo_data", help="Where the images are generated (kept if it exists)."
@@ -75,21 +80,17 @@ def main(argv: list[str], convert: Callable[..., dict]) -> int:
     args, beam_args = parser.parse_known_args(argv)
     if not os.path.isdir(args.data_dir):
         generate(args.data_dir, args.per_class)
-    summary = convert(
-        [
-            "--input",
-            args.data_dir,
-            "--output_dir",
-            args.output_dir,
-            "--overwrite",
-            "--splits",
-            "train=0.8,validation=0.2",
-            # The two broken files are ~3% of the demo: allow them.
-            "--max_failure_ratio",
-            "0.1",
-            *beam_args,
-        ]
+    flags = ["--input", args.data_dir, "--output_dir", args.output_dir, "--overwrite"]
+    flags += ["--splits", "train=0.8,validation=0.2", "--max_failure_ratio", str(DEMO_FAILURE_RATIO)]
+    flags += beam_args
+    print(f"running: {prog_name()} convert {shlex.join(flags)}", flush=True)
+    print(
+        f"(--max_failure_ratio {DEMO_FAILURE_RATIO} lets the demo's two broken files fail; the default, "
+        f"{DEFAULT_MAX_FAILURE_RATIO}, fails a run (exit 3, no dataset) when more than "
+        f"{DEFAULT_MAX_FAILURE_RATIO:.0%} of its images fail)",
+        flush=True,
     )
+    summary = convert(flags)
     print(
         json.dumps(
             {k: summary[k] for k in ("listed", "written", "failed", "written_per_class")},

@@ -256,12 +256,15 @@ def _convert(argv: list[str]) -> int:
     if summary.get("described_only"):
         print("img2tfrecord: job described, not run (dry run)", file=sys.stderr)
         return EXIT_OK
-    print(
-        f"img2tfrecord: wrote {summary['written']} of {summary['listed']} images "
-        f"({summary['failed']} failed, see {FAILURES_FILE})",
-        file=sys.stderr,
-    )
+    print(final_line(summary), file=sys.stderr)
     return EXIT_OK
+
+
+def final_line(summary: dict) -> str:
+    """convert's last line: what was written, with thousands separators as the progress bar."""
+    failed = summary["failed"]
+    where = f"{failed:,} failed, see {FAILURES_FILE}" if failed else "none failed"
+    return f"img2tfrecord: wrote {summary['written']:,} of {summary['listed']:,} images ({where})"
 
 
 def _demo(argv: list[str]) -> int:
@@ -301,14 +304,12 @@ COMMANDS = {"convert": _convert, "demo": _demo, "verify": _verify, "inspect": _i
 
 
 def _help_asked(argv: list[str]) -> bool:
-    """Prints convert's help (`-h`, `--help`) or Beam's options (`--help_beam`) if asked."""
+    """Prints convert's help (`-h`, `--help`), or all of it with Beam's options (`--help_all`)."""
     from beam_pipeline.cli import help as cli_help
 
-    if "--help_beam" in argv:
-        print(cli_help.beam_help(cli_help.prog_name()))
-        return True
-    if "-h" in argv or "--help" in argv:
-        print(cli_help.convert_help(cli_help.prog_name()))
+    everything = "--help_all" in argv
+    if everything or "-h" in argv or "--help" in argv:
+        print(cli_help.convert_help(cli_help.prog_name(), everything), end="")
         return True
     return False
 
@@ -365,7 +366,7 @@ def _exit_on_interrupt(signum: int, frame: object) -> None:
 
     Stopping at once is safe: a run's output stays marked unfinished until its last file is
     published (transforms/output/publish.py), and the next run into the folder replaces it, as
-    after a SIGKILL (tests/test_reliability_output.py). Forked shard writers, which get
+    after a SIGKILL (tests/output/test_reliability_output.py). Forked shard writers, which get
     the terminal's SIGINT too, exit silently.
     """
     if os.getpid() == _CLI_PID:

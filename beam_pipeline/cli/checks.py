@@ -8,8 +8,8 @@ would fail.
 
 from __future__ import annotations
 
-import logging
 import os
+import sys
 import urllib.parse
 
 from apache_beam.io.filesystem import BeamIOError
@@ -215,11 +215,11 @@ def claim_output_folder(output_dir: str, overwrite: bool, run_id: str, job: bool
         claim = claim_output(output_dir, overwrite, run_id, job)
     except (OutputBusy, NotWritable) as e:
         raise UserError(str(e)) from None
-    if claim.resumed:
-        logging.warning(
-            "replacing the unfinished output of an earlier run (%s, killed or failed) in %s",
-            claim.resumed,
-            output_dir,
+    if claim.resumed:  # a line for the user, as the CLI's others (not a raw log record)
+        print(
+            f"img2tfrecord: replacing the unfinished output of an earlier run ({claim.resumed}, "
+            f"killed or failed) in {output_dir}",
+            file=sys.stderr,
         )
     return claim
 

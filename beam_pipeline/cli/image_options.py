@@ -6,7 +6,6 @@ EncodeSettings live in one place; ConvertOptions adds them with `add_image_argum
 
 from __future__ import annotations
 
-import argparse
 import re
 
 from transforms.encoding.encoder import EncodeSettings
@@ -14,49 +13,39 @@ from transforms.encoding.schema import DEFAULT_SCHEMA, PRESETS, get_schema, pars
 from transforms.images.types import COLORS, DEFAULT_JPEG_QUALITY, IMAGE_FORMATS, RESIZE_MODES, STORES
 
 
-def add_image_arguments(parser: argparse.ArgumentParser) -> None:
-    """Adds the image and schema flags to ConvertOptions' parser."""
-    parser.add_argument(
+def add_image_arguments(group) -> None:
+    """Adds the image and schema flags to ConvertOptions' parser (in the group given)."""
+    group.add_argument(
         "--image_format",
         choices=IMAGE_FORMATS,
         default="keep",
-        help="keep: original bytes when TensorFlow decodes them (else lossless PNG); "
-        "jpeg/png: re-encode every image of another format.",
+        help="keep: the file's bytes if TensorFlow decodes them, else PNG.",
     )
-    parser.add_argument(
-        "--jpeg_quality", type=int, default=DEFAULT_JPEG_QUALITY, help="Quality of re-encoded JPEGs (1-100)."
+    group.add_argument(
+        "--jpeg_quality",
+        type=int,
+        default=DEFAULT_JPEG_QUALITY,
+        metavar="Q",
+        help="Of re-encoded JPEGs (1-100).",
     )
-    parser.add_argument("--resize", default="", help="Exact size WxH of every image (see --resize_mode).")
-    parser.add_argument(
-        "--max_side", type=int, default=0, help="Scale down so the longer side is at most N (aspect kept)."
+    group.add_argument("--resize", default="", metavar="WxH", help="Exact size of every image.")
+    group.add_argument(
+        "--max_side", type=int, default=0, metavar="N", help="Longer side at most N (0: as is)."
     )
-    parser.add_argument(
+    group.add_argument(
         "--resize_mode",
         choices=RESIZE_MODES,
         default="pad",
-        help="How --resize meets an exact size: pad (fit, black bands), crop (cover, centre "
-        "crop) or stretch.",
+        help="--resize: fit with black bands, cover and crop, or stretch.",
     )
-    parser.add_argument("--color", choices=COLORS, default="keep", help="rgb: 3 channels; grayscale: 1.")
-    parser.add_argument(
-        "--exif_transpose", action="store_true", help="Apply EXIF orientation (re-encodes rotated images)."
-    )
-    parser.add_argument(
-        "--store",
-        choices=STORES,
-        default="encoded",
-        help="raw: decoded uint8 pixels (HWC) instead of encoded bytes.",
-    )
-    parser.add_argument(
+    group.add_argument("--color", choices=COLORS, default="keep", help="rgb: 3 channels; grayscale: 1.")
+    group.add_argument("--exif_transpose", action="store_true", help="Apply the EXIF orientation.")
+    group.add_argument("--store", choices=STORES, default="encoded", help="raw: uint8 pixels (HWC).")
+    group.add_argument(
         "--schema", choices=sorted(PRESETS), default=DEFAULT_SCHEMA, help="Feature keys preset."
     )
-    parser.add_argument(
-        "--rename_keys", default="", help="Custom key renames on top of --schema: old=new,old2=new2."
-    )
-    parser.add_argument(
-        "--dedupe",
-        action="store_true",
-        help="Drop exact duplicate images (same bytes); each is reported as 'duplicate of <path>'.",
+    group.add_argument(
+        "--rename_keys", default="", metavar="SPEC", help="Key renames on top of --schema: old=new,..."
     )
 
 

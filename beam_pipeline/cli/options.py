@@ -37,151 +37,162 @@ class UserError(Exception):
     """A mistake in the command line or the input: reported in one line, no traceback."""
 
 
+# The group of the flags that runs on the local runner rarely need: `convert --help` leaves it
+# to `--help_all` (beam_pipeline/cli/help.py).
+LOCAL_RUNNER_GROUP = "local runner"
+
+
 class ConvertOptions(PipelineOptions):
-    """Options of `img2tfrecord convert`."""
+    """Options of `img2tfrecord convert`, in the groups `convert --help` shows them in.
+
+    Each flag's default is printed by the help (beam_pipeline/cli/help.py), so the texts do
+    not repeat it. `--labels_path` is shown and documented as `--labels` (route_labels_flag).
+    """
 
     @classmethod
     def _add_argparse_args(cls, parser: argparse.ArgumentParser) -> None:
-        parser.add_argument("--input", help="Folder (local or gs://) with one sub-folder per class.")
-        parser.add_argument("--output_dir", help="Where shards and metadata are written.")
-        parser.add_argument(
-            "--splits",
-            default="",
-            help="'folders' (first folder level is the split), or ratios such as "
-            "'train=0.8,validation=0.1,test=0.1' assigned by a seeded hash of each path. "
-            "Empty: everything is 'train'.",
+        group = parser.add_argument_group("input")
+        group.add_argument("--input", metavar="PATH", help="Required: images (folder, gs:// prefix, tars).")
+        group.add_argument("--dedupe", action="store_true", help="Drop byte-identical duplicates.")
+        group.add_argument(
+            "--max_pixels", type=int, default=DEFAULT_MAX_PIXELS, metavar="N", help="Larger images fail."
         )
-        parser.add_argument(
-            "--stratify",
-            action="store_true",
-            help="With ratio splits: keep each class's ratio in every split.",
-        )
-        parser.add_argument(
-            "--seed", type=int, default=DEFAULT_SEED, help="Seed of the shuffle and split hash."
-        )
-        parser.add_argument(
-            "--shard_size_mb",
-            type=float,
-            default=DEFAULT_SHARD_SIZE_MB,
-            help="Target shard size in MB.",
-        )
-        parser.add_argument(
-            "--num_shards", type=int, default=0, help="Shards per split; overrides --shard_size_mb."
-        )
-        parser.add_argument(
-            "--max_records_per_shard",
-            type=int,
-            default=DEFAULT_MAX_RECORDS_PER_SHARD,
-            help="With --shard_size_mb: about this many images a shard at most (shards of tiny images "
-            "are smaller than the size; bounds what one worker holds). 0: no limit.",
-        )
-        parser.add_argument(
-            "--compression",
-            choices=sorted(COMPRESSIONS),
-            default="none",
-            help="gzip: write .tfrecord.gz shards (readers pass compression_type='GZIP').",
-        )
-        parser.add_argument(
-            "--label_offset", type=int, choices=(0, 1), default=0, help="Id of the first class."
-        )
-        parser.add_argument(
-            "--max_pixels", type=int, default=DEFAULT_MAX_PIXELS, help="Larger images are failures."
-        )
-        parser.add_argument(
-            "--overwrite", action="store_true", help="Replace an existing dataset in --output_dir."
-        )
-        parser.add_argument(
-            "--max_failure_ratio",
-            type=float,
-            default=DEFAULT_MAX_FAILURE_RATIO,
-            help="Fail the job (exit 3, no dataset written) when more than this fraction of the "
-            "listed images fail; failures.jsonl is still written.",
-        )
-        parser.add_argument(
-            "--dataset_name",
-            default="",
-            help="Dataset name in the TFDS metadata; empty: the input folder's name.",
-        )
-        parser.add_argument("--quiet", action="store_true", help="No progress output.")
-        add_image_arguments(parser)
-        parser.add_argument(
-            "--write_index",
-            action="store_true",
-            help="Write <shard>.idx files (offset length per record) for DALI / PyTorch tfrecord.",
-        )
-        # Labels from a table (see route_labels_flag for how --labels reaches --labels_path).
-        parser.add_argument(
+
+        group = parser.add_argument_group("labels")
+        group.add_argument(
             "--labels_path",
             default="",
-            help="Labels table (CSV, TSV or JSON Lines; local, gs:// or a glob), or 'webdataset': "
-            "labels from the .cls/.txt/.json sidecars of WebDataset samples in tar archives. "
-            "Also --labels PATH.",
+            metavar="PATH",
+            help="Labels table (CSV, TSV, JSON Lines; local, gs://, a glob) or 'webdataset'; "
+            "'': class folders.",
         )
-        parser.add_argument(
-            "--labels_format",
-            choices=("auto",) + FORMATS,
-            default="auto",
-            help="Format of the labels table; auto: from its extension.",
+        group.add_argument(
+            "--labels_format", choices=("auto",) + FORMATS, default="auto", help="auto: from the extension."
         )
-        parser.add_argument("--key_column", default="id", help="Column of the image key.")
-        parser.add_argument("--label_column", default="label", help="Column of the label(s).")
-        parser.add_argument(
+        group.add_argument("--key_column", default="id", metavar="COL", help="Column of the image key.")
+        group.add_argument("--label_column", default="label", metavar="COL", help="Column of the label(s).")
+        group.add_argument(
             "--image_key",
             choices=IMAGE_KEYS,
             default="stem",
-            help="How an image is keyed: file stem, file name, or path relative to --input.",
+            help="What the key column holds: file stem, file name or path in --input.",
         )
-        parser.add_argument(
-            "--label_separator", default="|", help="Splits one label cell into several labels."
+        group.add_argument(
+            "--label_separator", default="|", metavar="SEP", help="Splits one cell into several labels."
         )
-        parser.add_argument(
+        group.add_argument(
             "--label_type",
             choices=LABEL_TYPES,
             default="auto",
-            help="int: labels are class ids as given; str: names mapped to ids; auto: int if all are.",
+            help="int: class ids as given; str: names; auto: int if all are.",
         )
-        parser.add_argument(
+        group.add_argument(
             "--label_map",
             default="",
-            help="Class names: a file of names in id order (one a line), or a .csv/.tsv of id,name "
-            "(e.g. GLDv2's train_label_to_category.csv). Table labels may be names or ids of it.",
+            metavar="PATH",
+            help="Class names in id order, one a line, or a .csv/.tsv of id,name.",
         )
-        parser.add_argument(
-            "--extra_columns", default="", help="Columns carried as features: name:int|float|str,..."
+        group.add_argument(
+            "--extra_columns",
+            default="",
+            metavar="SPEC",
+            help="Columns kept as features: name:int|float|str,...",
         )
-        parser.add_argument("--split_column", default="", help="Column holding each image's split.")
-        parser.add_argument(
+        group.add_argument(
             "--unlabeled",
             choices=UNLABELED_POLICIES,
             default="fail",
-            help="Images without a label row: fail (listed in failures.jsonl), skip (counted) or keep.",
+            help="Images without a label row: a failure, skipped (counted) or kept.",
         )
-        parser.add_argument(
+        group.add_argument(
             "--duplicate_keys",
             choices=DUPLICATE_POLICIES,
             default="fail",
-            help="Rows of one key that disagree: fail, first (first row wins) or union (multi-label).",
+            help="Rows of one key that disagree: a failure, first wins, or all (multi-label).",
         )
-        parser.add_argument(
-            "--read_threads",
+        group.add_argument(
+            "--label_offset", type=int, choices=(0, 1), default=0, help="Id of the first class."
+        )
+
+        group = parser.add_argument_group("splits and shards")
+        group.add_argument(
+            "--splits",
+            default="",
+            metavar="SPEC",
+            help="'folders' (<split>/<class>/...) or ratios 'train=0.8,validation=0.2' by a "
+            "seeded hash of each path. Empty: all 'train'.",
+        )
+        group.add_argument(
+            "--split_column", default="", metavar="COL", help="Labels table column of the split."
+        )
+        group.add_argument("--stratify", action="store_true", help="Keep class ratios in every split.")
+        group.add_argument(
+            "--seed", type=int, default=DEFAULT_SEED, metavar="N", help="Seed of the shuffle and split hash."
+        )
+        group.add_argument(
+            "--shard_size_mb",
+            type=float,
+            default=DEFAULT_SHARD_SIZE_MB,
+            metavar="MB",
+            help="Target shard size.",
+        )
+        group.add_argument(
+            "--max_records_per_shard",
             type=int,
-            default=0,
-            help="Threads per shard writer that read and check the next images (0: one per core "
-            "in the runner's process; in a --write_processes worker, none for local files, which "
-            "the kernel reads ahead, and 8 that read bucket objects ahead).",
+            default=DEFAULT_MAX_RECORDS_PER_SHARD,
+            metavar="N",
+            help="Caps shards of tiny images, at about N (0: no cap).",
         )
-        parser.add_argument(
-            "--write_processes",
-            type=int,
-            default=0,
-            help="Worker processes that write whole shards at once (0: one per core on the local "
-            "runner, 1 elsewhere; 1: shards are written in the runner's own process).",
+        group.add_argument(
+            "--num_shards", type=int, default=0, metavar="N", help="Shards per split (0: by size)."
         )
-        parser.add_argument(
+
+        add_image_arguments(parser.add_argument_group("images and schema"))
+
+        group = parser.add_argument_group("output and reliability")
+        group.add_argument("--output_dir", metavar="PATH", help="Required. Where shards and metadata go.")
+        group.add_argument("--overwrite", action="store_true", help="Replace a dataset in --output_dir.")
+        group.add_argument(
+            "--compression",
+            choices=sorted(COMPRESSIONS),
+            default="none",
+            help="gzip: .tfrecord.gz (TFDS cannot read it).",
+        )
+        group.add_argument("--write_index", action="store_true", help="<shard>.idx files for DALI, PyTorch.")
+        group.add_argument("--dataset_name", default="", metavar="NAME", help="TFDS name ('': --input's).")
+        group.add_argument(
+            "--max_failure_ratio",
+            type=float,
+            default=DEFAULT_MAX_FAILURE_RATIO,
+            metavar="R",
+            help="More failed images than this fraction: exit 3, nothing published.",
+        )
+        group.add_argument("--quiet", action="store_true", help="No progress output.")
+        group.add_argument(
             "--progress_interval",
             type=float,
             default=10.0,
-            help="Seconds between progress lines when stderr is not a terminal.",
+            metavar="S",
+            help="Seconds between progress lines when stderr is no terminal.",
+        )
+
+        group = parser.add_argument_group(LOCAL_RUNNER_GROUP)
+        group.add_argument(
+            "--write_processes",
+            type=int,
+            default=0,
+            metavar="N",
+            help="Processes that write whole shards (0: one per core on the local runner, 1 "
+            "elsewhere; 1: in the runner's own process).",
+        )
+        group.add_argument(
+            "--read_threads",
+            type=int,
+            default=0,
+            metavar="N",
+            help="Threads per shard writer that read the next images (0: one per core in the "
+            "runner's process; in a --write_processes worker, none for local files and 8 for "
+            "bucket objects).",
         )
 
 

@@ -77,9 +77,15 @@ def check_class_folders(root: str, split_from_folders: bool) -> None:
             count += 1
         if not count:
             return  # main.check_input reports an input without images
-    where = "<split>/<class>/" if split_from_folders else "<class>/"
+    if split_from_folders:
+        raise UserError(
+            f"--input {root}: --splits folders takes each split from the first folder level, but "
+            f"none of its {count:,} images is in a <split>/<class>/ folder ({root}/train/cat/"
+            "image.jpg); put the class folders inside split folders, or split by ratios "
+            "(--splits train=0.8,validation=0.2)"
+        )
     raise UserError(
-        f"--input {root}: none of its {count:,} images is inside a class folder ({root}/{where}"
+        f"--input {root}: none of its {count:,} images is inside a class folder ({root}/<class>/"
         "image.jpg); put each class in its own sub-folder, or give the labels in a table with "
         "--labels TABLE.csv"
     )

@@ -52,43 +52,57 @@ def _eta(listed: int, done: int, rate: float) -> str:
     return "ETA -"
 
 
+# The terminal bar's variants, widest first: (template, with a bar?). See fit_progress.
+_VARIANTS = (
+    ("{count} images ({percent}), {failed} failed, {rate} images/s, {mb} MB/s, {eta}", True),
+    ("{count} images ({percent}), {failed} failed, {rate} images/s, {eta}", True),
+    ("{count} ({percent}) {failed} failed {rate}/s {eta}", True),
+    ("{count} ({percent}) {failed} failed {eta}", True),
+    ("{count} ({percent}) {failed} failed {eta}", False),
+    ("{count} {failed} failed {eta}", False),
+    ("{count} {failed}F {eta}", False),
+)
+# What the fields that come and go between redraws take at most in a typical run: the
+# layout is chosen for these, so it stays put while the numbers change.
+_WIDEST = {"percent": "100%", "failed": "9,999", "rate": "9,999", "mb": "999.9", "eta": "ETA 59m59s"}
+
+
 def fit_progress(listed: int, written: int, failed: int, nbytes: int, seconds: float, columns: int) -> str:
     """The terminal bar for a terminal `columns` wide: never longer than `columns` - 1.
 
     The last column stays free (a line that fills it wraps on some terminals). Parts go in
     this order as the width shrinks: the bar narrows to 10, MB/s, the words 'images' and
     'failed' become short, the images/s rate, the bar, the percentage. Below 40 columns the
-    40-column line is cut.
+    40-column line is cut. The parts and the bar's width are chosen for the widest values
+    the fields take (_WIDEST, the count at its end), not the current ones, so they do not
+    change from one redraw to the next as the rates and the ETA do.
     """
     room = max(columns, MIN_COLUMNS) - 1
     done = written + failed
     share = done / listed if listed else 0.0
     rate = done / seconds if seconds > 0 else 0.0
     mb_rate = nbytes / 1e6 / seconds if seconds > 0 else 0.0
-    eta = _eta(listed, done, rate)
-    count, percent = f"{done:,}/{listed:,}", f"{share:.0%}"
-    variants = [
-        (
-            f"{count} images ({percent}), {failed:,} failed, {rate:,.0f} images/s, {mb_rate:.1f} MB/s, {eta}",
-            True,
-        ),
-        (f"{count} images ({percent}), {failed:,} failed, {rate:,.0f} images/s, {eta}", True),
-        (f"{count} ({percent}) {failed:,} failed {rate:,.0f}/s {eta}", True),
-        (f"{count} ({percent}) {failed:,} failed {eta}", True),
-        (f"{count} ({percent}) {failed:,} failed {eta}", False),
-        (f"{count} {failed:,} failed {eta}", False),
-        (f"{count} {failed:,}F {eta}", False),
-    ]
-    for text, with_bar in variants:
+    fields = {
+        "count": f"{done:,}/{listed:,}",
+        "percent": f"{share:.0%}",
+        "failed": f"{failed:,}",
+        "rate": f"{rate:,.0f}",
+        "mb": f"{mb_rate:.1f}",
+        "eta": _eta(listed, done, rate),
+    }
+    widest = {k: max(v, _WIDEST.get(k, ""), key=len) for k, v in fields.items()}
+    widest["count"] = f"{max(done, listed):,}/{listed:,}"
+    for template, with_bar in _VARIANTS:
+        text, space = template.format(**fields), len(template.format(**widest))
         if not with_bar:
-            if len(text) <= room:
+            if space <= room:
                 return text
             continue
-        width = min(_BAR_WIDTH, room - len(text) - 3)
+        width = min(_BAR_WIDTH, room - space - 3)
         if width >= _MIN_BAR:
             filled = int(width * min(1.0, share))
             return f"[{'#' * filled}{'.' * (width - filled)}] {text}"
-    return variants[-1][0][:room]
+    return _VARIANTS[-1][0].format(**fields)[:room]
 
 
 def listing_line(listed: int, columns: int) -> str:

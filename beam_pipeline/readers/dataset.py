@@ -98,7 +98,7 @@ def load_dataset(
     Shards are read in parallel (`interleave`, `cycle_length` at a time). Each image is
     decoded as stored (`tf.io.decode_image(expand_animations=False)`; raw pixels of
     `--store raw` reshaped by their stored height, width and channels) and converted to
-    `channels` (transforms.decoding.to_channels: alpha dropped or made opaque, grey repeated
+    `channels` (transforms.images.decoding.to_channels: alpha dropped or made opaque, grey repeated
     to RGB, RGB to grey), as uint8 (H, W, channels), or resized to `image_size` (float32,
     0-255). Labels are int64 ids for single-label data, and multi-hot float32 vectors of
     length `label_offset + num_classes` otherwise.

@@ -93,6 +93,7 @@ class DatasetStats:
     widths: collections.Counter = dataclasses.field(default_factory=collections.Counter)  # bucket -> n
     heights: collections.Counter = dataclasses.field(default_factory=collections.Counter)
     failures: FailureStats = dataclasses.field(default_factory=FailureStats)
+    bad_splits: collections.Counter = dataclasses.field(default_factory=collections.Counter)  # split -> n
 
     def split_total(self, split: str) -> ClassStats:
         return ClassStats(
@@ -121,7 +122,7 @@ def collect_stats(
     names, offset = summary.get("class_names", []), summary.get("label_offset", 0)
     splits: dict[str, dict[str, ClassStats]] = {}
     samples: dict[str, list[tuple[bytes, str, str]]] = collections.defaultdict(list)
-    bad = []
+    bad, bad_splits = [], collections.Counter()
     formats, widths, heights = collections.Counter(), collections.Counter(), collections.Counter()
     for split, paths in list_shards(output_dir).items():
         classes = splits.setdefault(split, collections.defaultdict(ClassStats))
@@ -129,12 +130,12 @@ def collect_stats(
             check = check_shard(path, fmt, names, offset, samples_per_class=samples_per_class)
             if not check.ok:
                 bad.append(check)
+                bad_splits[split] += 1
             for key, n, size in check.classes:
                 classes[key].records += n
                 classes[key].bytes += size
             for key, data, name in check.samples:
-                if len(samples[key]) < samples_per_class:
-                    samples[key].append((data, name, split))
+                keep_sample(samples[key], (data, name, split), samples_per_class)
             formats.update(dict(check.formats))
             widths.update(dict(check.widths))
             heights.update(dict(check.heights))
@@ -146,7 +147,23 @@ def collect_stats(
         widths,
         heights,
         read_failures(output_dir, failure_examples),
+        bad_splits,
     )
+
+
+def keep_sample(kept: list[tuple[bytes, str, str]], sample: tuple[bytes, str, str], limit: int) -> None:
+    """Keeps at most `limit` samples of one class, spread over the splits as evenly as they come.
+
+    Shards are read split after split: a sample of a split with fewer kept samples replaces
+    the last one of the split with the most, so every split of the class is shown.
+    """
+    if len(kept) < limit:
+        kept.append(sample)
+        return
+    counts = collections.Counter(split for _, _, split in kept)
+    split, most = counts.most_common(1)[0]
+    if most > counts[sample[2]] + 1:
+        kept[max(i for i, s in enumerate(kept) if s[2] == split)] = sample
 
 
 def human_bytes(n: float) -> str:
@@ -175,20 +192,23 @@ def distribution(counter: collections.Counter, label=str) -> str:
 
 
 def size_label(bucket: int) -> str:
-    """A size bucket (transforms.verify.size_bucket) as the range of sides it holds: '65-128'."""
+    """A size bucket (transforms.verify.shards.size_bucket) as the range of sides it holds: '65-128'."""
     return f"{1 if bucket <= 16 else bucket // 2 + 1}-{bucket}"
 
 
 def format_table(stats: DatasetStats) -> str:
     """The plain-text report printed by `inspect`."""
-    lines = []
+    # A damaged shard first: the counts below miss what it holds past the damage.
+    lines = [f"BAD SHARD {c.path}: offset {c.offset}: {c.error}" for c in stats.bad]
     width = max([display_width(k) for c in stats.splits.values() for k in c] + [5])
     for split, classes in stats.splits.items():
         total = stats.split_total(split)
-        lines.append(f"{split}: {total.records} records, {human_bytes(total.bytes)}")
+        bad = stats.bad_splits[split]
+        at_least, damaged = ("at least ", f" ({bad} bad shard{'s' if bad > 1 else ''})") if bad else ("", "")
+        lines.append(f"{split}: {at_least}{total.records:,} records, {human_bytes(total.bytes)}{damaged}")
         for key, c in classes.items():
             mean = human_bytes(c.bytes / c.records) if c.records else "-"
-            lines.append(f"  {pad(key, width)}  {c.records:>8}  {human_bytes(c.bytes):>10}  (mean {mean})")
+            lines.append(f"  {pad(key, width)}  {c.records:>8,}  {human_bytes(c.bytes):>10}  (mean {mean})")
     if stats.formats:
         lines.append(f"formats: {distribution(stats.formats)}")
     if stats.widths:
@@ -201,8 +221,6 @@ def format_table(stats: DatasetStats) -> str:
         lines.append(f"failed: {failures.total:,} images not written ({FAILURES_FILE}): {reasons}")
     else:
         lines.append("failed: none")
-    for check in stats.bad:
-        lines.append(f"BAD SHARD {check.path}: offset {check.offset}: {check.error}")
     return "\n".join(lines)
 
 
@@ -225,8 +243,13 @@ def _data_uri(png: bytes) -> str:
     return "data:image/png;base64," + base64.b64encode(png).decode("ascii")
 
 
-def _bars_svg(counts: dict[str, int], label: str, label_w: int = 220, chart_w: int = 480) -> str:
-    """Horizontal bars with their counts (inline SVG), one per key in the given order."""
+def _bars_svg(
+    counts: dict[str, int], label: str, label_w: int = 220, chart_w: int = 480, fluid: bool = False
+) -> str:
+    """Horizontal bars with their counts (inline SVG), one per key in the given order.
+
+    `fluid`: the chart scales to the width of its box (its viewBox keeps the proportions).
+    """
     bar_h = 22
     top = max(list(counts.values()) + [1])
     rows = []
@@ -240,12 +263,11 @@ def _bars_svg(counts: dict[str, int], label: str, label_w: int = 220, chart_w: i
             f"<title>{name}: {n}</title></rect>"
             f'<text x="{label_w + w + 6}" y="{y + 15}">{n:,}</text>'
         )
-    height = bar_h * max(1, len(counts))
+    width, height = label_w + chart_w + 80, bar_h * max(1, len(counts))
+    size = f'viewBox="0 0 {width} {height}" width="100%"' if fluid else f'width="{width}" height="{height}"'
     return (
         f'<svg xmlns="http://www.w3.org/2000/svg" role="img" aria-label="{html.escape(label)}" '
-        f'width="{label_w + chart_w + 80}" height="{height}" font-family="sans-serif" font-size="13">'
-        + "".join(rows)
-        + "</svg>"
+        f'{size} font-family="sans-serif" font-size="13">' + "".join(rows) + "</svg>"
     )
 
 
@@ -255,7 +277,9 @@ _STYLE = (
     ".bad{color:#b00}.sheet{display:flex;flex-wrap:wrap;gap:8px}"
     "figure{margin:0;width:140px;text-align:center}figure img{border:1px solid #ccc;max-width:128px}"
     "figcaption{font-size:11px;color:#444;overflow-wrap:anywhere}"
-    ".failures td{text-align:left;font-family:monospace;font-size:12px}.dist{display:flex;gap:3em;flex-wrap:wrap}"
+    ".failures td{text-align:left;font-family:monospace;font-size:12px}"
+    # The three image charts: one row of three columns that scale with the page (never wrapped).
+    ".dist{display:grid;grid-template-columns:repeat(3,minmax(0,1fr));gap:2em;align-items:start}"
 )
 
 
@@ -327,7 +351,7 @@ def render_report(stats: DatasetStats, title: str) -> str:
         ):
             if counter:
                 counts = {label(k): n for k, n in sorted(counter.items())}
-                svg = _bars_svg(counts, f"{name} distribution", label_w=80, chart_w=200)
+                svg = _bars_svg(counts, f"{name} distribution", label_w=80, chart_w=200, fluid=True)
                 parts.append(f"<div><h3>{name}</h3>{svg}</div>")
         parts.append("</div>")
     parts += _failures_html(stats.failures)
@@ -351,7 +375,9 @@ def render_report(stats: DatasetStats, title: str) -> str:
 def main(argv: list[str]) -> int:
     parser = CommandParser(prog=f"{prog_name()} inspect", description=__doc__.splitlines()[0])
     parser.add_argument("output_dir", help="The conversion's --output_dir (local or gs://).")
-    parser.add_argument("--report", help="Write a self-contained HTML report to this path.")
+    parser.add_argument(
+        "--report", help="Write a self-contained HTML report to this path (none if not given)."
+    )
     parser.add_argument("--samples", type=int, default=DEFAULT_SAMPLES, help="Sample images per class.")
     parser.add_argument(
         "--failures",

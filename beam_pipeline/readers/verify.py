@@ -25,7 +25,7 @@ import apache_beam as beam
 from apache_beam.io.filesystems import FileSystems
 from apache_beam.options.pipeline_options import PipelineOptions
 
-from beam_pipeline.cli.help import prog_name
+from beam_pipeline.cli.help import Formatter, prog_name
 from beam_pipeline.cli.options import UserError, check_args
 from transforms.encoding.dataset_format import DatasetFormat
 from transforms.output.publish import SUMMARY_FILE
@@ -217,6 +217,9 @@ def main(argv: list[str]) -> int:
 
 class CommandParser(argparse.ArgumentParser):
     """A subcommand's parser: mistakes are UserErrors (one line, exit 2)."""
+
+    def __init__(self, **kwargs):
+        super().__init__(formatter_class=Formatter, **kwargs)  # each flag's default shown
 
     def error(self, message: str):
         raise UserError(message)

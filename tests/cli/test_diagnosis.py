@@ -48,7 +48,24 @@ def test_split_folders_need_two_levels(tmp_path, capsys):
     _png(tmp_path / "in" / "train" / "a.png")  # a class folder, but no split folder above it
     argv = ("--input", str(tmp_path / "in"), "--output_dir", str(tmp_path / "out"), "--splits", "folders")
     status, err = _run(capsys, *argv)
-    assert status == 2 and "<split>/<class>/" in err[-1]
+    assert status == 2
+    (line,) = err  # the cause (no split level) and its fixes; not the flat folder's advice
+    assert "--splits folders takes each split from the first folder level" in line
+    assert "in a <split>/<class>/ folder" in line and "put the class folders inside split folders" in line
+    assert "--splits train=0.8,validation=0.2" in line and "own sub-folder" not in line
+
+
+def test_an_output_dir_that_is_a_file_says_so(tmp_path, capsys):
+    _png(tmp_path / "in" / "cat" / "a.png")
+    (tmp_path / "taken").write_text("a file, not a folder")
+    for output_dir in (tmp_path / "taken", tmp_path / "taken" / "sub"):
+        status, err = _run(capsys, "--input", str(tmp_path / "in"), "--output_dir", str(output_dir))
+        assert status == 2
+        (line,) = err
+        assert line == (
+            f"img2tfrecord: error: --output_dir {output_dir}: {tmp_path / 'taken'} is a file, not a "
+            "folder; pass the path of a folder (it is created if missing)"
+        )
 
 
 def test_a_table_whose_keys_match_no_image_names_the_image_key_that_would(tmp_path, capsys):

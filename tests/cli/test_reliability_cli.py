@@ -31,7 +31,7 @@ from transforms.output.publish import MARKER_FILE
         (["--splits", "train=0.5,"], "expected name=ratio"),
         (["--input", ""], "--input is required"),
         (["--input", "{tmp}/imgs/c/x.png"], "not a folder"),
-        (["--output_dir", "{tmp}/imgs/c/x.png"], "not writable"),
+        (["--output_dir", "{tmp}/imgs/c/x.png"], "x.png is a file, not a folder; pass the path of a folder"),
     ],
 )
 def test_bad_values_exit_2_in_one_line(tmp_path, capsys, extra, message):

@@ -172,7 +172,19 @@ def test_jsonl_multilabel_extras_split_column_label_map_keep(tmp_path):
 @pytest.mark.parametrize(
     "extra,message",
     [
-        (["--labels", "{tmp}/t.csv", "--label_column", "landmark"], "no column 'landmark'"),
+        (
+            ["--labels", "{tmp}/t.csv", "--label_column", "landmark"],
+            "no column 'landmark' (columns: id, label); name the label column with --label_column label",
+        ),
+        # The cause and the fix: the table's key column is not the default 'id'.
+        (
+            ["--labels", "{tmp}/files.csv"],
+            "no column 'id' (columns: filename, label); name the key column with --key_column filename",
+        ),
+        (
+            ["--labels", "{tmp}/files.jsonl"],
+            "no field 'id' (fields: filename, label); name the key column with --key_column filename",
+        ),
         (["--labels", "{tmp}/missing.csv"], "no such file"),
         (["--labels", "{tmp}/t*.csv"], "t2.csv has no column 'label'"),  # found inside the pipeline
         (["--labels", "{tmp}/t.txt"], "--labels_format"),
@@ -196,6 +208,8 @@ def test_label_table_user_errors(tmp_path, capsys, extra, message):
     os.mkfifo(tmp_path / "fifo.csv")  # as `--labels <(zcat t.csv.gz)` gives: a pipe
     (tmp_path / "t.txt").write_text("id,label\nx,cat\n")
     (tmp_path / "t2.csv").write_text("id,class\nx,cat\n")
+    (tmp_path / "files.csv").write_text("filename,label\nx.png,cat\n")
+    (tmp_path / "files.jsonl").write_text('{"filename": "x.png", "label": "cat"}\n')
     argv = ["--input", str(tmp_path / "imgs"), "--output_dir", str(tmp_path / "o")]
     argv += [a.format(tmp=tmp_path) for a in extra]
     assert main.main(argv + ["--quiet"]) == main.EXIT_USAGE

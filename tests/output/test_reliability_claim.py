@@ -281,20 +281,61 @@ def test_gcs_claims_are_exclusive_and_a_stale_lease_is_taken_over(gcs_bucket):
     )  # the dead run's leftovers stay marked
 
 
+class _HeldBeats:
+    """Steps a RemoteClaim's heartbeat thread from the test, with events instead of sleeps.
+
+    Every beat's `blob.patch` goes through `patch`, which records each landed beat. Once
+    `hold` is set, the next beat waits in flight (before its request) until the claim's
+    stop event is set and the release has either returned or is waiting for the heartbeat
+    thread (its `join`); only then does it land. A release that does not wait for the
+    thread therefore returns before the beat lands, whatever the machine's load.
+    """
+
+    WAIT = 60  # seconds: a bound on a broken product, never reached by a working one
+
+    def __init__(self, claim):
+        self.claim, self.log = claim, []
+        self.landed, self.hold, self.in_flight, self.releasing = (threading.Event() for _ in range(4))
+        self._patch, self._join = claim._blob.patch, claim._thread.join
+        claim._blob.patch = self.patch
+        claim._thread.join = self.join
+
+    def patch(self, **kwargs):
+        if self.hold.is_set():
+            self.in_flight.set()
+            assert self.claim._stop.wait(self.WAIT) and self.releasing.wait(self.WAIT)
+        self._patch(**kwargs)
+        self.log.append(("landed", self.claim._blob.metadata[HEARTBEAT_KEY]))
+        self.landed.set()
+
+    def join(self, timeout=None):
+        self.releasing.set()  # release is waiting for the heartbeat thread: let the beat land
+        self._join(timeout)
+
+
 def test_a_gcs_claim_keeps_its_lease_alive_until_released(gcs_bucket, monkeypatch):
     monkeypatch.setenv(LEASE_ENV, "1.2")  # a heartbeat every 0.2 s
     claim = claim_output(f"gs://{BUCKET}/claims/beating", False, "beating")
     marker = gcs_bucket.blob(f"claims/beating/{MARKER_FILE}")
+    marker.reload()
+    first = float(marker.metadata[HEARTBEAT_KEY])  # read before the beats are watched
+    beats = _HeldBeats(claim)
     try:
+        assert beats.landed.wait(beats.WAIT)
+        beats.hold.set()
+        # The one heartbeat thread now holds its next beat in flight: every earlier one has landed.
+        assert beats.in_flight.wait(beats.WAIT)
         marker.reload()
-        first = float(marker.metadata[HEARTBEAT_KEY])
-        time.sleep(1.0)
-        marker.reload()
-        assert float(marker.metadata[HEARTBEAT_KEY]) > first  # refreshed while held
+        last = beats.log[-1][1]
+        assert marker.metadata[HEARTBEAT_KEY] == last and float(last) > first  # refreshed while held
     finally:
         claim.release()
+        beats.log.append(("released", None))
+        beats.releasing.set()  # (a release that did not wait lets the held beat land only now)
     marker.reload()
-    last = marker.metadata[HEARTBEAT_KEY]
-    time.sleep(0.6)
+    at_release = marker.metadata[HEARTBEAT_KEY]
+    beats._join(beats.WAIT)
+    assert not claim._thread.is_alive()
     marker.reload()
-    assert marker.metadata[HEARTBEAT_KEY] == last  # released: no more beats
+    assert [event for event, _ in beats.log[-2:]] == ["landed", "released"]  # no beat after release
+    assert marker.metadata[HEARTBEAT_KEY] == at_release == beats.log[-2][1]

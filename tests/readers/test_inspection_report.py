@@ -117,6 +117,37 @@ def test_report_lists_failures_by_reason_and_captions_samples(converted, tmp_pat
         assert split in ("train", "test") and re.fullmatch(r"\d+×30", size) and nbytes.endswith("B")
 
 
+def test_samples_come_from_every_split_of_a_class(converted):
+    stats = inspection.collect_stats(str(converted), samples_per_class=2)
+    for key, samples in stats.samples.items():
+        splits = {split for split, classes in stats.splits.items() if classes.get(key, None)}
+        assert len(samples) == min(2, sum(stats.splits[s][key].records for s in splits))
+        assert {split for _, _, split in samples} == splits, key
+    assert any(len({split for _, _, split in s}) == 2 for s in stats.samples.values())  # the case is met
+
+
+def test_keep_sample_spreads_the_samples_over_the_splits_as_they_come():
+    kept: list = []
+    for i in range(6):
+        inspection.keep_sample(kept, (b"", f"train{i}", "train"), 4)
+    for i in range(3):
+        inspection.keep_sample(kept, (b"", f"val{i}", "validation"), 4)
+    inspection.keep_sample(kept, (b"", "test0", "test"), 4)
+    assert sorted(name for _, name, _ in kept) == ["test0", "train0", "val0", "val1"]
+
+
+def test_the_images_charts_share_one_row_of_a_grid(converted, tmp_path, capsys):
+    """Three columns that scale with the page, not flex items of fixed width that wrap (the
+    height chart used to wrap alone onto a second row, leaving a blank gap beside it)."""
+    report = tmp_path / "report.html"
+    assert main.main(["inspect", str(converted), "--report", str(report)]) == 0
+    text = report.read_text(encoding="utf-8")
+    assert ".dist{display:grid;grid-template-columns:repeat(3,minmax(0,1fr))" in text
+    section = text[text.index("<h2>Images</h2>") : text.index("<h2>Failures</h2>")]
+    charts = re.findall(r'<svg [^>]*viewBox="0 0 (\d+) (\d+)"[^>]*width="100%"', section)
+    assert len(charts) == 3, section[:500]
+
+
 def test_report_without_failures_says_so(tmp_path, capsys):
     images = tmp_path / "images" / "a"
     images.mkdir(parents=True)

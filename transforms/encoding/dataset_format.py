@@ -80,7 +80,7 @@ class DatasetFormat:
 
     def animation_readers(self) -> list[str]:
         """The dataset's readers that decode with `expand_animations=True` (4-D for the formats
-        of transforms.decoding.DECODED_4D_FORMATS), named for messages."""
+        of transforms.images.decoding.DECODED_4D_FORMATS), named for messages."""
         readers = []
         if self.tfds_image:
             readers.append("TFDS's Image feature (features.json)")

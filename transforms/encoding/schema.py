@@ -90,7 +90,7 @@ class Schema:
       renames: custom key renames (old -> new) applied on top of the preset.
       raw_ok: whether the consumer can read `--store raw` records.
       single_frame: the consumer decodes with `expand_animations=True` (a 4-D tensor for
-        every GIF and WebP: transforms.decoding.DECODED_4D_FORMATS), so those formats are
+        every GIF and WebP: transforms.images.decoding.DECODED_4D_FORMATS), so those formats are
         stored as their first frame (PNG).
     """
 

@@ -4,7 +4,7 @@ The guarantee: the bytes written as `image/encoded` decode with
 `tf.io.decode_image(..., expand_animations=False)` to exactly the height, width and
 channels written next to them. By default the original bytes are kept whenever TensorFlow
 (2.21) decodes them correctly; otherwise the image is converted losslessly to PNG, or
-rejected with a reason. What TensorFlow 2.21 does, verified by tests/test_image_modes.py:
+rejected with a reason. What TensorFlow 2.21 does, verified by tests/images/test_image_modes.py:
 
 - JPEG L/RGB, PNG (every colour type and bit depth; 16-bit is scaled to uint8 by `>> 8`),
   GIF (always 3 channels, first frame), 24-bit BMP and single-frame WebP decode as stored.

@@ -19,7 +19,7 @@ from __future__ import annotations
 
 # Formats for which TensorFlow 2.21's `tf.image.decode_image` / `tf.io.decode_image` with
 # its default `expand_animations=True` returns a 4-D tensor (frames, H, W, C) for every
-# file, single-frame ones included (checked in tests/test_reader_formats.py). TFDS's `Image`
+# file, single-frame ones included (checked in tests/readers/test_reader_formats.py). TFDS's `Image`
 # feature and the tf-slim/ODAPI decoders decode so, and need 3-D images.
 DECODED_4D_FORMATS = frozenset({"gif", "webp"})
 

@@ -1,7 +1,7 @@
 """A JPEG check that predicts TensorFlow's decoder from the file's structure, without decoding.
 
 What makes `tf.io.decode_jpeg` / `decode_image` (TensorFlow 2.21, libjpeg-turbo) fail is the
-structure of the file, not its pixels (measured; tests/test_jpeg_check.py keeps the cases):
+structure of the file, not its pixels (measured; tests/images/test_jpeg_check.py keeps the cases):
 
 - the data ends before the end-of-image marker (a cut download or upload): TensorFlow fails,
   while the same file with an EOI appended decodes;

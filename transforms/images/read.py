@@ -39,7 +39,7 @@ from transforms.retry import (
 )
 
 # Files above this size have their first HEADER_BYTES checked (a `HeaderCheck`, e.g.
-# file_limits.check_header) before they are read whole; smaller ones are read at once.
+# limits.check_header) before they are read whole; smaller ones are read at once.
 CHECK_ABOVE = 64 << 20
 HEADER_BYTES = 256 << 10
 

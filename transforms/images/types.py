@@ -67,7 +67,7 @@ class ImageOptions:
       exif_transpose: apply the EXIF orientation (re-encodes rotated images).
       store: 'encoded' or 'raw' (decoded uint8 pixels, row-major HWC).
       single_frame: store the formats that `decode_image` with its default
-        `expand_animations=True` decodes 4-D (transforms.decoding.DECODED_4D_FORMATS: GIF
+        `expand_animations=True` decodes 4-D (transforms.images.decoding.DECODED_4D_FORMATS: GIF
         and WebP, animated or not) as their first frame (PNG), for readers that decode so
         (TFDS, ODAPI).
     """

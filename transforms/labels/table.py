@@ -14,6 +14,7 @@ from __future__ import annotations
 
 import codecs
 import csv
+import dataclasses
 import itertools
 import json
 import os
@@ -628,13 +629,26 @@ def _delimiter(spec: TableSpec) -> str:
     return "\t" if spec.format == "tsv" else ","
 
 
-def check_header(header: list[str], spec: TableSpec, source: str) -> None:
-    """Raises TableError naming the first required column the header lacks."""
-    present = {h.strip() for h in header}
+def check_header(header: list[str], spec: TableSpec, source: str, what: str = "column") -> None:
+    """Raises TableError naming the first required column the header lacks, and the fix."""
+    present = [h.strip() for h in header]
     for column in spec.required_columns():
         if column not in present:
-            shown = ", ".join(h.strip() for h in header[:12])
-            raise TableError(f"labels table {source} has no column {column!r} (columns: {shown})")
+            raise TableError(
+                f"labels table {source} has no {what} {column!r} ({what}s: {', '.join(present[:12])}); "
+                + _column_fix(column, present, spec)
+            )
+
+
+def _column_fix(column: str, present: list[str], spec: TableSpec) -> str:
+    """Which flag names the missing column, with a column of the table as its likely value."""
+    flag = {spec.key_column: "--key_column", spec.label_column: "--label_column"}.get(column)
+    if flag is None:
+        flag = "--split_column" if column == spec.split_column else "--extra_columns"
+        return f"fix {flag}"
+    taken = set(spec.required_columns())
+    free = [c for c in present if c and c not in taken]
+    return f"name the {flag[2:].replace('_', ' ')} with {flag} " + (free[0] if free else "NAME")
 
 
 def read_header(path: str, spec: TableSpec) -> list[str]:
@@ -703,10 +717,6 @@ def check_table(spec: TableSpec) -> list[str]:
         if spec.format != "jsonl":
             check_header(header, spec, path)
             continue
-        for column in (spec.key_column, spec.label_column):
-            if column not in header:
-                raise TableError(
-                    f"labels table {path}: the first object has no field {column!r} "
-                    f"(fields: {', '.join(header[:12])})"
-                )
+        key_and_label = dataclasses.replace(spec, split_column="", extra_columns=())
+        check_header(header, key_and_label, f"{path} (its first object)", "field")
     return paths

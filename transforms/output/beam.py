@@ -61,7 +61,7 @@ class FinalizeFn(beam.DoFn):
     The shards and metadata are staged in the run's temp folder and renamed into place by
     `transforms.output.publish`, summary.json last, fenced by the claim's token (`fence`,
     transforms/output/fence.py). Above `max_failure_ratio` only the
-    failures are published (`transforms.output.publish_failures_only`: a dataset already in
+    failures are published (`transforms.output.publish.publish_failures_only`: a dataset already in
     the folder is kept) and the reason is left in the run's staging folder, where the
     entry point finds it (exit 3) before deleting that folder.
 

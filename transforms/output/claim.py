@@ -163,6 +163,13 @@ def _write_fd(fd: int, data: bytes) -> None:
     os.fsync(fd)
 
 
+def _file_in_the_way(path: str) -> str:
+    """The nearest existing path at or above `path` (the file that keeps it from being a folder)."""
+    while path and not os.path.lexists(path):
+        path = os.path.dirname(path.rstrip(os.sep))
+    return path
+
+
 def claim_local(output_dir: str, run_id: str, job: bool = False) -> LocalClaim:
     """Creates and locks the marker of a local folder, or takes over a dead run's.
 
@@ -173,6 +180,11 @@ def claim_local(output_dir: str, run_id: str, job: bool = False) -> LocalClaim:
     marker = os.path.join(output_dir, MARKER_FILE)
     try:
         os.makedirs(output_dir, exist_ok=True)
+    except (FileExistsError, NotADirectoryError):
+        raise NotWritable(
+            f"--output_dir {output_dir}: {_file_in_the_way(output_dir)} is a file, not a folder; "
+            "pass the path of a folder (it is created if missing)"
+        ) from None
     except OSError as e:
         raise NotWritable(f"--output_dir {output_dir} is not writable: {_reason(e)}") from None
     for _ in range(CLAIM_TRIES):

@@ -71,7 +71,7 @@ def build_summary(
 
 
 def _image_fields(settings: EncodeSettings, reasons: collections.Counter) -> dict:
-    """How images were stored and which schema to parse them with (see transforms.schema)."""
+    """How images were stored and which schema to parse them with (see transforms.encoding.schema)."""
     return {
         "schema": settings.schema,
         "rename_keys": dict(settings.rename_keys),

@@ -119,7 +119,7 @@ def is_single_label(summary: dict) -> bool:
 def features_json(schema: Schema, num_labels: int, single_label: bool, image: str = IMAGE_FEATURE) -> dict:
     """The TFDS `features.json` document for records written with `schema`.
 
-    The image becomes what `image` says (transforms.decoding.image_feature_kind): an `Image`
+    The image becomes what `image` says (transforms.images.decoding.image_feature_kind): an `Image`
     (decoded to RGB), the encoded bytes as `Text`, or raw pixels as a flat uint8 `Tensor`
     (reshape by the height, width and channels features); the label a `ClassLabel` (a `Sequence` of them for multi-label data and
     per-object labels), other bytes `Text`, numbers `Tensor`.

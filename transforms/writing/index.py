@@ -1,6 +1,6 @@
 """Per-shard index files (`<shard>.idx`) for NVIDIA DALI and the PyTorch `tfrecord` package.
 
-The format is that of DALI's `tools/tfrecord2idx` (and `tfrecord.tools.tfrecord2idx`): one
+The format is that of DALI's `tfrecord2idx` tool (and `tfrecord.tools.tfrecord2idx`): one
 `offset length` line per record, where `length` counts the whole framed record (header,
 data and CRC). The writer knows each record's size, so the index is built while writing and
 renamed next to its shard at finalize time. Only uncompressed shards can be indexed.

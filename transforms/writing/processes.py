@@ -3,7 +3,7 @@
 Almost all per-image work (read, check, encode, framing) holds the GIL, so threads cannot
 use a second core; processes that each write whole shards can. A worker gets a ShardTask
 (paths and labels: small), reads, checks and encodes the images and writes the temp shard
-itself (`transforms.shard_writer.write_shard`); only the ShardOutcome (temp path, counts,
+itself (`transforms.writing.shard.write_shard`); only the ShardOutcome (temp path, counts,
 failures) comes back. Image bytes never cross a process boundary. Shards go out largest
 first, and the last few (local, uncompressed) in parts that are appended in order
 afterwards, so that every process stays busy to the end (`split_shards`, `join_parts`).

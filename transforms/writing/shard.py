@@ -6,7 +6,7 @@ to a worker process (transforms/writing/processes.py), which then needs nothing 
 task's paths and labels. `ShardFile` frames the records itself and writes them to a plain
 buffered file (local, uncompressed) or through Beam's FileSystems (gzip, gs://): the same
 bytes as the writer of Beam's `_TFRecordSink`, without its per-record layers (see
-tests/test_write_processes.py).
+tests/writing/test_write_processes.py).
 """
 
 from __future__ import annotations
@@ -189,7 +189,7 @@ def write_shard(
     (see `split_shards`): its index file, if any, is written by `join_parts`.
     """
     settings, reader, retry = job.settings, job.reader, job.retry
-    # Large files are checked from their first bytes before being read whole (file_limits.py).
+    # Large files are checked from their first bytes before being read whole (transforms/images/limits.py).
     check = functools.partial(check_header, max_pixels=settings.max_pixels)
     if reader is read_bytes:
         reader = functools.partial(read_bytes, check=check)
