@@ -25,6 +25,8 @@ from beam_pipeline.cli.options import ConvertOptions
 from beam_pipeline.pipeline import build_pipeline
 from tests.conftest import read_records
 from tests.gcs_emulator import free_port
+from transforms.output.claim import claim_output
+from transforms.output.fence import Fence
 
 REPO = Path(__file__).resolve().parents[2]
 UV = str(Path(sys.executable).parent / "uv")
@@ -79,8 +81,12 @@ def test_pipeline_runs_on_isolated_workers(worker_pool, image_tree, tmp_path):
     )
     runner = FnApiRunner(default_environment=ExternalEnvironment(worker_pool))
     p = beam.Pipeline(runner=runner, options=options)
-    build_pipeline(p, options.view_as(ConvertOptions), "isolated")
-    p.run().wait_until_finish()
+    claim = claim_output(str(out), False, "isolated")  # publishing is fenced by the claim's token
+    try:
+        build_pipeline(p, options.view_as(ConvertOptions), claim.run_id, fence=Fence.of(claim))
+        p.run().wait_until_finish()
+    finally:
+        claim.release()
     records = read_records(out, "train") + read_records(out, "test")
     assert sorted(r["filename"] for r in records) == sorted(
         p.relative_to(image_tree).as_posix()
