@@ -215,9 +215,6 @@ class _GcsMarker:
             reload()  # taken over (lost), or another beat of this run landed first (renewed)
 
     def delete(self) -> None:
-        from google.api_core import exceptions as gexc
+        from transforms.output.lease import delete_marker
 
-        from transforms.output.lease import REQUEST_RETRY
-
-        with contextlib.suppress(gexc.PreconditionFailed, gexc.NotFound):
-            self._blob.delete(if_generation_match=self._fence.generation, retry=REQUEST_RETRY)
+        delete_marker(self._blob, self._fence.generation)

@@ -51,6 +51,15 @@ def heartbeat_age(metadata: dict | None, updated_epoch: float, now: float) -> fl
     return now - beat
 
 
+def delete_marker(blob, generation: int) -> None:
+    """Deletes the marker object if it is still at `generation` (the claim's own); one already
+    gone or taken over is left alone."""
+    try:
+        blob.delete(if_generation_match=generation, retry=REQUEST_RETRY)
+    except (gexc.PreconditionFailed, gexc.NotFound):
+        pass
+
+
 class RemoteClaim(Claim):
     """A claim on a gs:// folder: the marker object at `generation`, kept alive by a thread."""
 
@@ -78,10 +87,7 @@ class RemoteClaim(Claim):
         return self._blob.generation == self.generation
 
     def _remove_marker(self) -> None:
-        try:
-            self._blob.delete(if_generation_match=self.generation, retry=REQUEST_RETRY)
-        except (gexc.PreconditionFailed, gexc.NotFound):
-            pass
+        delete_marker(self._blob, self.generation)
 
     def _close(self) -> None:
         """Stops the heartbeat and waits for a beat in flight (bounded by REQUEST_RETRY), so no
