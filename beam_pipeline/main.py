@@ -28,6 +28,7 @@ from apache_beam.options.pipeline_options import (
 )
 from apache_beam.runners.runner import PipelineResult
 
+from beam_pipeline.cli import help as cli_help
 from beam_pipeline.cli.checks import (
     check_gcs_credentials,
     check_input,
@@ -214,8 +215,6 @@ def _run_claimed(
 
 
 def _convert(argv: list[str]) -> int:
-    from beam_pipeline.cli import help as cli_help
-
     everything = "--help_all" in argv  # help anywhere among the flags: help, and nothing run
     if everything or "-h" in argv or "--help" in argv:
         print(cli_help.convert_help(cli_help.prog_name(), everything), end="")
@@ -262,12 +261,15 @@ COMMANDS = {
 }
 
 
-def _top_level(argv: list[str]) -> int | None:
-    """The verb list (`--help`, or no arguments: exit 2) and `--version`; None for a command."""
-    from beam_pipeline.cli import help as cli_help
-
+def main(argv: list[str] | None = None) -> int:
+    """The CLI. `convert` is the default command, so schedulers may pass flags only."""
+    argv = list(sys.argv[1:] if argv is None else argv)
+    logging.basicConfig(level=logging.WARNING, format="%(levelname)s %(name)s: %(message)s")
+    # Dataflow submissions log the job id and console URL at INFO; schedulers (Airflow's
+    # Dataflow hook) read the job id from the line "Created job with id: [...]".
+    logging.getLogger(DATAFLOW_SUBMIT_LOGGER).setLevel(logging.INFO)
     prog = cli_help.prog_name()
-    if not argv:
+    if not argv:  # the verb list, and exit 2
         print(cli_help.top_help(prog), end="", file=sys.stderr)
         print(f"{prog}: error: no command given (try `{prog} demo`)", file=sys.stderr)
         return EXIT_USAGE
@@ -277,43 +279,24 @@ def _top_level(argv: list[str]) -> int | None:
     if argv[0] == "--version":
         print(f"img2tfrecord {cli_help.version()}")
         return EXIT_OK
-    return None
-
-
-def main(argv: list[str] | None = None) -> int:
-    """The CLI. `convert` is the default command, so schedulers may pass flags only."""
-    argv = list(sys.argv[1:] if argv is None else argv)
-    logging.basicConfig(level=logging.WARNING, format="%(levelname)s %(name)s: %(message)s")
-    # Dataflow submissions log the job id and console URL at INFO; schedulers (Airflow's
-    # Dataflow hook) read the job id from the line "Created job with id: [...]".
-    logging.getLogger(DATAFLOW_SUBMIT_LOGGER).setLevel(logging.INFO)
-    status = _top_level(argv)
-    if status is not None:
-        return status
-    command = "convert"
-    if argv and not argv[0].startswith("-"):
-        command = argv.pop(0)
-    if command not in COMMANDS:
-        print(
-            f"img2tfrecord: error: unknown command {command!r} (one of {', '.join(COMMANDS)})",
-            file=sys.stderr,
-        )
-        return EXIT_USAGE
+    command = argv.pop(0) if not argv[0].startswith("-") else "convert"
     try:
+        if command not in COMMANDS:
+            raise UserError(f"unknown command {command!r} (one of {', '.join(COMMANDS)})")
         return COMMANDS[command](argv)
     except (UserError, TooManyFailures) as e:
         print(f"img2tfrecord: error: {e}", file=sys.stderr)
         return EXIT_TOO_MANY_FAILURES if isinstance(e, TooManyFailures) else EXIT_USAGE
 
 
-def _exit_on_interrupt(signum: int, frame: object) -> None:
+def _exit_on_interrupt(cli_pid: int, signum: int, frame: object) -> None:
     """Ctrl-C: one line instead of the runner's tracebacks, then the exit a kill would give.
 
     Stopping at once is safe: a run's output stays marked unfinished until its last file is
     published, and the next run into the folder replaces it, as after a SIGKILL
     (tests/output/test_reliability_output.py). Forked shard writers exit silently.
     """
-    if os.getpid() == _CLI_PID:
+    if os.getpid() == cli_pid:
         end_progress_line(sys.stderr)  # the message goes below the bar, not onto it
         print(
             "img2tfrecord: interrupted; rerun to start over (the unfinished local output is "
@@ -324,13 +307,8 @@ def _exit_on_interrupt(signum: int, frame: object) -> None:
     os._exit(EXIT_INTERRUPTED)
 
 
-_CLI_PID = 0  # the process that runs cli()
-
-
 def cli() -> None:
     """The CLI's process (beam_pipeline/__main__.py): main(), then exit. Ctrl-C is handled
     here, not in main(), which tests and callers run in a long-lived process."""
-    global _CLI_PID
-    _CLI_PID = os.getpid()
-    signal.signal(signal.SIGINT, _exit_on_interrupt)
+    signal.signal(signal.SIGINT, functools.partial(_exit_on_interrupt, os.getpid()))
     sys.exit(main())

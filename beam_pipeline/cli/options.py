@@ -400,16 +400,11 @@ def encode_settings(opts) -> EncodeSettings:
         raise ValueError(f"--store raw: readers of the {opts.schema} schema expect encoded images")
     if schema.label_offset is not None and opts.label_offset > schema.label_offset:
         raise ValueError(f"--schema {opts.schema} needs class ids from {schema.label_offset}")
+    as_given = ("max_pixels", "image_format", "jpeg_quality", "max_side", "resize_mode", "color", "store")
     return EncodeSettings(
-        max_pixels=opts.max_pixels,
-        image_format=opts.image_format,
-        jpeg_quality=opts.jpeg_quality,
-        resize=resize,
-        max_side=opts.max_side,
-        resize_mode=opts.resize_mode,
-        color=opts.color,
+        **{name: getattr(opts, name) for name in as_given},
         exif_transpose=opts.exif_transpose,
-        store=opts.store,
+        resize=resize,
         single_frame=schema.single_frame,
         schema=opts.schema,
         rename_keys=renames,

@@ -94,12 +94,6 @@ def fit_progress(listed: int, written: int, failed: int, nbytes: int, seconds: f
     return _VARIANTS[-1][0].format(**fields)[:room]
 
 
-def listing_line(listed: int, columns: int) -> str:
-    """The terminal line before the first image is done: the listing (and planning) state."""
-    text = f"listing ... {listed:,} images found" if listed else "listing ..."
-    return text[: max(columns, MIN_COLUMNS) - 1]
-
-
 def terminal_columns(stream: TextIO) -> int:
     """The width of the terminal behind `stream` (when it has none: COLUMNS, else 80)."""
     try:
@@ -172,30 +166,30 @@ class ProgressReporter:
 
     def _emit(self, final: bool) -> None:
         listed, written, failed, nbytes, first_done = self._progress.snapshot()
-        if self._tty:
-            self._draw(listed, written, failed, nbytes, first_done, final)
-            return
-        state = (listed, written, failed)
-        if not listed or state == self._last:
-            return
-        self._last = state
         seconds = time.monotonic() - first_done if first_done is not None else 0.0
-        self._stream.write(format_progress(listed, written, failed, nbytes, seconds) + "\n")
-        self._stream.flush()
+        state = (listed, written, failed, nbytes, seconds)
+        if self._tty:
+            self._draw(state, first_done is None, final)
+        elif listed and state[:3] != self._last:
+            self._last = state[:3]
+            self._stream.write(format_progress(*state) + "\n")
+            self._stream.flush()
 
-    def _draw(self, listed: int, written: int, failed: int, nbytes: int, first_done, final: bool) -> None:
-        """Redraws the terminal line: the listing state, then the bar; a newline at the end."""
+    def _draw(self, state: tuple, listing: bool, final: bool) -> None:
+        """Redraws the terminal line: the listing state until the first image is done, then the
+        bar; a newline at the end."""
         columns = self._columns or terminal_columns(self._stream)
-        if first_done is None and not (final and listed):
+        listed = state[0]
+        if listing and not (final and listed):
             if final:  # nothing was done: leave the line empty
                 if self._drawn:
                     self._stream.write("\r\x1b[K")
                     self._stream.flush()
                 return
-            line = listing_line(listed, columns)
+            text = f"listing ... {listed:,} images found" if listed else "listing ..."
+            line = text[: max(columns, MIN_COLUMNS) - 1]
         else:
-            seconds = time.monotonic() - first_done if first_done is not None else 0.0
-            line = fit_progress(listed, written, failed, nbytes, seconds, columns)
+            line = fit_progress(*state, columns)
         self._stream.write("\r" + line + "\x1b[K" + ("\n" if final else ""))
         self._stream.flush()
         self._drawn = not final

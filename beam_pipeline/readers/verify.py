@@ -1,15 +1,11 @@
 """`img2tfrecord verify OUTPUT_DIR`: is every shard of a converted dataset readable and complete?
 
-Reads every record (framing, both CRCs), parses each Example with the dataset's schema
-(its key renames applied), decodes a sample of the images (`--all`: every one) the way the
-dataset's readers decode them (raw pixels by their stored shape; 3-D where TFDS's `Image`
-or the preset's decoder expands animations), compares index files, and compares
-the record and shard counts with summary.json (and dataset_info.json). Exit status 0 when
-all is well, 1 naming the first bad shard and byte offset, 2 for a usage error.
-
-Locally the shards are checked one after another in this process. With `--beam` (or any
-Beam runner flag, e.g. `--runner DataflowRunner`) they are checked by a Beam pipeline, one
-element per shard; the results are written to `OUTPUT_DIR/verify.json` and read back here.
+Reads every record (framing, both CRCs), parses each Example with the dataset's schema, decodes
+a sample of the images (`--all`: every one) as the dataset's readers decode them, compares the
+index files, and the record and shard counts with summary.json and dataset_info.json. Exit 0
+when all is well, 1 naming the first bad shard and byte offset, 2 for a usage error. With
+`--beam` (or any Beam runner flag) the shards are checked by a Beam pipeline, one element per
+shard, its results written to `OUTPUT_DIR/verify.json` and read back here.
 """
 
 from __future__ import annotations
@@ -135,13 +131,7 @@ def _write_results(checks: Iterable[ShardCheck], path: str) -> None:
 
 
 def _check_with_beam(
-    paths: list[str],
-    fmt: DatasetFormat,
-    names: list[str],
-    offset: int,
-    decode_all: bool,
-    output_dir: str,
-    beam_args: list[str],
+    paths: list[str], check: VerifyShards, output_dir: str, beam_args: list[str]
 ) -> list[ShardCheck]:
     from beam_pipeline.cli.local_runner import local_defaults
 
@@ -152,7 +142,7 @@ def _check_with_beam(
         _ = (
             p
             | "ListShards" >> beam.Create(paths)  # shard path
-            | "VerifyShards" >> VerifyShards(fmt, names, offset, decode_all)  # ShardCheck
+            | "VerifyShards" >> check  # ShardCheck
             | "Collect" >> beam.combiners.ToList()  # [ShardCheck]
             | "WriteResults" >> beam.Map(_write_results, results)
         )
@@ -178,7 +168,8 @@ def verify(
     paths = [p for split_paths in shards.values() for p in split_paths]
     names, offset = summary.get("class_names", []), summary.get("label_offset", 0)
     if use_beam:
-        checks = _check_with_beam(paths, fmt, names, offset, decode_all, output_dir, list(beam_args))
+        check = VerifyShards(fmt, names, offset, decode_all)
+        checks = _check_with_beam(paths, check, output_dir, list(beam_args))
     else:
         checks = [check_shard(p, fmt, names, offset, decode_all=decode_all) for p in paths]
     problems = [f"{c.path}: offset {c.offset}: {c.error}" for c in checks if not c.ok]
