@@ -57,21 +57,10 @@ options:
 """
 
 
-def default_text(default: object) -> str:
-    """How the help spells a default: off/on for switches, '' for an empty string."""
-    if default is False:
-        return "off"
-    if default is True:
-        return "on"
-    return "''" if default == "" else str(default)
-
-
 class Formatter(argparse.HelpFormatter):
-    """argparse's layout at the terminal's width (80 at most), each flag's default after its help.
-
-    A flag whose default is None (a required one, or one that does nothing unless given)
-    shows no default: its help says what it needs.
-    """
+    """argparse's layout at the terminal's width (80 at most), each flag's default after its
+    help: off/on for switches, '' for an empty string, none when it is None (a required flag,
+    or one that does nothing unless given: its help says what it needs)."""
 
     def __init__(self, prog: str):
         width = max(60, min(shutil.get_terminal_size().columns, 80)) - 2
@@ -81,7 +70,9 @@ class Formatter(argparse.HelpFormatter):
         text = action.help or ""
         if action.default in (None, argparse.SUPPRESS) or not action.option_strings:
             return text
-        return f"{text} (default: {default_text(action.default)})".strip().replace("%", "%%")
+        default = action.default
+        shown = "off" if default is False else "on" if default is True else str(default) or "''"
+        return f"{text} (default: {shown})".strip().replace("%", "%%")
 
 
 def convert_help(prog: str, everything: bool = False) -> str:
