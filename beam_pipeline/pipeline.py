@@ -79,9 +79,6 @@ def build_pipeline(
     # Options that change the stored bytes: plan shards by estimated sizes, not file sizes.
     estimate_with = settings if settings.changes_pixels() else None
     failed: list[beam.PCollection] = []
-
-    by_folder = opts.splits == "folders"
-
     webdataset = opts.labels_path == WEBDATASET
     if list_files is None:
         found = p | "ListImages" >> ListImages(
@@ -90,8 +87,7 @@ def build_pipeline(
     else:
         found = list_files(p)  # ListedImages (benchmarks/scale.py)
     files = found.files
-    listed, label_report = files, None
-    label_map = None
+    listed, label_report, label_map = files, None, None
     if opts.label_map:  # read on a worker, a side input: the graph does not grow with the classes
         label_map = p | "ReadLabelMap" >> ReadLabelMap(
             opts.label_map, label_offset(opts)
@@ -113,7 +109,9 @@ def build_pipeline(
         )  # {"labels": {..}}
         listed = labeled.listed  # RecordBatch | Failure: every image but skipped unlabeled ones
     else:
-        labeled = files | "LabelFromFolders" >> LabelFromFolders(by_folder)  # .records, .failed
+        labeled = files | "LabelFromFolders" >> LabelFromFolders(
+            opts.splits == "folders"
+        )  # .records, .failed
     records = labeled.records | "AssignSplits" >> AssignSplits(
         ratios, opts.seed, opts.stratify
     )  # RecordBatch with splits and seeded hashes (--stratify: class counts, a group per class pack)

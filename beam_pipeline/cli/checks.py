@@ -69,11 +69,9 @@ def _elsewhere(address: str) -> bool:
 def remote_workers(options: PipelineOptions) -> str | None:
     """Where the job's steps run when that is not this machine (they cannot read its files), or None.
 
-    Remote: DataflowRunner; a runner whose job service or cluster is on another host
-    (--job_endpoint, --flink_master, --spark_master_url); SDK workers in Docker containers
-    (--environment_type DOCKER, PortableRunner's default), which see none of this machine's
-    files; a worker pool on another host (--environment_type EXTERNAL). Beam's local runners
-    and a job service here with LOOPBACK, PROCESS or a worker pool here read local paths.
+    Remote: DataflowRunner; a job service or cluster on another host; SDK workers in Docker
+    containers (PortableRunner's default) or in a worker pool on another host. Beam's local
+    runners, and a job service here with LOOPBACK, PROCESS or a worker pool here, are local.
     """
     runner = options.view_as(StandardOptions).runner or ""
     name = str(runner).rsplit(".", 1)[-1].lower().removesuffix("runner")
@@ -107,14 +105,9 @@ def remote_workers(options: PipelineOptions) -> str | None:
 
 
 def check_runner_reaches_paths(options: PipelineOptions, opts: ConvertOptions) -> None:
-    """A remote runner given a local path, or a classic template: one line, before any
-    credential check, claim or graph (else the job is submitted and fails, or hangs, on
-    workers that cannot see the path).
-
-    Classic templates (--template_location) are refused: the run id, temp folder and claim
-    of this launch would be baked into the template and shared by every later launch, which
-    would skip the checks. The Flex Template (docs/cloud.md) runs the CLI at each launch.
-    """
+    """A remote runner given a local path (else the job fails or hangs on workers that cannot
+    see it), or a classic template, whose launches would share this launch's run id, temp
+    folder and claim and skip the checks (the Flex Template runs the CLI at each launch)."""
     if options.view_as(GoogleCloudOptions).template_location:
         raise UserError(
             "--template_location: a classic template would reuse this launch's run id, temp folder "
@@ -139,13 +132,9 @@ def check_runner_reaches_paths(options: PipelineOptions, opts: ConvertOptions) -
 
 
 def check_gcs_credentials(paths: list[str]) -> None:
-    """Raises UserError at once when a gs:// path is given and no Google credentials exist.
-
-    Without this, Beam retries the credentials look-up with back-off (four tracebacks, ~30
-    s), connects anonymously, and the first listing then retries until its 120 s deadline.
-    One look-up of Application Default Credentials answers in about a second. Skipped when
-    STORAGE_EMULATOR_HOST points the clients at a local emulator (anonymous requests).
-    """
+    """Raises UserError at once when a gs:// path is given and no Google credentials exist
+    (else Beam retries the look-up for ~30 s, then the first listing until its 120 s deadline).
+    Skipped when STORAGE_EMULATOR_HOST points the clients at a local emulator."""
     remote = [p for p in paths if p and p.startswith("gs://")]
     if not remote or os.environ.get("STORAGE_EMULATOR_HOST"):
         return

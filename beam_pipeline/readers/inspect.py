@@ -130,11 +130,8 @@ def collect_stats(
 
 
 def keep_sample(kept: list[tuple[bytes, str, str]], sample: tuple[bytes, str, str], limit: int) -> None:
-    """Keeps at most `limit` samples of one class, spread over the splits as evenly as they come.
-
-    Shards are read split after split: a sample of a split with fewer kept samples replaces
-    the last one of the split with the most, so every split of the class is shown.
-    """
+    """Keeps at most `limit` samples of one class, spread over the splits as evenly as they come:
+    a sample of a split with fewer kept replaces the last one of the split with the most."""
     if len(kept) < limit:
         kept.append(sample)
         return
