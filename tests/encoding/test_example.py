@@ -3,7 +3,11 @@
 import pytest
 import tensorflow as tf
 
-from transforms.encoding.example import make_example, serialize_example, serialize_example_chunks
+from transforms.encoding.example import serialize_example, serialize_example_chunks
+
+
+def make_example(features):
+    return tf.train.Example.FromString(serialize_example(features))
 
 
 def _tf_feature(value):

@@ -3,8 +3,7 @@
 `serialize_example` writes the protobuf wire format of `tf.train.Example` directly. Its
 output is byte-identical to `tf.train.Example(...).SerializeToString(deterministic=True)`
 (map keys sorted), which the tests check, so the hot path needs neither TensorFlow (seconds
-of import) nor a protobuf message per image. `make_example` returns the real message for
-callers that want one.
+of import) nor a protobuf message per image.
 """
 
 from __future__ import annotations
@@ -219,10 +218,3 @@ def serialize_example(features: Features, kinds: Mapping[str, str] | None = None
       The Example's wire bytes.
     """
     return b"".join(serialize_example_chunks(features, kinds))
-
-
-def make_example(features: Features, kinds: Mapping[str, str] | None = None):
-    """Returns the `tf.train.Example` message for `features` (imports TensorFlow)."""
-    import tensorflow as tf
-
-    return tf.train.Example.FromString(serialize_example(features, kinds))

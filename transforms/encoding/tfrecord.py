@@ -38,11 +38,6 @@ def _mask(crc: int) -> int:
     return (((crc >> 15) | (crc << 17)) + _MASK_DELTA) & 0xFFFFFFFF
 
 
-def frame_parts(data: bytes) -> tuple[bytes, bytes]:
-    """The (header, footer) that frame `data` as one TFRecord: header + data + footer."""
-    return frame_chunks((data,), len(data))
-
-
 def frame_chunks(chunks: Sequence[bytes], size: int) -> tuple[bytes, bytes]:
     """The (header, footer) that frame the record `b"".join(chunks)` (`size` bytes long).
 

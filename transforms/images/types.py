@@ -9,29 +9,14 @@ from __future__ import annotations
 
 import dataclasses
 
-# Formats whose original bytes TensorFlow's decode_image reads (with the exceptions above).
-TF_FORMATS = ("jpeg", "png", "gif", "bmp", "webp")
-
-
+TF_FORMATS = ("jpeg", "png", "gif", "bmp", "webp")  # what decode_image reads (but see check.py)
 IMAGE_FORMATS = ("keep", "jpeg", "png")
-
-
 RESIZE_MODES = ("pad", "crop", "stretch")
-
-
 COLORS = ("keep", "rgb", "grayscale")
-
-
 STORES = ("encoded", "raw")
-
-
 RAW_FORMAT = "raw"  # `image/format` of records stored with --store raw
-
-
 # Above this many pixels an image is refused before it is decoded (decompression bombs).
 DEFAULT_MAX_PIXELS = 178_956_970  # Pillow's own bomb threshold (2 * 89,478,485).
-
-
 DEFAULT_JPEG_QUALITY = 95
 
 
@@ -85,11 +70,8 @@ class ImageOptions:
 
     def changes_pixels(self) -> bool:
         """True if records may differ in size from the source files (re-encoding, raw...)."""
-        return bool(self.resize or self.max_side) or (self.store, self.image_format, self.color) != (
-            "encoded",
-            "keep",
-            "keep",
-        )
+        unchanged = ("encoded", "keep", "keep")
+        return bool(self.resize or self.max_side) or (self.store, self.image_format, self.color) != unchanged
 
 
 @dataclasses.dataclass(frozen=True)
