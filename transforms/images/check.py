@@ -24,6 +24,7 @@ from __future__ import annotations
 
 import io
 import struct
+import warnings
 import zlib
 
 from PIL import Image
@@ -158,9 +159,12 @@ def pillow_open(data: bytes, fmt: str | None, max_pixels: int) -> Image.Image:
     """`data` opened by Pillow's reader for `fmt` (None: `_FALLBACK_FORMATS`), header only.
 
     Pillow refuses images above 2 * MAX_IMAGE_PIXELS at open: a larger `max_pixels` must
-    win (it is checked from the header, before anything is decoded)."""
+    win (it is checked from the header, before anything is decoded), and Pillow's warning
+    above MAX_IMAGE_PIXELS would only repeat it. Both set here, at the first image, never at
+    import (a filter, not catch_warnings, which is not thread-safe)."""
     if Image.MAX_IMAGE_PIXELS is not None and Image.MAX_IMAGE_PIXELS < max_pixels:
         Image.MAX_IMAGE_PIXELS = max_pixels
+        warnings.filterwarnings("ignore", category=Image.DecompressionBombWarning)
     return Image.open(io.BytesIO(data), formats=_FALLBACK_FORMATS if fmt is None else (fmt.upper(),))
 
 
@@ -275,20 +279,6 @@ def _gif_problem(data: bytes, img: Image.Image, max_pixels: int) -> str | None:
 def _tile_offset(img: Image.Image) -> int | None:
     """Where Pillow reads the current (not yet loaded) GIF frame's LZW data from."""
     return img.tile[0][2] if img.tile else None
-
-
-def inspect_image(data: bytes, max_pixels: int = DEFAULT_MAX_PIXELS) -> ImageInfo:
-    """Checks that `data` decodes as stored and returns its dimensions as TensorFlow sees them.
-
-    Raises:
-      ImageError: empty, unrecognised, too large, corrupt, or bytes that TensorFlow
-        cannot decode as stored (the reason says why).
-    """
-    fmt, img = _open(data, max_pixels)
-    problem = _tf_problem(fmt, data, img, max_pixels)
-    if problem:
-        raise ImageError(problem)
-    return _check_as_stored(data, fmt, img)
 
 
 def _is_animated(img: Image.Image) -> bool:
