@@ -71,11 +71,8 @@ _FIELD1, _FIELD2 = _varint(1 << 3 | 2), _varint(2 << 3 | 2)  # tags of length-de
 
 
 def _feature_parts(values: list, kind: str | None = None) -> tuple[list[bytes], int]:
-    """The serialized `tf.train.Feature` of one homogeneous list, as (chunks, total size).
-
-    Chunks, not one bytes object: a large value (the image) is then copied once, when the
-    whole Example is joined, instead of once per level of nesting.
-    """
+    """The serialized `tf.train.Feature` of one homogeneous list, as (chunks, total size):
+    a large value (the image) is then never copied per level of nesting."""
     kind = kind or _kind_of(values)
     if kind == "bytes":
         parts = []
@@ -117,10 +114,8 @@ def _entry_parts(name: str, value, kind: str | None) -> tuple[list[bytes], int]:
 
 @functools.lru_cache(maxsize=4096)
 def _small_entry(name: str, value, value_type: type, kind: str | None) -> bytes:
-    """A map entry for a scalar that repeats across images (format, label, size, ...).
-
-    `value_type` is part of the cache key because 1, 1.0 and True are equal keys.
-    """
+    """A map entry for a scalar that repeats across images (format, label, size, ...);
+    `value_type` is part of the cache key because 1, 1.0 and True are equal keys."""
     return b"".join(_entry_parts(name, value, kind)[0])
 
 
@@ -130,11 +125,8 @@ _CHUNK = 4096  # values at least this long are chunks of their own (not copied b
 
 @functools.lru_cache(maxsize=1024)
 def _one_bytes_head(name: str, n: int) -> bytes:
-    """All of the map entry of a one-value BytesList before its `n` value bytes.
-
-    What `_entry_parts(name, [value], "bytes")` gives before `value`, computed from the
-    length alone: the same for every image of a size (file names, hashes, ...).
-    """
+    """What `_entry_parts(name, [value], "bytes")` gives before `value`, from its length
+    `n` alone: the same for every image of a size (file names, hashes, ...)."""
     inner = 1 + len(_varint(n)) + n  # BytesList: field 1, length, value
     feature = 1 + len(_varint(inner)) + inner  # Feature: bytes_list (field 1)
     key = _key_field(name)
@@ -155,12 +147,9 @@ def _one_bytes_head(name: str, n: int) -> bytes:
 
 
 def serialize_example_chunks(features: Features, kinds: Mapping[str, str] | None = None) -> list[bytes]:
-    """`serialize_example`'s bytes as chunks, to be written one after the other.
-
-    Values of at least _CHUNK bytes (the image) are chunks of their own, not copied; the
-    small fields between them are joined. A writer can then checksum and write the
-    chunks without ever joining the Example into one object.
-    """
+    """`serialize_example`'s bytes as chunks: values of at least _CHUNK bytes (the image) are
+    chunks of their own, never copied; the small fields between them are joined. The shard
+    writer checksums and writes the chunks without joining the Example."""
     kinds = kinds or {}
     chunks: list[bytes] = []
     run: list[bytes] = []  # small pieces since the last chunk

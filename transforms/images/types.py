@@ -1,8 +1,6 @@
-"""What the image stage takes and gives: options, check results, errors (pure records).
-
-ImageOptions (the --image_format, --resize, --color, --store ... settings) in; ImageInfo
-(format, height, width, channels as TensorFlow decodes them) and PreparedImage out;
-ImageError, the reason an image fails.
+"""What the image stage takes and gives (pure records): ImageOptions (--image_format, --resize,
+--color, --store ...) in; PreparedImage (bytes and ImageInfo, as TensorFlow decodes them) or
+ImageError (the reason an image fails) out.
 """
 
 from __future__ import annotations
@@ -51,10 +49,8 @@ class ImageOptions:
       color: 'keep', 'rgb' (3 channels; alpha dropped) or 'grayscale' (1 channel).
       exif_transpose: apply the EXIF orientation (re-encodes rotated images).
       store: 'encoded' or 'raw' (decoded uint8 pixels, row-major HWC).
-      single_frame: store the formats that `decode_image` with its default
-        `expand_animations=True` decodes 4-D (transforms.images.decoding.DECODED_4D_FORMATS: GIF
-        and WebP, animated or not) as their first frame (PNG), for readers that decode so
-        (TFDS, ODAPI).
+      single_frame: store the formats that `decode_image(expand_animations=True)` decodes
+        4-D (decoding.DECODED_4D_FORMATS) as their first frame (PNG), for TFDS and ODAPI.
     """
 
     max_pixels: int = DEFAULT_MAX_PIXELS
