@@ -6,6 +6,7 @@ metadata files FinalizeFn writes, and read back with TFDS, load_dataset and veri
 
 from __future__ import annotations
 
+import dataclasses
 import io
 import json
 
@@ -82,17 +83,19 @@ def test_multi_label_dataset_with_offset_loads_in_tfds_load_dataset_and_verify(t
 def test_per_object_preset_gets_sequences_and_a_label_map(tmp_path):
     import tensorflow_datasets as tfds
 
-    class PerObject(Schema):  # keys beyond the roles' (boxes)
-        kinds = {
+    odapi = dataclasses.replace(
+        SLIM,
+        name="odapi",
+        kinds={
             "image/encoded": "bytes",
             "image/object/bbox/xmin": "float",
             "image/object/class/label": "int64",
             "image/object/class/text": "bytes",
             "image/source_id": "bytes",
-        }
-        scalar = frozenset({"image/encoded", "image/source_id"})
-
-    odapi = PerObject("odapi", {"image": "image/encoded", "label": "image/object/class/label"})
+        },
+        label_key="image/object/class/label",
+        scalar=frozenset({"image/encoded", "image/source_id"}),
+    )
     doc = features_json(odapi, 3, single_label=True)
     features = tfds.features.FeatureConnector.from_json(doc)
     obj = features["image"]["object"]
