@@ -122,7 +122,7 @@ def test_small_helpers():
     import tensorflow_datasets as tfds
 
     # A key under another feature (the tfds preset's 'image' and 'image/filename') stays flat.
-    nested = Schema("n", {"image": "image", "label": "image/x"}, multi_label=True)
+    nested = Schema("n", SLIM.build, {"image": "bytes", "image/x": "int64"}, "image", "image/x", frozenset())
     features = tfds.features.FeatureConnector.from_json(features_json(nested, 2, True))
     assert set(features.keys()) == {"image", "image/x"}
     assert isinstance(features["image"], tfds.features.Image)

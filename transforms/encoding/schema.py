@@ -13,12 +13,23 @@ Every preset also carries `image/key/sha256` (hex SHA-256 of the stored image by
 from __future__ import annotations
 
 import dataclasses
-import functools
 import hashlib
+from collections.abc import Callable
 
 from transforms.images.types import ImageError, ImageInfo
 from transforms.listing.archives import source_name
 from transforms.records import ClassIndex, ImageRecord
+
+FeatureBuilder = Callable[[ImageRecord, bytes, ImageInfo, ClassIndex], dict]
+
+
+def label_ids(record: ImageRecord, class_index: ClassIndex) -> list[int]:
+    """The record's class ids. Raises ImageError for a label missing from the index."""
+    try:
+        return [class_index.id_of(name) for name in record.labels]
+    except KeyError as e:
+        raise ImageError(f"label {e.args[0]!r} is not in the class index") from None
+
 
 SHA256_KEY = "image/key/sha256"
 
@@ -26,6 +37,14 @@ SHA256_KEY = "image/key/sha256"
 def content_key(data: bytes) -> str:
     """The hex SHA-256 written as `image/key/sha256` (of the stored image bytes)."""
     return hashlib.sha256(data).hexdigest()
+
+
+def single_label_id(record: ImageRecord, class_index: ClassIndex, preset: str) -> int:
+    """The one class id of a record, for presets whose label is a scalar."""
+    ids = label_ids(record, class_index)
+    if len(ids) != 1:
+        raise ImageError(f"the {preset} schema needs exactly one label per image, got {len(ids)}")
+    return ids[0]
 
 
 def parse_renames(spec: str) -> tuple[tuple[str, str], ...]:
@@ -39,66 +58,39 @@ def parse_renames(spec: str) -> tuple[tuple[str, str], ...]:
     return tuple(pairs)
 
 
-# The kind of each role's value.
-_KINDS = {
-    "image": "bytes",
-    "format": "bytes",
-    "label": "int64",
-    "text": "bytes",
-    "height": "int64",
-    "width": "int64",
-    "channels": "int64",
-    "colorspace": "bytes",
-    "filename": "bytes",
-    "source_id": "bytes",
-    "sha256": "bytes",
-}
-
-
 @dataclasses.dataclass(frozen=True)
 class Schema:
     """A named set of feature keys.
 
     Attributes:
       name: the preset's `--schema` value.
-      roles: role (a key of `_KINDS`) -> feature key, for the roles the preset fills, in the
-        preset's key order; readers look keys up by role.
-      multi_label: the class ids and names are lists (else one id per image, a scalar).
+      build: returns the feature dict of one image (with the preset's own key names).
+      kinds: feature name -> 'int64' | 'float' | 'bytes' for every key `build` returns
+        (also used for empty lists and for the parse spec).
+      image_key / label_key: where the encoded image and the class ids live.
+      scalar: keys that always hold exactly one value (FixedLenFeature in the spec).
+      roles: role (image, label, text, format, height, width, channels, colorspace, filename,
+        sha256) -> feature key, for the roles the preset fills; readers look keys up by role.
       label_offset: the id of the first class this preset's consumer expects, or None
         when `--label_offset` decides (tfds: 0, odapi: 1).
       renames: custom key renames (old -> new) applied on top of the preset.
       raw_ok: whether the consumer can read `--store raw` records.
       single_frame: the consumer decodes with `expand_animations=True` (a 4-D tensor for
-        every GIF and WebP: images/decoding.py DECODED_4D_FORMATS), so those formats are
+        every GIF and WebP: transforms.images.decoding.DECODED_4D_FORMATS), so those formats are
         stored as their first frame (PNG).
     """
 
     name: str
-    roles: dict[str, str]
-    multi_label: bool = False
+    build: FeatureBuilder
+    kinds: dict[str, str]
+    image_key: str
+    label_key: str
+    scalar: frozenset[str]
+    roles: dict[str, str] = dataclasses.field(default_factory=dict)
     label_offset: int | None = None
     renames: tuple[tuple[str, str], ...] = ()
     raw_ok: bool = True
     single_frame: bool = False
-
-    @property
-    def image_key(self) -> str:
-        return self.roles["image"]
-
-    @property
-    def label_key(self) -> str:
-        return self.roles["label"]
-
-    @functools.cached_property
-    def kinds(self) -> dict[str, str]:
-        """Feature key -> 'int64' | 'float' | 'bytes' (also for empty lists and the parse spec)."""
-        return {key: _KINDS[role] for role, key in self.roles.items()}
-
-    @functools.cached_property
-    def scalar(self) -> frozenset[str]:
-        """Keys that always hold exactly one value (FixedLenFeature in the spec)."""
-        lists = ("label", "text") if self.multi_label else ()
-        return frozenset(key for role, key in self.roles.items() if role not in lists)
 
     def parse_spec(self) -> dict:
         """The `tf.io.parse_single_example` spec for this preset (imports TensorFlow)."""
@@ -113,41 +105,17 @@ class Schema:
         }
 
     def features(self, record: ImageRecord, data: bytes, info: ImageInfo, class_index: ClassIndex) -> dict:
-        """The feature dict of one image: the preset's keys (renamed) and the record's extra
-        features (renamed too, should they have a preset key's name)."""
-        try:
-            labels = [class_index.id_of(name) for name in record.labels]
-        except KeyError as e:
-            raise ImageError(f"label {e.args[0]!r} is not in the class index") from None
-        if not self.multi_label:
-            if len(labels) != 1:
-                raise ImageError(
-                    f"the {self.name} schema needs exactly one label per image, got {len(labels)}"
-                )
-            labels = labels[0]
-        name = (
-            source_name(record.path, record.relpath)
-            if "filename" in self.roles or "source_id" in self.roles
-            else None
-        )
-        values = {
-            "image": data,
-            "format": info.format,
-            "label": labels,
-            "text": list(record.labels),
-            "height": info.height,
-            "width": info.width,
-            "channels": info.channels,
-            "colorspace": info.colorspace,
-            "filename": name,
-            "source_id": name,
-            "sha256": content_key(data),
+        """The feature dict of one image: the preset's keys, the content hash and the
+        record's extra features, with the custom renames applied."""
+        features = {
+            **self.build(record, data, info, class_index),
+            SHA256_KEY: content_key(data),
+            **dict(record.extras),
         }
-        features = {key: values[role] for role, key in self.roles.items()}
         if not self.renames:
-            return {**features, **dict(record.extras)}
+            return features
         mapping = dict(self.renames)
-        return {**features, **{mapping.get(k, k): v for k, v in record.extras}}
+        return {mapping.get(k, k): v for k, v in features.items()}
 
     def renamed(self, renames: tuple[tuple[str, str], ...]) -> Schema:
         """This preset with keys renamed. Raises ValueError for unknown or clashing keys."""
@@ -158,60 +126,137 @@ class Schema:
             if old not in self.kinds:
                 raise ValueError(f"--rename_keys: {old!r} is not a key of the {self.name} schema")
             mapping[old] = new
-        roles = {role: mapping.get(key, key) for role, key in self.roles.items()}
-        if len(set(roles.values())) != len(roles):
+        new_keys = [mapping.get(k, k) for k in self.kinds]
+        if len(set(new_keys)) != len(new_keys):
             raise ValueError("--rename_keys: two features would get the same key")
-        return dataclasses.replace(self, roles=roles, renames=tuple(sorted(mapping.items())))
+
+        def rename(k: str) -> str:
+            return mapping.get(k, k)
+
+        return dataclasses.replace(
+            self,
+            kinds={rename(k): v for k, v in self.kinds.items()},
+            image_key=rename(self.image_key),
+            label_key=rename(self.label_key),
+            scalar=frozenset(rename(k) for k in self.scalar),
+            roles={r: rename(k) for r, k in self.roles.items()},
+            renames=tuple(sorted(mapping.items())),
+        )
 
 
-# The TF-slim / inception keys.
-SLIM = Schema(
+def preset(
+    name: str, build: FeatureBuilder, kinds: dict[str, str], lists: set[str], roles: dict, **kw
+) -> Schema:
+    """A Schema whose keys are `kinds` plus `image/key/sha256`; all but `lists` are scalar."""
+    kinds = {**kinds, SHA256_KEY: "bytes"}
+    return Schema(
+        name=name,
+        build=build,
+        kinds=kinds,
+        image_key=roles["image"],
+        label_key=roles["label"],
+        scalar=frozenset(kinds) - lists,
+        roles={**roles, "sha256": SHA256_KEY},
+        **kw,
+    )
+
+
+def _slim(record: ImageRecord, data: bytes, info: ImageInfo, class_index: ClassIndex) -> dict:
+    return {
+        "image/encoded": data,
+        "image/format": info.format,
+        "image/class/label": label_ids(record, class_index),
+        "image/class/text": list(record.labels),
+        "image/height": info.height,
+        "image/width": info.width,
+        "image/channels": info.channels,
+        "image/colorspace": info.colorspace,
+        "image/filename": source_name(record.path, record.relpath),
+    }
+
+
+# role -> (key, kind): the TF-slim / inception keys.
+_SLIM = {
+    "image": ("image/encoded", "bytes"),
+    "format": ("image/format", "bytes"),
+    "label": ("image/class/label", "int64"),
+    "text": ("image/class/text", "bytes"),
+    "height": ("image/height", "int64"),
+    "width": ("image/width", "int64"),
+    "channels": ("image/channels", "int64"),
+    "colorspace": ("image/colorspace", "bytes"),
+    "filename": ("image/filename", "bytes"),
+}
+SLIM = preset(
     "slim",
-    {
-        "image": "image/encoded",
-        "format": "image/format",
-        "label": "image/class/label",
-        "text": "image/class/text",
-        "height": "image/height",
-        "width": "image/width",
-        "channels": "image/channels",
-        "colorspace": "image/colorspace",
-        "filename": "image/filename",
-        "sha256": SHA256_KEY,
-    },
-    multi_label=True,
+    _slim,
+    dict(_SLIM.values()),
+    lists={"image/class/label", "image/class/text"},
+    roles={role: key for role, (key, _) in _SLIM.items()},
 )
+
+
+def _tutorial(record: ImageRecord, data: bytes, info: ImageInfo, class_index: ClassIndex) -> dict:
+    return {
+        "height": info.height,
+        "width": info.width,
+        "depth": info.channels,
+        "label": single_label_id(record, class_index, "tutorial"),
+        "image_raw": data,
+    }
+
+
 # The TensorFlow TFRecord tutorial's keys (tensorflow.org/tutorials/load_data/tfrecord).
-TUTORIAL = Schema(
+TUTORIAL = preset(
     "tutorial",
-    {
-        "height": "height",
-        "width": "width",
-        "channels": "depth",
-        "label": "label",
-        "image": "image_raw",
-        "sha256": SHA256_KEY,
-    },
+    _tutorial,
+    {"height": "int64", "width": "int64", "depth": "int64", "label": "int64", "image_raw": "bytes"},
+    lists=set(),
+    roles={"image": "image_raw", "label": "label", "height": "height", "width": "width", "channels": "depth"},
 )
+
+
+def _tfds(record: ImageRecord, data: bytes, info: ImageInfo, class_index: ClassIndex) -> dict:
+    return {
+        "image": data,
+        "label": single_label_id(record, class_index, "tfds"),
+        "image/filename": source_name(record.path, record.relpath),
+    }
+
+
 # TFDS's ImageFolder features: `image` (tfds.features.Image), `label` (ClassLabel, ids
 # from 0) and `image/filename` (Text). TFDS parses only the keys it declares.
-TFDS = Schema(
+TFDS = preset(
     "tfds",
-    {"image": "image", "label": "label", "filename": "image/filename", "sha256": SHA256_KEY},
+    _tfds,
+    {"image": "bytes", "label": "int64", "image/filename": "bytes"},
+    lists=set(),
+    roles={"image": "image", "label": "label", "filename": "image/filename"},
     label_offset=0,
     raw_ok=False,
     single_frame=True,  # tfds.features.Image decodes with expand_animations=True
 )
+
+
+def _odapi(record: ImageRecord, data: bytes, info: ImageInfo, class_index: ClassIndex) -> dict:
+    features = _slim(record, data, info, class_index)
+    del features["image/channels"], features["image/colorspace"]
+    return {**features, "image/source_id": source_name(record.path, record.relpath)}
+
+
 # The keys of object_detection/core/standard_fields.py TfExampleFields that exist
 # without boxes; ODAPI label maps start at id 1 (0 is the background).
-ODAPI = Schema(
+ODAPI = preset(
     "odapi",
+    _odapi,
     {
-        **{role: key for role, key in SLIM.roles.items() if role not in ("channels", "colorspace", "sha256")},
-        "source_id": "image/source_id",
-        "sha256": SHA256_KEY,
+        **{
+            k: v for k, v in SLIM.kinds.items() if k not in ("image/channels", "image/colorspace", SHA256_KEY)
+        },
+        "image/source_id": "bytes",
     },
-    multi_label=True,
+    lists={"image/class/label", "image/class/text"},
+    roles={role: key for role, (key, _) in _SLIM.items() if role not in ("channels", "colorspace")},
     label_offset=1,
     raw_ok=False,
     single_frame=True,  # tf-slim's decoder falls back to decode_image for GIF and WebP
@@ -231,7 +276,9 @@ def get_schema(name: str, renames: tuple[tuple[str, str], ...] | dict[str, str] 
         schema = PRESETS[name]
     except KeyError:
         raise ValueError(f"unknown schema {name!r} (one of {', '.join(sorted(PRESETS))})") from None
-    return schema.renamed(tuple(renames.items() if isinstance(renames, dict) else renames))
+    if isinstance(renames, dict):
+        renames = tuple(renames.items())
+    return schema.renamed(tuple(renames))
 
 
 def schema_from_summary(summary: dict) -> Schema:
