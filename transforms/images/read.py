@@ -239,10 +239,10 @@ def read_member_local(address: MemberAddress) -> bytes:
       ReadError (an OSError): the archive is gone, not a regular file, ends before the
         member does, or no longer holds the member's header there (CHANGED).
     """
-    if address.header is None:
-        return _checked(read_range(open_local(address.source), address.offset, address.size), address)
-    data = read_range(open_local(address.source), address.offset - BLOCK, address.size + BLOCK)
-    return _verified(data, address)
+    start = address.offset - (BLOCK if address.header is not None else 0)
+    return _member(
+        read_range(open_local(address.source), start, address.offset + address.size - start), address
+    )
 
 
 def read_member_remote(address: MemberAddress) -> bytes:
@@ -265,19 +265,18 @@ def read_member_remote(address: MemberAddress) -> bytes:
         with FileSystems.open(address.source, compression_type=CompressionTypes.UNCOMPRESSED) as f:
             f.seek(start)
             data = f.read(address.offset + address.size - start)
-    return _checked(data, address) if address.header is None else _verified(data, address)
+    return _member(data, address)
 
 
-def _verified(data: bytes, address: MemberAddress) -> bytes:
-    """The member's bytes out of its header block + its data, if the header is the one listed."""
-    if not header_holds(data[:BLOCK], address):
-        raise ReadError(
-            f"{CHANGED}: the member's header at byte {address.offset - BLOCK} is not the one listed"
-        )
-    return _checked(data[BLOCK:], address)
-
-
-def _checked(data: bytes, address: MemberAddress) -> bytes:
+def _member(data: bytes, address: MemberAddress) -> bytes:
+    """The member's bytes out of those read: its header block if pinned (and the one listed),
+    then all of its data."""
+    if address.header is not None:
+        if not header_holds(data[:BLOCK], address):
+            raise ReadError(
+                f"{CHANGED}: the member's header at byte {address.offset - BLOCK} is not the one listed"
+            )
+        data = data[BLOCK:]
     if len(data) != address.size:
         raise ReadError(
             f"archive truncated: {len(data)} of the member's {address.size} bytes at byte {address.offset}"
