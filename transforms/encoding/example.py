@@ -1,9 +1,9 @@
 """tf.train.Example serialization without importing TensorFlow.
 
-`serialize_example` writes the protobuf wire format of `tf.train.Example` directly. Its
-output is byte-identical to `tf.train.Example(...).SerializeToString(deterministic=True)`
-(map keys sorted), which the tests check, so the hot path needs neither TensorFlow (seconds
-of import) nor a protobuf message per image.
+In: a feature dict (name -> int, float, str or bytes, or a list of them; `kinds` for empty
+lists). Out: `serialize_example_chunks`, the protobuf wire format of `tf.train.Example`,
+byte-identical to `SerializeToString(deterministic=True)` (map keys sorted; the tests check
+it), so the hot path needs neither TensorFlow (seconds of import) nor a message per image.
 """
 
 from __future__ import annotations
@@ -147,7 +147,7 @@ def _one_bytes_head(name: str, n: int) -> bytes:
 
 
 def serialize_example_chunks(features: Features, kinds: Mapping[str, str] | None = None) -> list[bytes]:
-    """`serialize_example`'s bytes as chunks: values of at least _CHUNK bytes (the image) are
+    """The serialized Example as chunks: values of at least _CHUNK bytes (the image) are
     chunks of their own, never copied; the small fields between them are joined. The shard
     writer checksums and writes the chunks without joining the Example."""
     kinds = kinds or {}
@@ -194,16 +194,3 @@ def serialize_example_chunks(features: Features, kinds: Mapping[str, str] | None
 _SCALARS = (int, str, bytes)
 _BYTES_KINDS = frozenset((None, "bytes"))
 _INT_KINDS = frozenset((None, "int64"))
-
-
-def serialize_example(features: Features, kinds: Mapping[str, str] | None = None) -> bytes:
-    """Serializes a feature dict as a `tf.train.Example`, keys in sorted order.
-
-    Args:
-      features: feature name -> value or list of values (int, float, str or bytes).
-      kinds: optional name -> 'int64' | 'float' | 'bytes', needed for empty lists.
-
-    Returns:
-      The Example's wire bytes.
-    """
-    return b"".join(serialize_example_chunks(features, kinds))
