@@ -104,6 +104,14 @@ class _State:
         self.scanned: set[int] = set()  # component ids seen in a sequential scan
         self.scans = 0
 
+    def copy(self, frame: tuple | None = None) -> _State:
+        """A copy with sets of its own (the walk changes them), and `frame` if given."""
+        new = _State()
+        new.frame, new.progressive, new.restarts = frame or self.frame, self.progressive, self.restarts
+        new.scans, new.quant = self.scans, set(self.quant)
+        new.huffman, new.scanned = set(self.huffman), set(self.scanned)
+        return new
+
 
 class _HeaderCache:
     """The walk's state after the headers (SOI to the end of the first SOS) of files seen before.
@@ -123,7 +131,7 @@ class _HeaderCache:
     def __init__(self) -> None:
         # header end -> {offset of the size bytes}; (end, offset, header less size) -> state
         self._offsets: dict[int, tuple[int, ...]] = {}
-        self._states: dict[tuple[int, int, bytes], tuple] = {}
+        self._states: dict[tuple[int, int, bytes], _State] = {}  # copies no walk changes
 
     def add(self, data: bytes, end: int, size_at: int, state: _State) -> None:
         """Remembers the header `data[:end]` (size bytes at `size_at`), walked to `state`."""
@@ -132,16 +140,7 @@ class _HeaderCache:
         if len(self._states) >= self.MAX:
             self._offsets.clear()
             self._states.clear()
-        key = (end, size_at, data[:size_at] + data[size_at + 4 : end])
-        comps = state.frame[2]
-        self._states[key] = (
-            comps,
-            state.progressive,
-            frozenset(state.quant),
-            frozenset(state.huffman),
-            state.restarts,
-            frozenset(state.scanned),
-        )
+        self._states[(end, size_at, data[:size_at] + data[size_at + 4 : end])] = state.copy()
         offsets = self._offsets.get(end, ())
         if size_at not in offsets:  # a new tuple: a reader in another thread keeps its own
             self._offsets[end] = (*offsets, size_at)
@@ -160,14 +159,10 @@ class _HeaderCache:
             known = self._states.get((end, size_at, data[:size_at] + data[size_at + 4 : end]))
             if known is None:
                 continue
-            comps, progressive, quant, huffman, restarts, scanned = known
             height, width = data[size_at] << 8 | data[size_at + 1], data[size_at + 2] << 8 | data[size_at + 3]
+            comps = known.frame[2]
             _check_frame_size(height, width, comps)
-            state = _State()
-            state.frame, state.progressive = (height, width, comps), progressive
-            state.quant, state.huffman, state.restarts = set(quant), set(huffman), restarts
-            state.scanned, state.scans = set(scanned), 1
-            return state, end
+            return known.copy((height, width, comps)), end  # known.scans is 1: the header's SOS
         return None
 
 
