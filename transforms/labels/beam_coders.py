@@ -1,11 +1,10 @@
 """Coders of the labels-table batches that cross a shuffle: their columns coded flat, a
 few values a batch, never one coder call (or Python object) per row.
 
-In: HashedColumns, LabelRows, KeyedFiles, OrphanLines, and
-JoinedLabels.listed's items. Out: bytes. A batch is coded as a handful of flat columns
-(buckets.code_column: text as one UTF-8 blob, ints as one array, few distinct values as an
-index array), then the primitive coder codes that small tuple once; a HashedColumns is
-already coded so. A batch the primitive coder still cannot code is pickled (coders.tagged).
+In: LabelRows, JoinPart, OrphanLines, and JoinedLabels.listed's items. Out: bytes. A batch
+is coded as a handful of flat columns (buckets.code_column: text as one UTF-8 blob, ints as
+one array, few distinct values as an index array), then the primitive coder codes that small
+tuple once. A batch the primitive coder still cannot code is pickled (coders.tagged).
 """
 
 from __future__ import annotations
@@ -24,8 +23,8 @@ from transforms.failures import Failure
 from transforms.labels.buckets import FILE_KINDS as _FILE_KINDS
 from transforms.labels.buckets import ROW_KINDS as _ROW_KINDS
 from transforms.labels.buckets import code_column, decode_column
-from transforms.labels.rows import HashedColumns, KeyedFiles, LabelRows, OrphanLines
-from transforms.records import RecordBatch
+from transforms.labels.rows import JoinPart, KeyedFiles, LabelRows, OrphanLines
+from transforms.records import RecordBatch, root_of, rooted_paths
 
 
 def _code(columns: tuple, kinds: tuple) -> tuple:
@@ -45,14 +44,6 @@ def decode_label_rows(data: bytes) -> LabelRows:
     return untagged(data, lambda t: LabelRows(*_decode(t)))
 
 
-def encode_keyed_files(files: KeyedFiles) -> bytes:
-    return tagged(_code(files.columns(), _FILE_KINDS), files)
-
-
-def decode_keyed_files(data: bytes) -> KeyedFiles:
-    return untagged(data, lambda t: KeyedFiles(*_decode(t)))
-
-
 def _estimated_size(columns: tuple) -> int:
     """Coded size of equal-length columns, from their first values (for Beam's size counters)."""
     if not columns or not columns[0]:
@@ -65,43 +56,35 @@ def estimate_label_rows(batch: LabelRows) -> int:
     return _estimated_size(batch.columns())
 
 
-def estimate_keyed_files(files: KeyedFiles) -> int:
-    return _estimated_size(files.columns())
-
-
 class LabelRowsCoder(TupleCoder):
     _type, _encode, _decode, _estimate = LabelRows, encode_label_rows, decode_label_rows, estimate_label_rows
 
 
-class KeyedFilesCoder(TupleCoder):
-    _type, _encode, _decode, _estimate = (
-        KeyedFiles,
-        encode_keyed_files,
-        decode_keyed_files,
-        estimate_keyed_files,
-    )
+def encode_join_part(part: JoinPart) -> bytes:
+    """A JoinPart's columns coded flat; the paths as their root when each is root + relpath."""
+    files = part.files.columns()
+    root = root_of(files[1], files[2])
+    if root is not None:
+        files = (files[0], (), *files[2:])
+    return tagged((root, _code(files, _FILE_KINDS), _code(part.rows.columns(), _ROW_KINDS)), part)
 
 
-def encode_hashed(batch: HashedColumns) -> bytes:
-    return tagged((batch.rows, batch.count, batch.columns, batch.hashes), batch)
+def decode_join_part(data: bytes) -> JoinPart:
+    def build(t: tuple) -> JoinPart:
+        root, files, rows = t
+        keys, paths, relpaths, sizes = _decode(files)
+        paths = paths if root is None else rooted_paths(root, relpaths)
+        return JoinPart(KeyedFiles(keys, paths, relpaths, sizes), LabelRows(*_decode(rows)))
+
+    return untagged(data, build)
 
 
-def decode_hashed(data: bytes) -> HashedColumns:
-    return untagged(data, lambda t: HashedColumns(*t))
+def estimate_join_part(part: JoinPart) -> int:
+    return _estimated_size(part.files.columns()) + _estimated_size(part.rows.columns())
 
 
-def estimate_hashed(batch: HashedColumns) -> int:
-    """The size of the blobs and arrays, and ~16 bytes an item for any column kept as values."""
-    size = 16 + len(batch.hashes)
-    for coded in batch.columns:
-        size += (
-            len(coded[-1]) if type(coded[-1]) is bytes else 16 * (len(coded[-1]) if coded[0] == "t" else 1)
-        )
-    return size
-
-
-class HashedColumnsCoder(TupleCoder):
-    _type, _encode, _decode, _estimate = HashedColumns, encode_hashed, decode_hashed, estimate_hashed
+class JoinPartCoder(TupleCoder):
+    _type, _encode, _decode, _estimate = JoinPart, encode_join_part, decode_join_part, estimate_join_part
 
 
 class Listed:
@@ -152,6 +135,5 @@ CODERS = {
     Listed: ListedCoder,
     OrphanLines: OrphanLinesCoder,
     LabelRows: LabelRowsCoder,
-    KeyedFiles: KeyedFilesCoder,
-    HashedColumns: HashedColumnsCoder,
+    JoinPart: JoinPartCoder,
 }

@@ -2,14 +2,12 @@
 
 In: the table's files, FileBatches of images. Out: labelled RecordBatches, Failures,
 orphan_labels.jsonl (written in sorted parts, then concatenated) and the join's counts.
-Rows and images travel as column batches (LabelRows, KeyedFiles), are sorted by key hash
-and coded where they are parsed and listed (HashedColumns, buckets.py), and cross the
-shuffle as a bucket's parts cut from those by position: never one object per row or image;
-orphan rows leave the join as OrphanLines batches (a bucket's orphans of one chunk of table
-lines). Bounds: each JoinLabels group is one key bucket (~1,000 images and ~1,000 rows, the
-bucket count comes from lifted counts); a HashSortFn holds at most _MAX_HELD items (their
-columns), a BucketPartsFn at most _MAX_HELD coded items; each orphans group is one chunk of
-100,000 table lines (one OrphanLines element per join bucket).
+Rows and images travel as column batches (LabelRows, KeyedFiles in a JoinPart), never one
+object per row or image; orphan rows leave the join as OrphanLines batches (a bucket's
+orphans of one chunk of table lines). Bounds: each JoinLabels group is one key bucket
+(~1,000 images and ~1,000 rows, the bucket count comes from lifted counts); a BucketFn holds
+at most _MAX_HELD items; each orphans group is one chunk of 100,000 table lines (one
+OrphanLines element per join bucket).
 """
 
 from __future__ import annotations
@@ -33,7 +31,7 @@ from transforms.batching import CountImagesFn, group_size
 from transforms.failures import FAILED
 from transforms.gcs import literal_or_glob
 from transforms.labels.beam_coders import Listed
-from transforms.labels.buckets import bucket_count, concat_parts, cut_parts, hash_sorted, join_part
+from transforms.labels.buckets import bucket_count, bucket_parts
 from transforms.labels.join import (
     join_bucket,
     label_summary,
@@ -49,7 +47,7 @@ from transforms.labels.rows import (
     ORPHANS_FILE,
     STATS,
     UNLABELED_POLICIES,
-    HashedColumns,
+    JoinPart,
     JoinSettings,
     KeyedFiles,
     LabelMap,
@@ -118,69 +116,35 @@ def key_files(batch: FileBatch, image_key_mode: str) -> KeyedFiles:
     return KeyedFiles(tuple(image_keys(relpaths, image_key_mode)), paths, relpaths, sizes)
 
 
-class HashSortFn(beam.DoFn):
-    """KeyedFiles or LabelRows -> HashedColumns: the bundle's items sorted by key hash and
-    coded (buckets.hash_sorted), a batch per _MAX_HELD items.
+class BucketFn(beam.DoFn):
+    """FileBatch (with `image_key_mode`) or LabelRows -> (bucket, JoinPart): the items of each
+    key bucket (buckets.bucket_parts), a bucket's items of the bundle gathered into parts of
+    up to BATCH_SIZE, so the shuffle moves about one element per BATCH_SIZE items, not one
+    per bucket and batch.
 
-    It needs no count, so it runs fused with the parse or the listing: the items wait for
-    the join's counts as one coded batch per _MAX_HELD, not as column batches decoded again.
-
-    Bounds: its memory is _MAX_HELD items (their columns); a batch holds at most _MAX_HELD.
+    Bounds: once it holds _MAX_HELD items it sends every part it has; a part holds at most
+    BATCH_SIZE items.
     """
 
-    def start_bundle(self) -> None:
-        self._columns: list[list] | None = None  # the held batches' columns, concatenated
-        self._held = 0
-        self._rows = False  # the held batches are LabelRows (else KeyedFiles)
-
-    def process(self, batch: KeyedFiles | LabelRows) -> Iterator[HashedColumns]:
-        columns = batch.columns()
-        if self._columns is None:
-            self._columns, self._rows = [[] for _ in columns], type(batch) is LabelRows
-        for held, values in zip(self._columns, columns):
-            held.extend(values)
-        self._held += len(batch)
-        if self._held >= _MAX_HELD:
-            yield self._take()
-
-    def finish_bundle(self) -> Iterator:
-        if self._held:
-            yield GlobalWindows.windowed_value(self._take())
-
-    def _take(self) -> HashedColumns:
-        held, self._held = self._columns, 0
-        self._columns = [[] for _ in held]
-        return hash_sorted(held, self._rows)
-
-
-class BucketPartsFn(beam.DoFn):
-    """HashedColumns -> (bucket, part): each batch cut into each bucket's items by position
-    (buckets.cut_parts: a bucket is a range of hashes, so a hash-sorted batch holds each
-    bucket's items together; no item is decoded), a bucket's cuts of the bundle's batches
-    joined into parts of up to BATCH_SIZE (buckets.concat_parts, still coded). So the
-    shuffle moves about one element per BATCH_SIZE items, not one per bucket and batch.
-
-    Bounds: once it holds _MAX_HELD items (coded, a few dozen bytes each; at most one batch
-    more) it sends every part it has; a part holds at most BATCH_SIZE items.
-    """
-
-    def __init__(self, per_bucket: int):
-        self._per_bucket = per_bucket
+    def __init__(self, per_bucket: int, image_key_mode: str | None = None):
+        self._per_bucket, self._mode = per_bucket, image_key_mode
 
     def start_bundle(self) -> None:
-        self._pending: dict[int, list[HashedColumns]] = {}  # bucket -> its cuts not yet sent
-        self._counts: dict[int, int] = {}
+        self._pending: dict[int, list[list]] = {}  # bucket -> its columns not yet sent
         self._held = 0
 
-    def process(self, batch: HashedColumns, images: int, rows: int) -> Iterator[tuple[int, HashedColumns]]:
-        pending, counts = self._pending, self._counts
-        for bucket, cut in cut_parts(batch, bucket_count(images, rows, self._per_bucket), BATCH_SIZE):
-            if counts.get(bucket, 0) + len(cut) > BATCH_SIZE:
-                yield bucket, concat_parts(pending.pop(bucket))
-                self._held -= counts.pop(bucket)
-            pending.setdefault(bucket, []).append(cut)
-            counts[bucket] = counts.get(bucket, 0) + len(cut)
-            self._held += len(cut)
+    def process(self, batch: FileBatch | LabelRows, images: int, rows: int) -> Iterator[tuple[int, JoinPart]]:
+        columns = batch.columns() if self._mode is None else key_files(batch, self._mode).columns()
+        for bucket, part in bucket_parts(columns, bucket_count(images, rows, self._per_bucket)):
+            held = self._pending.get(bucket)
+            if held is not None and len(held[0]) + len(part[0]) > BATCH_SIZE:
+                yield self._part(bucket, self._pending.pop(bucket))
+                held = None
+            if held is None:
+                held = self._pending[bucket] = [[] for _ in part]
+            for column, values in zip(held, part):
+                column.extend(values)
+            self._held += len(part[0])
         if self._held >= _MAX_HELD:
             yield from self._take()
 
@@ -188,14 +152,20 @@ class BucketPartsFn(beam.DoFn):
         for part in self._take():
             yield GlobalWindows.windowed_value(part)
 
-    def _take(self) -> Iterator[tuple[int, HashedColumns]]:
-        pending, self._pending, self._counts, self._held = self._pending, {}, {}, 0
+    def _part(self, bucket: int, columns: list[list]) -> tuple[int, JoinPart]:
+        self._held -= len(columns[0])
+        if self._mode is None:
+            return bucket, JoinPart(rows=LabelRows(*map(tuple, columns)))
+        return bucket, JoinPart(files=KeyedFiles(*map(tuple, columns)))
+
+    def _take(self) -> Iterator[tuple[int, JoinPart]]:
+        pending, self._pending = self._pending, {}
         for bucket in sorted(pending):
-            yield bucket, concat_parts(pending[bucket])
+            yield self._part(bucket, pending[bucket])
 
 
 class JoinLabelsFn(beam.DoFn):
-    """(bucket, [HashedColumns]) -> RecordBatches of the labelled images (BATCH_SIZE each, and
+    """(bucket, [JoinPart]) -> RecordBatches of the labelled images (BATCH_SIZE each, and
     the bundle's remainder at its end); FAILED, ORPHANS and STATS (summed over the bucket)
     as tagged outputs, and LISTED: each RecordBatch and Failure again. The --label_map, if
     any, comes as the side input `label_map` (not in the pickled settings)."""
@@ -210,11 +180,8 @@ class JoinLabelsFn(beam.DoFn):
     def start_bundle(self) -> None:
         self._pending: list[list] = [[] for _ in range(6)]  # record columns not yet sent
 
-    def process(
-        self, element: tuple[int, Iterable[HashedColumns]], label_map: LabelMap | None = None
-    ) -> Iterator:
-        _, coded = element
-        parts = list(map(join_part, coded))
+    def process(self, element: tuple[int, Iterable[JoinPart]], label_map: LabelMap | None = None) -> Iterator:
+        parts = list(element[1])
         self._sizes.update(sum(map(len, parts)))
         settings = (
             self._settings if label_map is None else dataclasses.replace(self._settings, label_map=label_map)
@@ -274,10 +241,9 @@ class JoinedLabels:
 class JoinLabels(beam.PTransform):
     """Joins listed images with table rows by image key (any table size).
 
-    Images and rows are sorted by the hash of their key where they are listed and parsed,
-    then shuffled in coded column parts by bucket (the range of the 32-bit hash, out of a
-    count that grows with the data: `per_bucket` images or rows a bucket, from counts taken
-    meanwhile), and each bucket is joined on its columns (join_bucket).
+    Images and rows are shuffled in column parts by bucket (the range of their key's 32-bit
+    hash, out of a count that grows with the data: `per_bucket` images or rows a bucket,
+    from counts taken meanwhile), and each bucket is joined on its columns (join_bucket).
 
     `label_map` (ReadLabelMap's singleton, for --label_map) is a side input of the join.
 
@@ -318,33 +284,19 @@ class JoinLabels(beam.PTransform):
             | "CountRows" >> beam.CombineGlobally(sum).without_defaults(),
             default_value=0,
         )
-        # The images' keys are computed where they are listed, and images and rows are
-        # sorted by key hash and coded there (fused with the listing and the parse): they wait
-        # for the counts as a few coded batches, then are cut into parts by bucket.
-        # Both sides have the one element type (int, HashedColumns), coded by
-        # HashedColumnsCoder: the Flatten before the GroupByKey needs one coder on both inputs.
-        keyed_images = (
-            files
-            | "KeyImages" >> beam.Map(key_files, mode).with_output_types(KeyedFiles)
-            | "SortImages" >> beam.ParDo(HashSortFn()).with_output_types(HashedColumns)
-            | "BucketImages"
-            >> beam.ParDo(BucketPartsFn(per_bucket), images, table).with_output_types(
-                tuple[int, HashedColumns]
-            )
-        )
-        keyed_rows = (
-            rows
-            | "SortRows" >> beam.ParDo(HashSortFn()).with_output_types(HashedColumns)
-            | "BucketRows"
-            >> beam.ParDo(BucketPartsFn(per_bucket), images, table).with_output_types(
-                tuple[int, HashedColumns]
-            )
+        # Both sides have the one element type (bucket, JoinPart): the Flatten before the
+        # GroupByKey needs one coder on both inputs (JoinPartCoder).
+        keyed_images = files | "BucketImages" >> beam.ParDo(
+            BucketFn(per_bucket, mode), images, table
+        ).with_output_types(tuple[int, JoinPart])
+        keyed_rows = rows | "BucketRows" >> beam.ParDo(BucketFn(per_bucket), images, table).with_output_types(
+            tuple[int, JoinPart]
         )
         side = {} if self._label_map is None else {"label_map": pvalue.AsSingleton(self._label_map)}
         joined = (
             (keyed_images, keyed_rows)
             | "Parts" >> beam.Flatten()
-            | "GroupByBucket" >> beam.GroupByKey()  # (bucket, [HashedColumns])
+            | "GroupByBucket" >> beam.GroupByKey()  # (bucket, [JoinPart])
             | "Join"
             >> beam.ParDo(JoinLabelsFn(self._settings, f"{self.label}/GroupByBucket"), **side)
             .with_output_types(RecordBatch)

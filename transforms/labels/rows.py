@@ -70,8 +70,7 @@ STAT_NAMES = (
 )
 
 
-# Items a HashSortFn (as columns) or a BucketPartsFn (coded) holds at most before it sends
-# them (bounds their memory).
+# Items a BucketFn holds at most before it sends them (bounds its memory).
 _MAX_HELD = 100 * BATCH_SIZE
 
 
@@ -201,40 +200,14 @@ class KeyedFiles:
 
 @dataclasses.dataclass(frozen=True)
 class JoinPart:
-    """Images and table rows of one join bucket, as join_bucket takes them (decoded from
-    the shuffle's HashedColumns by buckets.join_part)."""
+    """Images or table rows of one join bucket: what crosses the join's shuffle (one side
+    filled), as join_bucket takes them."""
 
     files: KeyedFiles = KeyedFiles()
     rows: LabelRows = LabelRows()
 
     def __len__(self) -> int:
         return len(self.files) + len(self.rows)
-
-
-@dataclasses.dataclass(frozen=True)
-class HashedColumns:
-    """Rows or images of the join as coded columns, in the order of their keys' hashes.
-
-    Made where the rows are parsed and the images listed (buckets.hash_sorted), so they wait
-    for the join's counts, and cross its shuffle, as a few flat values (bytes, an index
-    array) a batch; cut into a bucket's parts by position (buckets.cut_parts) and decoded
-    only in the join (buckets.join_part).
-
-    Attributes:
-      rows: the columns are LabelRows' (else KeyedFiles').
-      count: the number of rows or images.
-      columns: each column coded by buckets.code_column, in LabelRows' or KeyedFiles' order.
-      hashes: the crc32 of each item's key (buckets.key_hash), ascending, as little-endian uint32 bytes (b"" in
-        a part cut for one bucket, which needs them no more).
-    """
-
-    rows: bool
-    count: int
-    columns: tuple
-    hashes: bytes = b""
-
-    def __len__(self) -> int:
-        return self.count
 
 
 _ORPHAN_JSON = '{"key": %s, "line": %d, "reason": %s, "source": %s}'
