@@ -117,51 +117,41 @@ def key_files(batch: FileBatch, image_key_mode: str) -> KeyedFiles:
 
 
 class BucketFn(beam.DoFn):
-    """FileBatch (with `image_key_mode`) or LabelRows -> (bucket, JoinPart): the items of each
-    key bucket (buckets.bucket_parts), a bucket's items of the bundle gathered into parts of
-    up to BATCH_SIZE, so the shuffle moves about one element per BATCH_SIZE items, not one
-    per bucket and batch.
+    """FileBatch (with `image_key_mode`) or LabelRows -> (bucket, JoinPart): the bundle's
+    items held, then split by key bucket all at once (buckets.bucket_parts), a bucket's items
+    sent in parts of up to BATCH_SIZE. Splitting many batches at once keeps the parts large
+    (a bucket's items of one batch are a few when there are many buckets).
 
-    Bounds: once it holds _MAX_HELD items it sends every part it has; a part holds at most
-    BATCH_SIZE items.
+    Bounds: it holds at most _MAX_HELD items; a part holds at most BATCH_SIZE.
     """
 
     def __init__(self, per_bucket: int, image_key_mode: str | None = None):
         self._per_bucket, self._mode = per_bucket, image_key_mode
 
     def start_bundle(self) -> None:
-        self._pending: dict[int, list[list]] = {}  # bucket -> its columns not yet sent
-        self._held = 0
+        self._held: list[list] = []  # the held items' columns
+        self._buckets = 1
 
     def process(self, batch: FileBatch | LabelRows, images: int, rows: int) -> Iterator[tuple[int, JoinPart]]:
         columns = batch.columns() if self._mode is None else key_files(batch, self._mode).columns()
-        for bucket, part in bucket_parts(columns, bucket_count(images, rows, self._per_bucket)):
-            held = self._pending.get(bucket)
-            if held is not None and len(held[0]) + len(part[0]) > BATCH_SIZE:
-                yield self._part(bucket, self._pending.pop(bucket))
-                held = None
-            if held is None:
-                held = self._pending[bucket] = [[] for _ in part]
-            for column, values in zip(held, part):
-                column.extend(values)
-            self._held += len(part[0])
-        if self._held >= _MAX_HELD:
+        self._held = self._held or [[] for _ in columns]
+        for held, values in zip(self._held, columns):
+            held.extend(values)
+        self._buckets = bucket_count(images, rows, self._per_bucket)
+        if len(self._held[0]) >= _MAX_HELD:
             yield from self._take()
 
     def finish_bundle(self) -> Iterator:
         for part in self._take():
             yield GlobalWindows.windowed_value(part)
 
-    def _part(self, bucket: int, columns: list[list]) -> tuple[int, JoinPart]:
-        self._held -= len(columns[0])
-        if self._mode is None:
-            return bucket, JoinPart(rows=LabelRows(*map(tuple, columns)))
-        return bucket, JoinPart(files=KeyedFiles(*map(tuple, columns)))
-
     def _take(self) -> Iterator[tuple[int, JoinPart]]:
-        pending, self._pending = self._pending, {}
-        for bucket in sorted(pending):
-            yield self._part(bucket, pending[bucket])
+        held, self._held = self._held, []
+        side = LabelRows if self._mode is None else KeyedFiles
+        for bucket, columns in bucket_parts(held, self._buckets) if held else ():
+            for start in range(0, len(columns[0]), BATCH_SIZE):
+                items = side(*(column[start : start + BATCH_SIZE] for column in columns))
+                yield bucket, JoinPart(rows=items) if side is LabelRows else JoinPart(files=items)
 
 
 class JoinLabelsFn(beam.DoFn):
