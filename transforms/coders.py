@@ -124,7 +124,7 @@ _CODE_TYPES = {1: np.dtype("u1"), 2: np.dtype("<u2"), 4: np.dtype("<u4")}
 def dictionary_code(column: Sequence) -> tuple[Sequence, bytes | None]:
     """A column as (its distinct values, each value's index in them, as bytes): the one
     dictionary coding of a column (RecordBatches here, the labels join's columns in
-    labels/buckets.py).
+    labels/beam_coders.py).
 
     Codes b"": every value is the one distinct value (or the column is empty). Codes None:
     the table is the column itself (values that cannot be dict keys, or a column of mostly

@@ -15,9 +15,8 @@ from beam_pipeline.cli.options import ConvertOptions, is_job_label, route_labels
 from transforms.batching import CountImagesFn, chunked
 from transforms.labels.beam_coders import JoinPartCoder, LabelRowsCoder
 from transforms.labels.beam_table import JoinLabels, ReadLabels
-from transforms.labels.buckets import bucket_count
 from transforms.labels.classes import class_index_for
-from transforms.labels.join import join_bucket, join_key, orphan_order, resolve_rows
+from transforms.labels.join import JoinResult, bucket_count, join_bucket, join_key, resolve_rows
 from transforms.labels.rows import (
     JoinPart,
     JoinSettings,
@@ -50,6 +49,29 @@ def _rows(text: bytes, spec: TableSpec = CSV) -> list[LabelRow]:
 def bucket_of(key: str, buckets: int) -> int:
     """The join bucket of a key, as specified: the range of `buckets` equal ranges its crc32 falls in."""
     return zlib.crc32(key.encode("utf-8", "surrogateescape")) * buckets >> 32
+
+
+def orphan_order(orphans) -> list[OrphanRow]:
+    """The orphans as one sorted list (OrphanRow.order; its reference: keys by their first
+    row, a key's rows together in file order)."""
+    orphans = sorted(orphans, key=lambda o: (o.source, o.line, o.key, o.reason))
+    first: dict[str, int] = {}
+    for i, o in enumerate(orphans):
+        first.setdefault(o.key, i)
+    return sorted(orphans, key=lambda o: first[o.key])
+
+
+def _merged(results: list[JoinResult]) -> JoinResult:
+    """The results of several buckets as one."""
+    out = JoinResult()
+    for result in results:
+        for mine, theirs in zip(out.columns, result.columns):
+            mine.extend(theirs)
+        out.failures += result.failures
+        out.orphans += result.orphans
+        for name, n in result.stats.items():
+            out.count(name, n)
+    return out
 
 
 def _part(images=(), rows=(), mode: str = "stem") -> JoinPart:
@@ -273,7 +295,7 @@ def test_read_and_join_thousands_of_rows(tmp_path):
             equal_to([BATCH_SIZE] * 5 + [500] * 2),
             label="CheckRowBatches",
         )
-        # Joined one image at a time, batched again: full batches and each bundle's remainder.
+        # Batched by bucket: up to BATCH_SIZE records a batch, not one a record.
         assert_that(
             joined.records | "BadSizes" >> beam.Filter(lambda b: not 0 < len(b) <= BATCH_SIZE),
             equal_to([]),
@@ -366,10 +388,7 @@ def test_join_bucket_is_the_same_whatever_the_bucket_count(unlabeled):
             parts.setdefault(bucket_of(image_key(f.relpath, "stem"), buckets), []).append(_part(images=(f,)))
         for r in rows:
             parts.setdefault(bucket_of(r.key, buckets), []).append(_part(rows=(r,)))
-        results = [join_bucket(p, settings) for p in parts.values()]
-        merged = results[0]
-        for more in results[1:]:
-            merged.merge(more)
+        merged = _merged([join_bucket(p, settings) for p in parts.values()])
         assert len(parts) > 1
         assert canonical(merged) == canonical(whole), buckets
 
@@ -789,7 +808,7 @@ def test_orphan_line_is_json_dumps_of_its_fields(key, source):
 def test_flat_columns_round_trip(column, kind, how):
     """code_column/decode_column give back every column exactly (types too), each coded the
     flat way when it can be."""
-    from transforms.labels.buckets import code_column, decode_column
+    from transforms.labels.beam_coders import code_column, decode_column
 
     coded = code_column(column, kind)
     decoded = decode_column(coded, len(column))
@@ -804,7 +823,7 @@ def test_bucket_parts_are_the_buckets_of_the_keys(key):
     """bucket_parts: each bucket's items (a hash range), buckets in order, items in their
     order within, every column as it was, for any bucket count."""
     from transforms.labels.beam_table import key_files
-    from transforms.labels.buckets import bucket_parts
+    from transforms.labels.join import bucket_parts
 
     rows = [
         LabelRow(

@@ -82,10 +82,7 @@ class ClassNamesFn(beam.CombineFn):
         return names
 
     def merge_accumulators(self, accumulators: Iterable[set[str]]) -> set[str]:
-        merged: set[str] = set()
-        for names in accumulators:
-            merged |= names
-        return merged
+        return set().union(*accumulators)
 
     def extract_output(self, names: set[str]) -> list[str]:
         return sorted(names)
@@ -93,7 +90,7 @@ class ClassNamesFn(beam.CombineFn):
 
 def split_class_counts(batch: RecordBatch) -> Iterable[tuple[tuple[str, str], int]]:
     """((split, class_key), records) per pair of `batch`: summed by batching.SumPerKeyFn into
-    labels.classes.ClassCounts (bounded by splits x classes)."""
+    {(split, class_key): images} (bounded by splits x classes)."""
     return collections.Counter(zip(batch.splits, batch.class_keys())).items()
 
 

@@ -2,29 +2,78 @@
 few values a batch, never one coder call (or Python object) per row.
 
 In: LabelRows, JoinPart, OrphanLines, and JoinedLabels.listed's items. Out: bytes. A batch
-is coded as a handful of flat columns (buckets.code_column: text as one UTF-8 blob, ints as
-one array, few distinct values as an index array), then the primitive coder codes that small
-tuple once. A batch the primitive coder still cannot code is pickled (coders.tagged).
+is a handful of flat columns (code_column), then the primitive coder codes that small tuple
+once; one it still cannot code is pickled (coders.tagged). How a column is coded:
+- text (keys, paths, relpaths) as one UTF-8 blob of its values joined by NUL (a column
+  holding a NUL itself is kept as a tuple; undecodable bytes of a file name, surrogates, go
+  through as they are); the paths as their root when each is root + relpath;
+- ints (sizes, lines) as one array of little-endian int64;
+- labels, splits, sources and errors by coders.dictionary_code (the codec of RecordBatches);
+- anything else (the extras) as the tuple it is (packed when all empty: their numbers may be
+  1, 1.0 or True, which are equal but not the same).
 """
 
 from __future__ import annotations
 
 import pickle
+from collections.abc import Sequence
+
+import numpy as np
 
 from transforms.coders import (
     TupleCoder,
     decode_record_batch,
+    dictionary_code,
+    dictionary_decode,
     encode_record_batch,
     estimate_record_batch,
     tagged,
     untagged,
 )
 from transforms.failures import Failure
-from transforms.labels.buckets import FILE_KINDS as _FILE_KINDS
-from transforms.labels.buckets import ROW_KINDS as _ROW_KINDS
-from transforms.labels.buckets import code_column, decode_column
 from transforms.labels.rows import JoinPart, KeyedFiles, LabelRows, OrphanLines
 from transforms.records import RecordBatch, root_of, rooted_paths
+
+TEXT, INTS, FEW, ANY = "text", "ints", "few", "any"  # how each column is coded
+_FILE_KINDS = (TEXT, TEXT, TEXT, INTS)  # KeyedFiles: keys, paths, relpaths, sizes
+_ROW_KINDS = (TEXT, FEW, FEW, ANY, FEW, INTS, FEW)  # LabelRows' seven columns
+_SEP = "\x00"
+_INT64 = np.dtype("<i8")
+
+
+def code_column(column: Sequence, kind: str) -> tuple:
+    """One column as a few flat values (see the module docstring); decode_column reverses it."""
+    column = tuple(column)
+    n = len(column)
+    if kind == TEXT and n:
+        try:
+            text = _SEP.join(column)
+        except TypeError:
+            return ("t", column)
+        if text.count(_SEP) == n - 1:
+            return ("s", text.encode("utf-8", "surrogatepass"))
+    elif kind == INTS:  # ints by construction (sizes, line numbers)
+        try:
+            return ("q", np.array(column, dtype=_INT64).tobytes())
+        except (TypeError, OverflowError, ValueError):
+            pass
+    elif kind == FEW or (kind == ANY and n and column.count(()) == n):  # extras: 1 and 1.0 kept apart
+        table, codes = dictionary_code(column)
+        if codes is not None:
+            return ("d", table, codes)
+    return ("t", column)
+
+
+def decode_column(coded: tuple, n: int) -> tuple:
+    """The column that code_column coded, `n` values long."""
+    how = coded[0]
+    if how == "s":
+        return tuple(coded[1].decode("utf-8", "surrogatepass").split(_SEP))
+    if how == "q":
+        return tuple(np.frombuffer(coded[1], dtype=_INT64).tolist())
+    if how == "d":
+        return tuple(dictionary_decode(coded[1], coded[2], n))
+    return tuple(coded[1])
 
 
 def _code(columns: tuple, kinds: tuple) -> tuple:
@@ -61,7 +110,6 @@ class LabelRowsCoder(TupleCoder):
 
 
 def encode_join_part(part: JoinPart) -> bytes:
-    """A JoinPart's columns coded flat; the paths as their root when each is root + relpath."""
     files = part.files.columns()
     root = root_of(files[1], files[2])
     if root is not None:

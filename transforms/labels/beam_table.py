@@ -31,8 +31,9 @@ from transforms.batching import CountImagesFn, group_size
 from transforms.failures import FAILED
 from transforms.gcs import literal_or_glob
 from transforms.labels.beam_coders import Listed
-from transforms.labels.buckets import bucket_count, bucket_parts
 from transforms.labels.join import (
+    bucket_count,
+    bucket_parts,
     join_bucket,
     label_summary,
     orphan_lines,
@@ -61,8 +62,7 @@ from transforms.records import BATCH_SIZE, FileBatch, RecordBatch
 
 
 class ReadLabelsFn(beam.DoFn):
-    """A matched table file -> its LabelRows in LabelRows batches, parsed as a stream (never
-    loaded whole)."""
+    """A matched table file -> its LabelRows batches, parsed as a stream (never loaded whole)."""
 
     def __init__(self, spec: TableSpec):
         self._spec = spec
@@ -75,25 +75,18 @@ class ReadLabelsFn(beam.DoFn):
         source = readable.metadata.path
         try:
             check_regular_file(source)
-        except TableError as e:
-            raise ValueError(f"{USER_ERROR_MARKER} {e}") from None
-        with readable.open(mime_type="application/octet-stream") as f:
-            try:
+            with readable.open(mime_type="application/octet-stream") as f:
                 for batch in iter_row_batches(f, self._spec, source):
                     self._rows.inc(len(batch))
                     self._invalid.inc(len(batch) - batch.errors.count(None))
                     yield batch
-            except TableError as e:
-                raise ValueError(f"{USER_ERROR_MARKER} {e}") from None
+        except TableError as e:
+            raise ValueError(f"{USER_ERROR_MARKER} {e}") from None
 
 
 class ReadLabels(beam.PTransform):
-    """Reads the labels table (a file or a glob of files, local or gs://) into LabelRows
-    batches (up to BATCH_SIZE rows of one file, in file order).
-
-    Files are matched and read on the workers, each file as one stream (several files are
-    read in parallel). No reshuffle follows: the join's shuffle redistributes the rows.
-    """
+    """Reads the labels table (a file or a glob, local or gs://; matched and read on the
+    workers, a file a stream) into LabelRows batches (up to BATCH_SIZE rows of one file)."""
 
     def __init__(self, spec: TableSpec):
         super().__init__()
@@ -155,8 +148,8 @@ class BucketFn(beam.DoFn):
 
 
 class JoinLabelsFn(beam.DoFn):
-    """(bucket, [JoinPart]) -> RecordBatches of the labelled images (BATCH_SIZE each, and
-    the bundle's remainder at its end); FAILED, ORPHANS and STATS (summed over the bucket)
+    """(bucket, [JoinPart]) -> RecordBatches of the bucket's labelled images (up to
+    BATCH_SIZE each); FAILED, ORPHANS and STATS (summed over the bucket)
     as tagged outputs, and LISTED: each RecordBatch and Failure again. The --label_map, if
     any, comes as the side input `label_map` (not in the pickled settings)."""
 
@@ -166,9 +159,6 @@ class JoinLabelsFn(beam.DoFn):
         self._labeled = Metrics.counter(self.__class__, "images_labeled")
         self._failed = Metrics.counter(self.__class__, "images_without_label")
         self._orphans = Metrics.counter(self.__class__, "orphan_label_rows")
-
-    def start_bundle(self) -> None:
-        self._pending: list[list] = [[] for _ in range(6)]  # record columns not yet sent
 
     def process(self, element: tuple[int, Iterable[JoinPart]], label_map: LabelMap | None = None) -> Iterator:
         parts = list(element[1])
@@ -181,17 +171,10 @@ class JoinLabelsFn(beam.DoFn):
         self._labeled.inc(labeled)
         self._failed.inc(len(result.failures))
         self._orphans.inc(len(result.orphans))
-        pending = self._pending
-        for column, values in zip(pending, result.columns):
-            column.extend(values)
-        if len(pending[0]) >= BATCH_SIZE:
-            done = len(pending[0]) // BATCH_SIZE * BATCH_SIZE
-            for start in range(0, done, BATCH_SIZE):
-                batch = RecordBatch.from_columns(*(tuple(c[start : start + BATCH_SIZE]) for c in pending))
-                yield batch
-                yield pvalue.TaggedOutput(LISTED, batch)
-            for column in pending:
-                del column[:done]
+        for start in range(0, labeled, BATCH_SIZE):
+            batch = RecordBatch.from_columns(*(tuple(c[start : start + BATCH_SIZE]) for c in result.columns))
+            yield batch
+            yield pvalue.TaggedOutput(LISTED, batch)
         for failure in result.failures:
             yield pvalue.TaggedOutput(FAILED, failure)
             yield pvalue.TaggedOutput(LISTED, failure)
@@ -200,26 +183,13 @@ class JoinLabelsFn(beam.DoFn):
         for item in result.stats.items():
             yield pvalue.TaggedOutput(STATS, item)
 
-    def finish_bundle(self) -> Iterator:
-        if self._pending[0]:
-            batch = RecordBatch.from_columns(*map(tuple, self._pending))
-            yield GlobalWindows.windowed_value(batch)
-            yield pvalue.TaggedOutput(LISTED, GlobalWindows.windowed_value(batch))
-
 
 @dataclasses.dataclass
 class JoinedLabels:
-    """The outputs of JoinLabels.
-
-    Attributes:
-      records: labelled ImageRecords, in RecordBatches.
-      failed: Failures of images without a usable label.
-      listed: every image taken into the conversion (all but those skipped as unlabeled):
-        the RecordBatches and the Failures (count them with batching.CountImagesFn).
-      orphans: OrphanLines (the orphan rows as orphan_labels.jsonl lines, a batch per bucket
-        and chunk of table lines).
-      stats: (count name, n) pairs, summed into summary.json's "labels" section.
-    """
+    """The outputs of JoinLabels: `records` (RecordBatches), `failed` (Failures of images
+    without a usable label), `listed` (the RecordBatches and Failures again: every image but
+    those skipped as unlabeled, for batching.CountImagesFn), `orphans` (OrphanLines) and
+    `stats` ((count name, n) pairs for summary.json's "labels" section)."""
 
     records: beam.PCollection
     failed: beam.PCollection
@@ -315,7 +285,7 @@ class WriteOrphans(beam.PTransform):
     join._ORPHAN_CHUNK_LINES of its lines: a group holds at most the orphan rows of the keys
     first seen there, in at most one element per join bucket), each group is sorted and written as a
     part, and one step appends the parts, in order, into the file (streamed, a block at a
-    time; its side input is one path per chunk). The order is orphan_order's on every runner.
+    time; its side input is one path per chunk). The order is OrphanRow.order's on every runner.
 
     The returned singleton ({"labels": {...}}) is produced after the file is written, so
     the metadata step that consumes it (summary.json is written last) waits for it.

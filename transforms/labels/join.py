@@ -1,14 +1,19 @@
-"""The labels join's policy, key by key (pure).
+"""The labels join's buckets and its policy, key by key (pure).
 
-In: the images and table rows of one key bucket. Out: labelled ImageRecords, Failures,
-orphan rows and counts, under the --unlabeled and --duplicate_keys policies.
+A key's bucket is the range its hash falls in, `crc32(key) * buckets >> 32` (as TFDS assigns
+shards from hashed keys), out of a count that grows with the data (bucket_count). In: the
+images and table rows of one bucket. Out: labelled ImageRecords, Failures, orphan rows and
+counts, under the --unlabeled and --duplicate_keys policies.
 """
 
 from __future__ import annotations
 
-import collections
 import dataclasses
-from collections.abc import Iterable, Mapping, Sequence
+import zlib
+from collections.abc import Iterable, Iterator, Mapping, Sequence
+from operator import itemgetter, methodcaller
+
+import numpy as np
 
 from transforms.failures import Failure
 from transforms.labels.folders import DEFAULT_SPLIT
@@ -24,17 +29,15 @@ from transforms.labels.rows import (
     TableSpec,
     _new_row,
 )
-from transforms.labels.table import _CACHE_SIZE
-from transforms.records import ImageFile, ImageRecord
+from transforms.records import BATCH_SIZE, ImageFile, ImageRecord
+
+_KEY_BYTES = methodcaller("encode", "utf-8", "surrogateescape")  # a key as hashed
 
 
 @dataclasses.dataclass
 class JoinResult:
-    """Everything the keys of a join produce.
-
-    The labelled records are kept as six columns (path, relpath, size, labels, split, extras:
-    RecordBatch.from_columns takes them), not as one object each.
-    """
+    """Everything the keys of a join produce; the labelled records as the six columns
+    RecordBatch.from_columns takes (path, relpath, size, labels, split, extras)."""
 
     columns: tuple[list, ...] = dataclasses.field(default_factory=lambda: tuple([] for _ in range(6)))
     failures: list[Failure] = dataclasses.field(default_factory=list)
@@ -52,17 +55,8 @@ class JoinResult:
 
     @property
     def records(self) -> list[ImageRecord]:
-        """The labelled records as ImageRecords (for tests; the join emits the columns)."""
+        """The labelled records as ImageRecords (for tests)."""
         return list(map(ImageRecord, *self.columns))
-
-    def merge(self, other: JoinResult) -> None:
-        """Adds what `other` produced to this result."""
-        for mine, theirs in zip(self.columns, other.columns):
-            mine.extend(theirs)
-        self.failures += other.failures
-        self.orphans += other.orphans
-        for name, n in other.stats.items():
-            self.count(name, n)
 
 
 def _check_labels(labels: tuple[str, ...], settings: JoinSettings) -> tuple[tuple[str, ...], str | None]:
@@ -207,6 +201,31 @@ def join_key(
     return out
 
 
+def bucket_count(images: int, rows: int, per_bucket: int = BATCH_SIZE) -> int:
+    """Buckets of the join: enough that each holds about `per_bucket` images or rows."""
+    return max(1, -(-max(images, rows) // per_bucket))
+
+
+def bucket_parts(columns: Sequence[Sequence], buckets: int) -> Iterator[tuple[int, tuple[tuple, ...]]]:
+    """(bucket, its items as columns) for the items given as columns (the keys first), in
+    bucket order, each bucket's items in their order: one crc32 a key, one stable numpy sort,
+    each column gathered once by one C call (itemgetter) and sliced by bucket."""
+    n = len(columns[0])
+    if buckets == 1 or n == 1:
+        if n:
+            yield zlib.crc32(_KEY_BYTES(columns[0][0])) * buckets >> 32, tuple(map(tuple, columns))
+        return
+    hashes = np.fromiter(map(zlib.crc32, map(_KEY_BYTES, columns[0])), dtype=np.uint64, count=n)
+    of = (hashes * np.uint64(buckets)) >> np.uint64(32)
+    order = np.argsort(of, kind="stable")
+    of = of[order]
+    gather = itemgetter(*order.tolist())
+    gathered = [gather(column) for column in columns]
+    bounds = [0, *(np.flatnonzero(np.diff(of)) + 1).tolist(), n]
+    for start, end in zip(bounds, bounds[1:]):
+        yield int(of[start]), tuple(column[start:end] for column in gathered)
+
+
 def take(columns: Iterable[Sequence], indices: Sequence[int]) -> tuple[tuple, ...]:
     """The values at `indices` of each column."""
     return tuple(tuple(map(column.__getitem__, indices)) for column in columns)
@@ -224,10 +243,8 @@ def join_bucket(parts: Iterable[JoinPart], settings: JoinSettings) -> JoinResult
     joined whole, alone).
     """
     files, rows = _gather(parts)
-    file_keys, row_keys = files[0], rows[0]
-    images = dict(zip(file_keys, range(len(file_keys))))
-    table = dict(zip(row_keys, range(len(row_keys))))
-    several = _repeated(file_keys, images) | _repeated(row_keys, table)
+    (images, file_groups), (table, row_groups) = _positions(files[0]), _positions(rows[0])
+    several = file_groups.keys() | row_groups.keys()
     usual = images.keys() & table.keys()
     usual.difference_update(several)
     keys = sorted(usual)
@@ -252,7 +269,6 @@ def join_bucket(parts: Iterable[JoinPart], settings: JoinSettings) -> JoinResult
     else:
         usual.clear()
     rest = (images.keys() | table.keys()) - usual
-    file_groups, row_groups = _groups(file_keys, several), _groups(row_keys, several)
     for key in sorted(rest):
         file_at = file_groups.get(key) or ([images[key]] if key in images else [])
         row_at = row_groups.get(key) or ([table[key]] if key in table else [])
@@ -284,22 +300,15 @@ def _gather(parts: Iterable[JoinPart]) -> tuple[list[list], list[list]]:
     return files, rows
 
 
-def _repeated(keys: list[str], first: dict[str, int]) -> set[str]:
-    """The keys that occur more than once (`first` maps each key to a position)."""
-    if len(first) == len(keys):
-        return set()
-    counts = collections.Counter(keys)
-    return {k for k, n in counts.items() if n > 1}
-
-
-def _groups(keys: list[str], several: set[str]) -> dict[str, list[int]]:
-    """The positions of each key of `several` among `keys`."""
+def _positions(keys: list[str]) -> tuple[dict[str, int], dict[str, list[int]]]:
+    """A position of each key, and the positions of each key that occurs more than once."""
+    at = dict(zip(keys, range(len(keys))))
     groups: dict[str, list[int]] = {}
-    if several:
+    if len(at) < len(keys):
         for i, key in enumerate(keys):
-            if key in several:
-                groups.setdefault(key, []).append(i)
-    return groups
+            groups.setdefault(key, []).append(i)
+        groups = {key: found for key, found in groups.items() if len(found) > 1}
+    return at, groups
 
 
 def _usual_outcome(
@@ -311,8 +320,7 @@ def _usual_outcome(
     if not at_image:
         return None
     errors, labels, splits = map(list, take((rows[6], rows[1], rows[2]), at_row))
-    checked = _LabelCheck(settings)
-    answers = {t: checked(t) for t in set(labels)}
+    answers = {t: _check_labels(t, settings) for t in set(labels)}  # a bucket has few distinct
     ok: list[bool] | None = None
     if errors.count(None) != len(errors) or () in answers or any(a[1] for a in answers.values()):
         ok = [e is None and bool(t) and answers[t][1] is None for e, t in zip(errors, labels)]
@@ -337,35 +345,6 @@ def _usual_outcome(
             resolved.append(split)
         splits = resolved
     return ok, labels, splits
-
-
-class _LabelCheck:
-    """_check_labels with its answer kept per distinct label tuple (a table has few)."""
-
-    def __init__(self, settings: JoinSettings):
-        self._settings = settings
-        self._answers: dict[tuple[str, ...], tuple[tuple[str, ...], str | None]] = {}
-
-    def __call__(self, labels: tuple[str, ...]) -> tuple[tuple[str, ...], str | None]:
-        answer = self._answers.get(labels)
-        if answer is None:
-            if len(self._answers) >= _CACHE_SIZE:
-                self._answers.clear()
-            answer = self._answers[labels] = _check_labels(labels, self._settings)
-        return answer
-
-
-def orphan_order(orphans: Iterable[OrphanRow]) -> list[OrphanRow]:
-    """Orphans in a stable order: keys by their first row, a key's rows together in file order.
-
-    The order the per-key join gave on the local runner before the join was bucketed; now
-    the same on every runner.
-    """
-    orphans = sorted(orphans, key=lambda o: (o.source, o.line, o.key, o.reason))
-    first: dict[str, int] = {}
-    for i, o in enumerate(orphans):
-        first.setdefault(o.key, i)
-    return sorted(orphans, key=lambda o: first[o.key])
 
 
 # Table lines per orphan part (bounds a WriteOrphans group and the file's parts per file).

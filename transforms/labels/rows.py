@@ -16,44 +16,18 @@ from typing import NamedTuple
 from transforms.records import BATCH_SIZE, ImageFile
 
 FORMATS = ("csv", "tsv", "jsonl")
-
-
 _FORMAT_OF_SUFFIX = {".csv": "csv", ".tsv": "tsv", ".tab": "tsv", ".jsonl": "jsonl", ".ndjson": "jsonl"}
-
-
 _COMPRESSED_SUFFIXES = (".gz", ".bz2", ".zst", ".deflate")
-
-
 IMAGE_KEYS = ("stem", "name", "relpath")
-
-
 UNLABELED_POLICIES = ("fail", "skip", "keep")
-
-
 DUPLICATE_POLICIES = ("fail", "first", "union")
-
-
 LABEL_TYPES = ("auto", "int", "str")
-
-
 EXTRA_TYPES = ("int", "float", "str")
-
-
 ORPHANS_FILE = "orphan_labels.jsonl"
-
-
 STAGE = "label"
 
-
 # Tagged outputs of JoinLabelsFn (FAILED comes from transforms.failures).
-ORPHANS = "orphans"
-
-
-STATS = "stats"
-
-
-LISTED = "listed"
-
+ORPHANS, STATS, LISTED = "orphans", "stats", "listed"
 
 # Counts reported under "labels" in summary.json (always present, 0 when nothing happened).
 STAT_NAMES = (
@@ -69,15 +43,9 @@ STAT_NAMES = (
     "unlabeled_kept",
 )
 
-
 # Items a BucketFn holds at most before it sends them (bounds its memory).
 _MAX_HELD = 100 * BATCH_SIZE
-
-
 _SPLIT_NAME = re.compile(r"\w[\w.-]*")
-
-
-_CANONICAL_INT = re.compile(r"0|[1-9][0-9]*")
 
 
 class TableError(ValueError):
@@ -116,8 +84,8 @@ class TableSpec:
 class LabelRow(NamedTuple):
     """One row of the table, parsed. A row that cannot be used carries `error` instead.
 
-    A named tuple, not a dataclass: millions are made while a table is parsed and again when
-    they are decoded after the shuffle, and a tuple is made in a fraction of the time.
+    A named tuple: made in a fraction of a dataclass's time (only for keys the general join
+    takes, and in tests).
     """
 
     key: str
@@ -140,9 +108,8 @@ class LabelRow(NamedTuple):
 class LabelRows:
     """Table rows travelling as one element, column by column (up to BATCH_SIZE, in file order).
 
-    Column i holds field i of LabelRow for every row: no per-row object is made while a
-    table is parsed, bucketed, shuffled (beam_coders.py codes the columns) and joined. A
-    LabelRow of one row is made only where a key needs the general join (join.join_key).
+    Column i holds field i of LabelRow for every row: no object is made per row while a
+    table is parsed, bucketed, shuffled and joined (but for keys the general join takes).
     """
 
     keys: tuple[str, ...] = ()
@@ -164,11 +131,8 @@ class LabelRows:
 
     @property
     def rows(self) -> tuple[LabelRow, ...]:
-        """The rows as LabelRows (one object a row: for tests and the general join)."""
+        """The rows as LabelRow tuples (one object a row: for tests)."""
         return tuple(map(_new_row, zip(*self.columns()))) if self.keys else ()
-
-    def row(self, i: int) -> LabelRow:
-        return _new_row(tuple(column[i] for column in self.columns()))
 
     def columns(self) -> tuple[tuple, ...]:
         """The seven columns, in LabelRow's field order."""
@@ -177,11 +141,7 @@ class LabelRows:
 
 @dataclasses.dataclass(frozen=True)
 class KeyedFiles:
-    """Listed files with their join keys, column by column: the images side of the join.
-
-    Made from a FileBatch (FileBatch.columns) before the shuffle, so the key of each image
-    is computed once, where the image is listed.
-    """
+    """Listed files with their join keys, column by column: the images side of the join."""
 
     keys: tuple[str, ...] = ()
     paths: tuple[str, ...] = ()
@@ -223,7 +183,7 @@ class OrphanRow:
     line: int
     reason: str
     # (source, line) of the first row of this key: a key's orphan rows are written together,
-    # where its first row is (orphan_order). Not written out, not compared.
+    # where its first row is (order). Not written out, not compared.
     first: tuple[str, int] = dataclasses.field(default=("", 0), compare=False, repr=False)
 
     def to_json(self) -> str:
@@ -238,7 +198,8 @@ class OrphanRow:
         return text
 
     def order(self) -> tuple:
-        """Where the row goes in orphan_labels.jsonl (the order of orphan_order)."""
+        """Where the row goes in orphan_labels.jsonl: keys by their first row, a key's rows
+        together in file order (the same on every runner)."""
         first = self.first if self.first[0] else (self.source, self.line)
         return first, self.source, self.line, self.key, self.reason
 
