@@ -2,15 +2,11 @@
 few values a batch, never one coder call (or Python object) per row.
 
 In: LabelRows, JoinPart, OrphanLines, and JoinedLabels.listed's items. Out: bytes. A batch
-is a handful of flat columns (code_column), then the primitive coder codes that small tuple
-once; one it still cannot code is pickled (coders.tagged). How a column is coded:
-- text (keys, paths, relpaths) as one UTF-8 blob of its values joined by NUL (a column
-  holding a NUL itself is kept as a tuple; undecodable bytes of a file name, surrogates, go
-  through as they are); the paths as their root when each is root + relpath;
-- ints (sizes, lines) as one array of little-endian int64;
-- labels, splits, sources and errors by coders.dictionary_code (the codec of RecordBatches);
-- anything else (the extras) as the tuple it is (packed when all empty: their numbers may be
-  1, 1.0 or True, which are equal but not the same).
+is a handful of flat columns (code_column), coded once by the primitive coder (pickled if it
+cannot: coders.tagged). Text columns are one UTF-8 blob joined by NUL (surrogates of
+undecodable file names pass), paths their root when each is root + relpath, ints one int64
+array, labels, splits, sources and errors coders.dictionary_code's, extras the tuple they are
+(1, 1.0 and True are equal but not the same).
 """
 
 from __future__ import annotations
@@ -101,12 +97,9 @@ def _estimated_size(columns: tuple) -> int:
     return 8 + len(columns[0]) * len(tagged(first, first))
 
 
-def estimate_label_rows(batch: LabelRows) -> int:
-    return _estimated_size(batch.columns())
-
-
 class LabelRowsCoder(TupleCoder):
-    _type, _encode, _decode, _estimate = LabelRows, encode_label_rows, decode_label_rows, estimate_label_rows
+    _type, _encode, _decode = LabelRows, encode_label_rows, decode_label_rows
+    _estimate = lambda batch: _estimated_size(batch.columns())  # noqa: E731
 
 
 def encode_join_part(part: JoinPart) -> bytes:
@@ -127,12 +120,9 @@ def decode_join_part(data: bytes) -> JoinPart:
     return untagged(data, build)
 
 
-def estimate_join_part(part: JoinPart) -> int:
-    return _estimated_size(part.files.columns()) + _estimated_size(part.rows.columns())
-
-
 class JoinPartCoder(TupleCoder):
-    _type, _encode, _decode, _estimate = JoinPart, encode_join_part, decode_join_part, estimate_join_part
+    _type, _encode, _decode = JoinPart, encode_join_part, decode_join_part
+    _estimate = lambda part: _estimated_size(part.files.columns()) + _estimated_size(part.rows.columns())  # noqa: E731
 
 
 class Listed:
@@ -157,25 +147,11 @@ class ListedCoder(TupleCoder):
     _type, _encode, _decode, _estimate = Listed, encode_listed, decode_listed, estimate_listed
 
 
-def encode_orphan_lines(o: OrphanLines) -> bytes:
-    return tagged((o.chunk, o.lines), o)
-
-
-def decode_orphan_lines(data: bytes) -> OrphanLines:
-    return untagged(data, lambda t: OrphanLines(*t))
-
-
-def estimate_orphan_lines(o: OrphanLines) -> int:
-    return 8 + len(o.lines) * (len(tagged(o.lines[0], o.lines[0])) if o.lines else 0)
-
-
 class OrphanLinesCoder(TupleCoder):
-    _type, _encode, _decode, _estimate = (
-        OrphanLines,
-        encode_orphan_lines,
-        decode_orphan_lines,
-        estimate_orphan_lines,
-    )
+    _type = OrphanLines
+    _encode = lambda o: tagged((o.chunk, o.lines), o)  # noqa: E731
+    _decode = lambda data: untagged(data, lambda t: OrphanLines(*t))  # noqa: E731
+    _estimate = lambda o: _estimated_size((o.lines,))  # noqa: E731
 
 
 # Record type -> its coder (registered by beam_pipeline/pipeline.py `register_coders`).

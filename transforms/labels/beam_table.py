@@ -1,13 +1,8 @@
 """The Beam shells of the labels table: ReadLabels, JoinLabels, WriteOrphans.
 
 In: the table's files, FileBatches of images. Out: labelled RecordBatches, Failures,
-orphan_labels.jsonl (written in sorted parts, then concatenated) and the join's counts.
-Rows and images travel as column batches (LabelRows, KeyedFiles in a JoinPart), never one
-object per row or image; orphan rows leave the join as OrphanLines batches (a bucket's
-orphans of one chunk of table lines). Bounds: each JoinLabels group is one key bucket
-(~1,000 images and ~1,000 rows, the bucket count comes from lifted counts); a BucketFn holds
-at most _MAX_HELD items; each orphans group is one chunk of 100,000 table lines (one
-OrphanLines element per join bucket).
+orphan_labels.jsonl and the join's counts. Rows, images and orphans travel as column
+batches, never one element per row or image. Bounds: see JoinLabels and WriteOrphans.
 """
 
 from __future__ import annotations
@@ -16,7 +11,6 @@ import dataclasses
 import zlib
 from collections.abc import Iterable, Iterator, Mapping
 from itertools import chain
-from operator import itemgetter
 
 import apache_beam as beam
 from apache_beam import pvalue
@@ -28,7 +22,7 @@ from apache_beam.transforms.window import GlobalWindows
 
 from transforms import gcs
 from transforms.batching import CountImagesFn, group_size
-from transforms.failures import FAILED
+from transforms.failures import FAILED, USER_ERROR_MARKER
 from transforms.gcs import literal_or_glob
 from transforms.labels.beam_coders import Listed
 from transforms.labels.join import (
@@ -70,8 +64,6 @@ class ReadLabelsFn(beam.DoFn):
         self._invalid = Metrics.counter(self.__class__, "label_rows_invalid")
 
     def process(self, readable: fileio.ReadableFile) -> Iterator[LabelRows]:
-        from transforms.failures import USER_ERROR_MARKER
-
         source = readable.metadata.path
         try:
             check_regular_file(source)
@@ -111,12 +103,9 @@ def key_files(batch: FileBatch, image_key_mode: str) -> KeyedFiles:
 
 class BucketFn(beam.DoFn):
     """FileBatch (with `image_key_mode`) or LabelRows -> (bucket, JoinPart): the bundle's
-    items held, then split by key bucket all at once (buckets.bucket_parts), a bucket's items
-    sent in parts of up to BATCH_SIZE. Splitting many batches at once keeps the parts large
-    (a bucket's items of one batch are a few when there are many buckets).
-
-    Bounds: it holds at most _MAX_HELD items; a part holds at most BATCH_SIZE.
-    """
+    items held, then split by key bucket at once (join.bucket_parts: parts stay large when
+    buckets are many), a bucket's items sent in parts of up to BATCH_SIZE. Bounds: it holds
+    at most _MAX_HELD items."""
 
     def __init__(self, per_bucket: int, image_key_mode: str | None = None):
         self._per_bucket, self._mode = per_bucket, image_key_mode
@@ -148,10 +137,9 @@ class BucketFn(beam.DoFn):
 
 
 class JoinLabelsFn(beam.DoFn):
-    """(bucket, [JoinPart]) -> RecordBatches of the bucket's labelled images (up to
-    BATCH_SIZE each); FAILED, ORPHANS and STATS (summed over the bucket)
-    as tagged outputs, and LISTED: each RecordBatch and Failure again. The --label_map, if
-    any, comes as the side input `label_map` (not in the pickled settings)."""
+    """(bucket, [JoinPart]) -> RecordBatches of the bucket's labelled images; FAILED, ORPHANS,
+    STATS and LISTED (each RecordBatch and Failure again) as tagged outputs; --label_map as
+    the side input `label_map`."""
 
     def __init__(self, settings: JoinSettings, step: str = "GroupByBucket"):
         self._settings = settings
@@ -186,10 +174,9 @@ class JoinLabelsFn(beam.DoFn):
 
 @dataclasses.dataclass
 class JoinedLabels:
-    """The outputs of JoinLabels: `records` (RecordBatches), `failed` (Failures of images
-    without a usable label), `listed` (the RecordBatches and Failures again: every image but
-    those skipped as unlabeled, for batching.CountImagesFn), `orphans` (OrphanLines) and
-    `stats` ((count name, n) pairs for summary.json's "labels" section)."""
+    """The outputs of JoinLabels: `records` (RecordBatches), `failed` (Failures), `listed`
+    (both again: every image but those skipped as unlabeled, for batching.CountImagesFn),
+    `orphans` (OrphanLines) and `stats` ((count name, n) pairs for summary.json)."""
 
     records: beam.PCollection
     failed: beam.PCollection
@@ -201,10 +188,8 @@ class JoinedLabels:
 class JoinLabels(beam.PTransform):
     """Joins listed images with table rows by image key (any table size).
 
-    Images and rows are shuffled in column parts by bucket (the range of their key's 32-bit
-    hash, out of a count that grows with the data: `per_bucket` images or rows a bucket,
-    from counts taken meanwhile), and each bucket is joined on its columns (join_bucket).
-
+    Images and rows are shuffled in column parts by key bucket (`per_bucket` images or rows a
+    bucket, from counts taken meanwhile), each bucket joined on its columns (join_bucket).
     `label_map` (ReadLabelMap's singleton, for --label_map) is a side input of the join.
 
     Bounds: a GroupByBucket group holds one bucket's images and rows (~`per_bucket` of each
@@ -263,32 +248,21 @@ class JoinLabels(beam.PTransform):
             .with_outputs(FAILED, ORPHANS, STATS, LISTED, main="records")
         )
         joined[ORPHANS].element_type = OrphanLines  # coded by OrphanLinesCoder, not pickled
-        # The records and failures again, as one output of the join (not a Flatten of the two,
-        # which the local runner materializes: every record coded and decoded once more).
-        # Coded by ListedCoder where it is materialized (a RecordBatch as tuples, not pickled).
-        listed = joined[LISTED]
-        listed.element_type = Listed
-        return JoinedLabels(
-            records=joined.records,
-            failed=joined[FAILED],
-            listed=listed,
-            orphans=joined[ORPHANS],
-            stats=joined[STATS],
-        )
+        # The records and failures again, as one output of the join (a Flatten of the two
+        # would be materialized by the local runner), coded by ListedCoder.
+        joined[LISTED].element_type = Listed
+        return JoinedLabels(joined.records, joined[FAILED], joined[LISTED], joined[ORPHANS], joined[STATS])
 
 
 class WriteOrphans(beam.PTransform):
     """Writes orphan rows to <output_dir>/orphan_labels.jsonl; returns the summary section.
 
-    Never one list of all orphans: they come in OrphanLines (a bucket's orphans of one chunk)
-    and are grouped by the chunk of table lines where their key's first row is (a file and
-    join._ORPHAN_CHUNK_LINES of its lines: a group holds at most the orphan rows of the keys
-    first seen there, in at most one element per join bucket), each group is sorted and written as a
-    part, and one step appends the parts, in order, into the file (streamed, a block at a
-    time; its side input is one path per chunk). The order is OrphanRow.order's on every runner.
-
-    The returned singleton ({"labels": {...}}) is produced after the file is written, so
-    the metadata step that consumes it (summary.json is written last) waits for it.
+    Never one list of all orphans: OrphanLines are grouped by the chunk of table lines where
+    their key's first row is (join._ORPHAN_CHUNK_LINES of a file's lines: a group holds the
+    orphan rows of the keys first seen there, in at most one element per join bucket), each
+    group sorted (OrphanRow.order) and written as a part; one step appends the parts in order
+    (streamed; its side input is one path per chunk). The returned singleton
+    ({"labels": {...}}) comes after the file is written, so summary.json waits for it.
     """
 
     def __init__(self, output_dir: str, spec: TableSpec, settings: JoinSettings):
@@ -319,14 +293,11 @@ class WriteOrphans(beam.PTransform):
         )
 
 
-_FIRST = itemgetter(0)
-
-
 def write_orphan_part(chunk: tuple[str, int], lines: Iterable[tuple[tuple, str]], path: str) -> tuple:
     """Writes one chunk's orphan lines, sorted, beside `path`; returns (chunk, part path)."""
     digest = zlib.crc32(repr(chunk).encode("utf-8", "surrogateescape"))
     part = f"{path}.part-{digest:08x}-{chunk[1]:06d}"
-    text = "".join(line + "\n" for _, line in sorted(lines, key=_FIRST))  # orders are unique
+    text = "".join(line + "\n" for _, line in sorted(lines))  # by order (unique)
     with FileSystems.create(part) as f:
         f.write(text.encode("utf-8"))
     return chunk, part

@@ -21,9 +21,7 @@ def class_index_for(names: Iterable[str], offset: int = 0, label_type: str = "st
     integer used as its own id; `names` of the index then run from min(offset, smallest id)
     to the largest id, so labels.txt line i is still the class of id i + offset. 'auto' is
     'int' when every name is a canonical integer ('0', '17', not '007'), else 'str'.
-
-    Raises:
-      ValueError: 'int' with a non-integer name, or ids beyond MAX_INTEGER_CLASSES.
+    ValueError: 'int' with a non-integer name, or ids beyond MAX_INTEGER_CLASSES.
     """
     names = sorted(set(names))
     as_int = label_type == "int" or (

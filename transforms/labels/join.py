@@ -62,7 +62,7 @@ class JoinResult:
 def _check_labels(labels: tuple[str, ...], settings: JoinSettings) -> tuple[tuple[str, ...], str | None]:
     """Labels canonicalized for --label_type int, or the reason they are not acceptable."""
     if settings.label_map is not None:
-        lookup, out = settings.label_map.lookup(), []
+        lookup, out = settings.label_map.lookup, []
         for name in labels:
             found = lookup.get(name)
             if found is None and name.isascii() and name.isdigit():
@@ -82,12 +82,8 @@ def _check_labels(labels: tuple[str, ...], settings: JoinSettings) -> tuple[tupl
 
 
 def resolve_rows(rows: list[LabelRow], policy: str) -> tuple[LabelRow | None, str | None, bool]:
-    """Merges the usable rows of one key into one.
-
-    Returns:
-      (row, problem, conflict): the merged row (None if the key fails), the failure reason,
-      and whether the rows disagreed.
-    """
+    """The usable rows of one key merged: (the row or None if the key fails, the failure
+    reason, whether the rows disagreed)."""
     if len(rows) == 1:  # the usual case, answered without sorting
         return rows[0], None, False
     rows = sorted(rows, key=lambda r: (r.source, r.line))
@@ -124,12 +120,9 @@ def join_key(
     settings: JoinSettings,
     into: JoinResult | None = None,
 ) -> JoinResult:
-    """Joins the images and table rows that share one key.
-
-    Every image ends up as a record, a failure, or (with --unlabeled skip) a counted skip;
-    every row either labels an image or is an orphan. The outcome is added to `into` (the
-    result of several keys) if given, else to a new JoinResult; either is returned.
-    """
+    """Joins the images and table rows of one key, into `into` (or a new JoinResult): every
+    image ends up a record, a failure or a counted skip; every row labels an image or is an
+    orphan."""
     images = sorted(images, key=lambda f: f.path)
     rows = list(rows)
     out = JoinResult() if into is None else into
@@ -207,9 +200,8 @@ def bucket_count(images: int, rows: int, per_bucket: int = BATCH_SIZE) -> int:
 
 
 def bucket_parts(columns: Sequence[Sequence], buckets: int) -> Iterator[tuple[int, tuple[tuple, ...]]]:
-    """(bucket, its items as columns) for the items given as columns (the keys first), in
-    bucket order, each bucket's items in their order: one crc32 a key, one stable numpy sort,
-    each column gathered once by one C call (itemgetter) and sliced by bucket."""
+    """(bucket, its items as columns) of the items given as columns (keys first), in bucket
+    order, items in their order: one crc32 a key, one stable sort, each column gathered once."""
     n = len(columns[0])
     if buckets == 1 or n == 1:
         if n:
@@ -234,13 +226,10 @@ def take(columns: Iterable[Sequence], indices: Sequence[int]) -> tuple[tuple, ..
 def join_bucket(parts: Iterable[JoinPart], settings: JoinSettings) -> JoinResult:
     """Joins one bucket: its images and rows matched by key, column by column.
 
-    The usual key (one image, one usable row) is joined for all such keys at once: a dict
-    from key to position on each side, the columns taken at those positions, the labels
-    checked once per distinct label tuple. Every other key (several rows or images, no
-    image, no row, a bad row, a label or split that fails) is joined by `join_key`, which
-    gives the same outcome for the usual key too. Labelled records come in key order, the
-    usual keys' first. The result is the same whatever the bucket count (each key is
-    joined whole, alone).
+    The usual keys (one image, one usable row) are joined all at once: the columns taken at
+    each key's positions, the labels checked once per distinct tuple. Every other key goes
+    to `join_key`, which gives the same outcome for a usual key too. Records come in key
+    order, the usual keys' first; the result is the same whatever the bucket count.
     """
     files, rows = _gather(parts)
     (images, file_groups), (table, row_groups) = _positions(files[0]), _positions(rows[0])
@@ -250,41 +239,26 @@ def join_bucket(parts: Iterable[JoinPart], settings: JoinSettings) -> JoinResult
     keys = sorted(usual)
     at_image, at_row = [images[k] for k in keys], [table[k] for k in keys]
     out = JoinResult()
-    fine = _usual_outcome(files, rows, at_image, at_row, settings)
-    if fine is not None:
-        ok, labels, splits = fine
-        if ok is not None:  # keys whose row or split fails go the general way
-            usual.difference_update(k for k, good in zip(keys, ok) if not good)
-            keep = [i for i, good in enumerate(ok) if good]
-            at_image, at_row = [at_image[i] for i in keep], [at_row[i] for i in keep]
-            labels, splits = [labels[i] for i in keep], [splits[i] for i in keep]
-        _, paths, relpaths, sizes = files
-        for column, values in zip(
-            out.columns,
-            (*take((paths, relpaths, sizes), at_image), labels, splits, take((rows[3],), at_row)[0]),
-        ):
-            column.extend(values)
-        out.count("rows", len(at_image))
-        out.count("matched_rows", len(at_image))
-    else:
-        usual.clear()
-    rest = (images.keys() | table.keys()) - usual
-    for key in sorted(rest):
+    ok, labels, splits = _usual_outcome(files, rows, at_image, at_row, settings)
+    if ok is not None:  # keys whose row or split fails go the general way
+        usual.difference_update(k for k, good in zip(keys, ok) if not good)
+        keep = [i for i, good in enumerate(ok) if good]
+        at_image, at_row = [at_image[i] for i in keep], [at_row[i] for i in keep]
+        labels, splits = [labels[i] for i in keep], [splits[i] for i in keep]
+    _, paths, relpaths, sizes = files
+    for column, values in zip(
+        out.columns,
+        (*take((paths, relpaths, sizes), at_image), labels, splits, take((rows[3],), at_row)[0]),
+    ):
+        column.extend(values)
+    out.count("rows", len(at_image))
+    out.count("matched_rows", len(at_image))
+    for key in sorted((images.keys() | table.keys()) - usual):
         file_at = file_groups.get(key) or ([images[key]] if key in images else [])
         row_at = row_groups.get(key) or ([table[key]] if key in table else [])
-        if not file_at and len(row_at) == 1:  # a lone orphan row, as join_key reports it
-            source, line, error = rows[4][row_at[0]], rows[5][row_at[0]], rows[6][row_at[0]]
-            out.orphans.append(OrphanRow(key, source, line, error or _NO_IMAGE, (source, line)))
-            out.count("rows")
-            out.count("orphan_rows")
-            out.count("invalid_rows", error is not None)
-            continue
         found = [ImageFile(files[1][i], files[2][i], files[3][i]) for i in file_at]
         join_key(key, found, [_new_row(tuple(c[i] for c in rows)) for i in row_at], settings, into=out)
     return out
-
-
-_NO_IMAGE = "no image with this key"
 
 
 def _gather(parts: Iterable[JoinPart]) -> tuple[list[list], list[list]]:
@@ -313,12 +287,10 @@ def _positions(keys: list[str]) -> tuple[dict[str, int], dict[str, list[int]]]:
 
 def _usual_outcome(
     files: list[list], rows: list[list], at_image: list[int], at_row: list[int], settings: JoinSettings
-) -> tuple[list[bool] | None, list, list] | None:
+) -> tuple[list[bool] | None, list, list]:
     """For the usual keys (image at_image[i], row at_row[i]): (ok, labels, splits), the
     checked labels and the split of each, `ok` None when every key is fine, else whether
-    each is; None when there is no usual key."""
-    if not at_image:
-        return None
+    each is."""
     errors, labels, splits = map(list, take((rows[6], rows[1], rows[2]), at_row))
     answers = {t: _check_labels(t, settings) for t in set(labels)}  # a bucket has few distinct
     ok: list[bool] | None = None
@@ -327,11 +299,7 @@ def _usual_outcome(
     if any(answers[t][0] is not t for t in answers):
         labels = [answers[t][0] for t in labels]
     if None in splits and not settings.split_from_folders:  # _split_of without a row's split
-        splits = (
-            [DEFAULT_SPLIT] * len(splits)
-            if splits.count(None) == len(splits)
-            else [DEFAULT_SPLIT if split is None else split for split in splits]
-        )
+        splits = [DEFAULT_SPLIT if split is None else split for split in splits]
     elif None in splits:
         relpaths = files[2]
         resolved = []
@@ -351,18 +319,13 @@ def _usual_outcome(
 _ORPHAN_CHUNK_LINES = 100_000
 
 
-def orphan_chunk(orphan: OrphanRow) -> tuple[str, int]:
-    """The part of orphan_labels.jsonl an orphan row is written in: its key's first row's
-    file and chunk of _ORPHAN_CHUNK_LINES lines."""
-    source, line = orphan.order()[0]
-    return source, line // _ORPHAN_CHUNK_LINES
-
-
 def orphan_lines(orphans: Iterable[OrphanRow]) -> list[OrphanLines]:
-    """The orphans as OrphanLines, one per chunk they fall in (chunks in first-seen order)."""
+    """The orphans as OrphanLines, one per chunk they fall in (their key's first row's file
+    and chunk of _ORPHAN_CHUNK_LINES lines; chunks in first-seen order)."""
     chunks: dict[tuple[str, int], list[tuple[tuple, str]]] = {}
     for o in orphans:
-        chunks.setdefault(orphan_chunk(o), []).append((o.order(), o.to_json()))
+        order = o.order()
+        chunks.setdefault((order[0][0], order[0][1] // _ORPHAN_CHUNK_LINES), []).append((order, o.to_json()))
     return [OrphanLines(chunk, tuple(lines)) for chunk, lines in chunks.items()]
 
 

@@ -1,9 +1,8 @@
 """Parsing a labels table (CSV, TSV, JSON Lines; plain or compressed) into LabelRows (pure).
 
-In: a table file (a binary file object, read as a stream). Out: LabelRows (columns: key,
-labels, split, extras, where, and the reason a row is invalid). CSV and TSV by pyarrow.csv,
-a block of ~4 MB at a time, each column checked for the block at once; JSON Lines by the
-json module, a line at a time.
+In: a table file (read as a stream). Out: LabelRows, each row's reason if it is invalid.
+CSV and TSV by pyarrow.csv, a block of ~4 MB at a time, each column checked for the block at
+once; JSON Lines by the json module, a line at a time.
 
 Over 500 lines: the rules of each cell and of the records pyarrow hands over or rejects
 (their lines, bad UTF-8, blank records, a quote never closed) are one table's rules, tested
@@ -144,21 +143,15 @@ def image_keys(relpaths: Sequence[str], mode: str = "stem") -> list[str]:
 
 def split_labels(value: object, separator: str = "|") -> tuple[str, ...]:
     """The labels of one cell: a JSON list, an int, or text split at `separator`; blank
-    parts dropped, repeats removed (first kept).
-
-    Raises:
-      ValueError: a value that is neither text, an integer nor a list of those, or a label
-        that cannot be a class name (folders.class_name_problem).
-    """
+    parts dropped, repeats removed. ValueError: neither text, an integer nor a list of
+    those, or a label that cannot be a class name (folders.class_name_problem)."""
     if value is None:
         return ()
     if isinstance(value, list):
         parts: list[str] = []
         for v in value:
             parts.extend(split_labels(v, ""))
-    elif isinstance(value, bool) or isinstance(value, float):
-        raise ValueError(f"label {value!r} is neither text nor an integer")
-    elif isinstance(value, int):
+    elif isinstance(value, int) and not isinstance(value, bool):
         parts = [str(value)]
     elif isinstance(value, str):
         parts = value.split(separator) if separator else [value]
@@ -179,12 +172,10 @@ def convert_extra(name: str, kind: str, value: object) -> object:
         raise ValueError(f"column {name!r} is empty")
     if kind == "str":
         return "" if value is None else str(value)
-    if isinstance(value, bool):
-        raise ValueError(f"column {name!r}: {value!r} is not {'an int' if kind == 'int' else 'a float'}")
     try:
+        if isinstance(value, bool) or (kind == "int" and isinstance(value, float) and not value.is_integer()):
+            raise ValueError
         if kind == "int":
-            if isinstance(value, float) and not value.is_integer():
-                raise ValueError
             return int(value.strip()) if isinstance(value, str) else int(value)
         return float(value)
     except (TypeError, ValueError):
@@ -416,13 +407,9 @@ def _first_record(f: BinaryIO, spec: TableSpec, source: str) -> tuple[list[str],
 
 def _csv_columns(f: BinaryIO, spec: TableSpec, source: str) -> Iterator[list]:
     """The records of a CSV/TSV file after its header, a pyarrow batch at a time, as seven
-    columns, in file order.
-
-    pyarrow parses serially (the numbers of the records it rejects count from the first)
-    and hands over well-formed records; one with a wrong number of fields goes to the
-    handler and is put back in place by its number. A record's line is its number plus the
-    line breaks inside the fields before it.
-    """
+    columns, in file order: pyarrow parses serially and hands over well-formed records; one
+    with a wrong number of fields goes to the handler and is put back in place by its number.
+    A record's line is its number plus the line breaks inside the fields before it."""
     header, line = _first_record(f, spec, source)
     header = [h.strip() for h in header]
     check_header(header, spec, source)
@@ -547,10 +534,9 @@ def iter_row_batches(
     line breaks), UTF-8 with or without BOM, CRLF or LF. JSON Lines: one object a line. A
     row's line is the line (from 1, split at '\\n') its record starts on.
 
-    Raises:
-      TableError: the header lacks a required column, or the text is not CSV: a field over
-        _FIELD_LIMIT characters, a lone carriage return outside quotes, a quoted field never
-        closed (it would take in every line to the end), a record over _BLOCK_BYTES.
+    Raises TableError: the header lacks a required column, or the text is not CSV (a field
+    over _FIELD_LIMIT characters, a lone carriage return outside quotes, a quoted field never
+    closed, a record over _BLOCK_BYTES).
     """
     parts = _jsonl_columns(f, spec, source) if spec.format == "jsonl" else _csv_columns(f, spec, source)
     pending: list[list] = [[] for _ in range(7)]
