@@ -192,9 +192,10 @@ class JoinLabels(beam.PTransform):
     bucket, from counts taken meanwhile), each bucket joined on its columns (join_bucket).
     `label_map` (ReadLabelMap's singleton, for --label_map) is a side input of the join.
 
-    Bounds: a GroupByBucket group holds one bucket's images and rows (~`per_bucket` of each
-    when keys are spread; all of a key's rows and images are in its bucket, so one key with
-    a million rows makes a group of a million). The side inputs are two counts (singletons)
+    Bounds: a GroupByBucket group holds one bucket's images and rows (~`per_bucket` of each,
+    10,000 so that a BucketFn's flush of _MAX_HELD makes parts of ~1,000, when keys are
+    spread; all of a key's rows and images are in its bucket, so one key with a million rows
+    makes a group of a million). The side inputs are two counts (singletons)
     and the label map (its class names).
     """
 
@@ -202,7 +203,7 @@ class JoinLabels(beam.PTransform):
         self,
         image_key_mode: str = "stem",
         settings: JoinSettings = JoinSettings(),
-        per_bucket: int = BATCH_SIZE,
+        per_bucket: int = 10 * BATCH_SIZE,
         label_map: beam.PCollection[LabelMap] | None = None,
     ):
         super().__init__()
