@@ -117,10 +117,9 @@ class KeyedGather:
 
     A flush (when `max_held` records are held, and at the end of the bundle: `drain`) joins
     the held batches once, orders their records by key with one stable numpy sort of int
-    codes, and cuts that into one RecordBatch per key: the work per record is a few C
-    gathers, whatever the number of keys, and the shuffle moves one element per key a
-    flush. A DoFn holds at most `max_held` records (plus the batch being added); a part is
-    at most that many records, and a key's records keep their order of arrival.
+    codes, and cuts that into one RecordBatch per key: a few C gathers a record, whatever the
+    number of keys, and one shuffled element per key a flush. A DoFn holds at most `max_held`
+    records (plus the batch being added); a key's records keep their order of arrival.
     """
 
     def __init__(self, max_held: int = 50 * BATCH_SIZE):
@@ -130,27 +129,17 @@ class KeyedGather:
         self._held = 0
         self._max_held = max_held
 
-    def add(self, batch: RecordBatch, keys: Iterable[Any]) -> Iterator[tuple[Any, RecordBatch]]:
-        """Holds `batch`, whose record i goes under keys[i]; yields the parts of a flush when one is due."""
-        code = self._keys.setdefault
-        yield from self._held_codes(
-            batch, np.fromiter((code(k, len(self._keys)) for k in keys), np.int64, len(batch))
-        )
-
     def add_coded(
         self, batch: RecordBatch, codes: np.ndarray, keys: Sequence[Any]
     ) -> Iterator[tuple[Any, RecordBatch]]:
-        """`add` with the keys as int codes: record i goes under keys[codes[i]].
+        """Holds `batch`, whose record i goes under keys[codes[i]]; yields a flush's parts when one is due.
 
         The keys are looked up once per distinct key of the batch, not once per record (a
         dict lookup of a tuple key a record cost about as much as the rest of the keying).
         """
         code = self._keys.setdefault
         mapping = np.fromiter((code(k, len(self._keys)) for k in keys), np.int64, len(keys))
-        yield from self._held_codes(batch, mapping[codes] if len(codes) else codes.astype(np.int64))
-
-    def _held_codes(self, batch: RecordBatch, codes: np.ndarray) -> Iterator[tuple[Any, RecordBatch]]:
-        self._codes.append(codes)
+        self._codes.append(mapping[codes] if len(codes) else codes.astype(np.int64))
         self._batches.append(batch)
         self._held += len(batch)
         if self._held >= self._max_held:
