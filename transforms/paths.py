@@ -22,8 +22,6 @@ def normalize_root(root: str) -> str:
     """The input root without a trailing separator; local roots made absolute."""
     if "://" in root:
         return root.rstrip("/")
-    import os
-
     return os.path.abspath(root)
 
 

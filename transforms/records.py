@@ -43,17 +43,10 @@ class ImageFile:
 
 @dataclasses.dataclass(frozen=True)
 class ImageRecord:
-    """A listed image with everything known before its bytes are read.
-
-    Attributes:
-      path: full path (local or gs://).
-      relpath: path relative to the input root; written as `image/filename`.
-      size: file size in bytes (used to plan shard sizes).
-      labels: class names of the image (one for single-label data; may be empty
-        for unlabeled inference sets).
-      split: name of the split the image is written to.
-      extras: further (name, value) features carried into the Example.
-    """
+    """A listed image with everything known before its bytes are read: its full path, its path
+    relative to the input root (written as `image/filename`), file size (plans shard sizes),
+    class names (one for single-label data, none for unlabeled sets), split, and further
+    (name, value) features carried into the Example."""
 
     path: str
     relpath: str
@@ -73,11 +66,8 @@ _PATH_SEP = "\x00"
 
 
 def root_of(paths: Sequence[str], relpaths: Sequence[str]) -> str | None:
-    """The root that every path is, followed by its relpath (a listing's files), or None.
-
-    Checked on the whole column at once (two joins and one comparison), so a coder can send
-    the paths as that root alone (`rooted_paths` rebuilds them).
-    """
+    """The root that every path is, followed by its relpath (a listing's files), or None: checked
+    on the whole column at once (two joins, one comparison), so that a coder sends the root alone."""
     if not paths or not relpaths[0] or type(paths[0]) is not str or not paths[0].endswith(relpaths[0]):
         return None
     root = paths[0][: len(paths[0]) - len(relpaths[0])]
@@ -114,11 +104,8 @@ class _Columns:
 
 
 class FileBatch(_Columns):
-    """Listed files travelling as one element, as columns (see the module docstring).
-
-    `FileBatch(files)` takes ImageFiles; `FileBatch.from_columns(paths, relpaths, sizes)`
-    equal-length tuples (no ImageFile is built). Immutable by convention.
-    """
+    """Listed files travelling as one element, as columns (paths, relpaths, sizes): from
+    ImageFiles, or `from_columns` (no ImageFile built). Immutable by convention."""
 
     __slots__ = ("paths", "relpaths", "sizes")
 
@@ -148,32 +135,21 @@ class FileBatch(_Columns):
         return FileBatch.from_columns, self.columns()
 
 
+# A RecordBatch's columns but the paths (which may be built from a root: from_root).
+_REST = ("relpaths", "sizes", "labels", "splits", "extras")
+
+
 class RecordBatch(_Columns):
     """ImageRecords travelling as one element, as columns (see the module docstring).
 
-    `RecordBatch(records)` takes ImageRecords; `RecordBatch.from_columns(paths, relpaths,
-    sizes, labels, splits, extras)` equal-length tuples (no ImageRecord is built). `hashes`
-    (bytes, HASH_BYTES a record, or None) are the records' seeded hashes for seed
-    `hash_seed`, set by the layout stage. Immutable by convention: `with_*` make new batches.
-
-    A batch decoded from paths coded as one root (transforms/coders.py) keeps that root and
-    builds `paths` only when read (`from_root`): the planning steps never read most paths,
-    and `take`, `slice`, `concat` and `with_columns` keep the root, so a batch crossing
-    several stages is coded as its root without its paths being built or checked again.
+    `RecordBatch(records)` takes ImageRecords; `from_columns` equal-length columns (no
+    ImageRecord built). `hashes`: the records' seeded hashes for seed `hash_seed`, or None.
+    Immutable by convention. A batch decoded from paths coded as one root keeps the root and
+    builds `paths` only when read (`from_root`): planning never reads most paths, and `take`,
+    `slice`, `concat` and `with_columns` keep the root, so it is coded as the root again.
     """
 
-    __slots__ = (
-        "_paths",
-        "_root",
-        "relpaths",
-        "sizes",
-        "labels",
-        "splits",
-        "extras",
-        "hashes",
-        "hash_seed",
-        "_records",
-    )
+    __slots__ = ("_paths", "_root", *_REST, "hashes", "hash_seed", "_records")
 
     def __init__(self, records: Iterable[ImageRecord] = ()):
         records = tuple(records)
@@ -241,8 +217,7 @@ class RecordBatch(_Columns):
 
     @property
     def root(self) -> str | None:
-        """The root every path is known to be followed by its relpath (`from_root`), else None
-        (which says nothing about the paths: `root_of` checks)."""
+        """The root known to precede every relpath (`from_root`), else None (the paths may still share one)."""
         return self._root
 
     def _rest(self) -> tuple:
@@ -276,8 +251,7 @@ class RecordBatch(_Columns):
 
     def with_columns(self, **columns: Any) -> RecordBatch:
         """A copy with some columns replaced (e.g. `splits=...`, `hashes=..., hash_seed=...`)."""
-        names = ("relpaths", "sizes", "labels", "splits", "extras", "hashes", "hash_seed")
-        fields = dict(zip(names, (*self._rest(), self.hashes, self.hash_seed)))
+        fields = dict(zip((*_REST, "hashes", "hash_seed"), (*self._rest(), self.hashes, self.hash_seed)))
         fields.update(columns)
         if self._root is not None and "paths" not in columns and "relpaths" not in columns:
             return RecordBatch.from_root(self._root, **fields)
@@ -322,6 +296,7 @@ class RecordBatch(_Columns):
         return RecordBatch.from_columns(*columns, hashes=hashes, hash_seed=seed)
 
 
+@dataclasses.dataclass(init=False, unsafe_hash=True, slots=True)
 class ShardTask:
     """All records of one output shard, in the order they are written, as a RecordBatch.
 
@@ -332,7 +307,9 @@ class ShardTask:
     convention.
     """
 
-    __slots__ = ("split", "index", "batch")
+    split: str
+    index: int
+    batch: RecordBatch
 
     def __init__(self, split: str, index: int, records: RecordBatch | Iterable[ImageRecord] = ()):
         self.split, self.index = split, index
@@ -342,11 +319,10 @@ class ShardTask:
         # name and label tuple (~160 bytes an image): held for the whole write, one of each.
         seen: dict = {}
         labels = tuple([seen.setdefault(x, x) for x in labels])
-        splits = (
-            (split,) * len(splits)
-            if all(s == split for s in splits)
-            else tuple(map(seen.setdefault, splits, splits))
-        )
+        if all(s == split for s in splits):
+            splits = (split,) * len(splits)
+        else:
+            splits = tuple(map(seen.setdefault, splits, splits))
         self.batch = RecordBatch.from_columns(paths, relpaths, sizes, labels, splits, extras)
 
     @property
@@ -368,19 +344,6 @@ class ShardTask:
 
     def __len__(self) -> int:
         return len(self.batch)
-
-    def __eq__(self, other: object) -> bool:
-        return (
-            type(other) is ShardTask
-            and (self.split, self.index) == (other.split, other.index)
-            and self.batch.columns() == other.batch.columns()
-        )
-
-    def __hash__(self) -> int:
-        return hash((self.split, self.index, self.batch.columns()))
-
-    def __repr__(self) -> str:
-        return f"ShardTask({self.split!r}, {self.index}, {self.batch!r})"
 
     def __reduce__(self) -> tuple:
         return ShardTask, (self.split, self.index, self.batch)

@@ -1,14 +1,12 @@
 """Seams for fault-injection tests, inert unless their environment variables are set.
 
-`IMG2TFRECORD_TEST_PAUSE=<point>:<flag file>` makes the run, on reaching `<point>`
-('write_shard': a shard's first image written; 'publish': after the first file of the
-dataset is renamed into place), create `<flag file>` and sleep until the test deletes it
-(at most 120 s), so a test can kill, stop or resume it at exactly that moment; once resumed
-(`<flag file>.resumed` is left) it passes the point without pausing again.
-`IMG2TFRECORD_TEST_LEASE_SECONDS=<s>` shortens the claim's lease (transforms/output/marker.py)
-in every process that inherits it (launcher, worker pool), so a stalled run's lease expires
-within a test. Production runs set neither; they read nothing else and write nothing but the
-flag file the test named.
+`IMG2TFRECORD_TEST_PAUSE=<point>:<flag file>`: on reaching `<point>` ('write_shard': a
+shard's first image written; 'publish': the first dataset file renamed into place) the run
+creates `<flag file>` and sleeps until the test deletes it (at most 120 s), so a test can
+kill, stop or resume it there; once resumed (`<flag file>.resumed` left) it does not pause
+again. `IMG2TFRECORD_TEST_LEASE_SECONDS=<s>` shortens the claim's lease
+(transforms/output/marker.py) in every process that inherits it, so a stalled run's lease
+expires within a test.
 """
 
 from __future__ import annotations
