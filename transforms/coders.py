@@ -1,19 +1,14 @@
 """Cheap, deterministic Beam coders for the records that go through shuffles.
 
-Without them Beam pickles a record (FastPrimitivesCoder's fallback): ~2 us per encode, size
-estimate and decode, with the class path in every element. Here a record is the tuple of its
-fields coded by Beam's compiled FastPrimitivesCoder (~0.3 us); one it cannot code so (a path
-with undecodable bytes, kept as surrogates) is pickled behind a tag byte, so every record
-round-trips exactly. A batch (FileBatch, RecordBatch, ShardTask) is one coder call on its
-columns with the repeats taken out: the paths as one root when each is root + relpath; a
-RecordBatch's labels, splits and extras as a table of distinct values and a byte or two a
-record (`dictionary_code`), its seeded hashes as one bytes value; a ShardTask's split column
-left out when every record is in the task's split. Decoding builds no object per image (a
-RecordBatch's paths are built from its root only when read: RecordBatch.from_root). A size
-estimate (Beam samples element sizes for its counters) is one row's size times the count.
-
-Registered in one place, beam_pipeline/pipeline.py `register_coders` (CODERS here and in
-transforms/labels/beam_coders.py); a PCollection gets them when its element type is declared.
+Without them Beam pickles a record: ~2 us per encode, size estimate and decode, with the class
+path in every element. Here a record is the tuple of its fields, coded by Beam's compiled
+FastPrimitivesCoder (~0.3 us), or pickled behind a tag byte when it cannot be (a path with
+undecodable bytes, kept as surrogates), so every record round-trips exactly. A batch is one
+coder call on its columns with the repeats taken out: paths as one root when each is root +
+relpath, a RecordBatch's labels, splits and extras as a table and a byte or two a record
+(`dictionary_code`), a ShardTask's splits left out when all are the task's. A size estimate
+(Beam samples element sizes) is one row's size times the count. Registered in one place:
+beam_pipeline/pipeline.py `register_coders` (CODERS here and in labels/beam_coders.py).
 """
 
 from __future__ import annotations
@@ -74,14 +69,11 @@ _CODE_TYPES = {1: np.dtype("u1"), 2: np.dtype("<u2"), 4: np.dtype("<u4")}
 
 
 def dictionary_code(column: Sequence) -> tuple[Sequence, bytes | None]:
-    """A column as (its distinct values, each value's index in them, as bytes): the one
-    dictionary coding of a column (RecordBatches here, the labels join's columns in
-    labels/buckets.py, which cuts the codes by position: index_array).
-
-    Codes b"": every value is the one distinct value (or the column is empty). Codes None:
-    the table is the column itself (values that cannot be dict keys, or mostly distinct
-    values, such as the labels of a batch of GLDv2's 203,094 classes, where a table saves
-    no bytes and costs a dict entry a record to build and a lookup to read).
+    """A column as (its distinct values, each value's index in them as bytes): the one dictionary
+    coding (RecordBatches, and the labels join's columns: labels/buckets.py). Codes b"": every
+    value is the one distinct value (or none). Codes None: the table is the column itself
+    (unhashable values, or mostly distinct ones such as a batch of GLDv2's 203,094 classes'
+    labels, where a table saves no bytes and costs a dict entry a record).
     """
     if not column or column.count(column[0]) == len(column):
         return tuple(column[:1]), b""
@@ -155,10 +147,9 @@ def decode_file_batch(data: bytes) -> FileBatch:
 def record_batch_fields(batch: RecordBatch) -> tuple:
     """What a RecordBatch is coded as: its columns with the repeats taken out, hashes and seed.
 
-    Tiny images' records are ~47 bytes coded instead of ~140 (72 of them the path): every copy
-    of an encoded PCollection a runner holds (the local runner holds 3-4 of a stage's input and
-    output while it runs) is that much smaller. A batch decoded from a root
-    (RecordBatch.from_root) is coded as that root again, with no check.
+    Tiny images' records are ~47 bytes coded instead of ~140 (72 of them the path), in every
+    copy of a PCollection a runner holds (the local runner holds 3-4 of a stage's input and
+    output). A batch decoded from a root (RecordBatch.from_root) is coded as that root again.
     """
     root = batch.root
     return (
@@ -204,7 +195,8 @@ def estimate_record_batch(batch: RecordBatch) -> int:
 
 
 class TupleCoder(coders.Coder):
-    """Base: a record coded by the functions `_encode` and `_decode` (set per subclass)."""
+    """Base: a record coded by the functions `_encode` and `_decode` (set per subclass); equal to
+    any coder of its class (Beam's Coder.__eq__: no state but its impl)."""
 
     _type: type
     _encode: Any
@@ -226,12 +218,6 @@ class TupleCoder(coders.Coder):
 
     def to_type_hint(self) -> type:
         return self._type
-
-    def __eq__(self, other: object) -> bool:
-        return type(self) is type(other)
-
-    def __hash__(self) -> int:
-        return hash(type(self))
 
 
 class ImageRecordCoder(TupleCoder):
@@ -262,13 +248,9 @@ class RecordBatchCoder(TupleCoder):
 
 
 class SideDict(dict, CacheAware):
-    """A dict made to be a side input (totals, bucket tables, per-class counts).
-
-    Beam's state cache sizes every side input it loads by walking all its objects (objsize:
-    ~1 us an object; a 200,000-class table of [count, weight] lists is ~600,000 of them) for
-    each stage that reads it. A SideDict is sized by its own table only (its keys and values
-    are small strings and ints), and is coded as a plain dict by the primitive coder.
-    """
+    """A dict made to be a side input (totals, bucket tables, per-class counts), sized by Beam's
+    state cache without a walk of its objects (transforms/beam_internals.py: its keys and values
+    are small strings and ints) and coded as a plain dict by the primitive coder."""
 
     def get_referents_for_cache(self) -> list:
         return []

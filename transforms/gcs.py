@@ -159,11 +159,9 @@ def lister(bucket: str) -> Lister:
 
 
 def _page(bucket: str, prefix: str, delimiter: str | None, token: str | None, limit: int | None = None):
-    """One list request: ([(name, size)...], [prefix...], next page token or None).
-
-    A page is asked for by its token on a fresh iterator, so a failed request is simply made
-    again (a page iterator that raised is finished: retrying it would end the listing early).
-    """
+    """One list request: ([(name, size)...], [prefix...], next page token or None), on a fresh
+    iterator, so a failed one is made again (an iterator that raised is finished: retrying it
+    would end the listing early)."""
     blobs = client().list_blobs(
         bucket,
         prefix=prefix or None,
@@ -176,9 +174,7 @@ def _page(bucket: str, prefix: str, delimiter: str | None, token: str | None, li
     page = next(blobs.pages, None)
     if page is None:
         return [], [], None
-    # An object's size is never None; a prefix's is.
-    objects = [(b.name, b.size or 0) for b in page]
-    return objects, list(getattr(page, "prefixes", ())), blobs.next_page_token
+    return [(b.name, b.size or 0) for b in page], list(getattr(page, "prefixes", ())), blobs.next_page_token
 
 
 def first_page(root: str, limit: int) -> list[str]:

@@ -1,19 +1,16 @@
 """One retry policy for every read and write that may fail for a moment (pure).
 
-`RetryPolicy.call(fn)` retries transient errors (timeouts, resets, EIO, HTTP 408/429/5xx)
-with jittered exponential backoff, at most `attempts` times and never starting an attempt
-`deadline` seconds after the first; permanent errors propagate at once. The same policy as a
-`google.api_core.retry.Retry` (`as_api_retry`) bounds the requests the storage client retries
-itself (resumable upload chunks, the claim's requests). It is not used for `call` too: that
-Retry has no cap on attempts, draws its delays at random from zero, and sleeps by
-time.sleep, where tests pass their own.
+`RetryPolicy.call(fn)` retries transient errors (timeouts, resets, EIO, HTTP 408/429/5xx) with
+jittered exponential backoff, at most `attempts` times, starting none `deadline` s after the
+first; permanent errors propagate at once. `as_api_retry` gives the same policy as a
+google.api_core Retry, for the requests the storage client retries itself (upload chunks,
+the claim's requests); `call` is not that Retry, which has no cap on attempts, draws delays
+from zero and sleeps by time.sleep (tests pass their own sleep).
 
-`StoreHealth` watches each store (a bucket) from one process: one that has answered nothing
-but transient errors for `store_down` seconds is down (an endpoint gone), and
-StoreUnreachable stops the job with one line (exit 2) instead of failing every image after
-its own retries. Any answer resets the clock, so one object that keeps failing does not.
-Both budgets (60 s) are read from IMG2TFRECORD_RETRY_SECONDS when a policy is made (tests
-shorten them); a policy travels to the workers inside the pickled graph.
+`StoreHealth`: a store (bucket) that has answered one process nothing but transient errors
+for `store_down` s is down, and StoreUnreachable stops the job with one line (exit 2) instead
+of failing every image after its own retries; any answer resets the clock. Both budgets (60 s)
+are read from IMG2TFRECORD_RETRY_SECONDS when a policy is made (tests shorten them).
 """
 
 from __future__ import annotations
