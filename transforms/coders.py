@@ -60,10 +60,6 @@ def _paths_fields(paths: Sequence[str], relpaths: Sequence[str]) -> tuple[str, S
     return ("", paths) if root is None else (root, None)
 
 
-def _paths(root: str, paths: Sequence[str] | None, relpaths: Sequence[str]) -> Sequence[str]:
-    return rooted_paths(root, relpaths) if paths is None else paths
-
-
 # Width in bytes of a dictionary code -> its numpy type (little-endian on every machine).
 _CODE_TYPES = {1: np.dtype("u1"), 2: np.dtype("<u2"), 4: np.dtype("<u4")}
 
@@ -141,7 +137,7 @@ def encode_file_batch(batch: FileBatch) -> bytes:
 
 
 def decode_file_batch(data: bytes) -> FileBatch:
-    return untagged(data, lambda t: FileBatch.from_columns(_paths(*t[:3]), t[2], t[3]))
+    return untagged(data, lambda t: FileBatch.from_columns(t[1] or rooted_paths(t[0], t[2]), t[2], t[3]))
 
 
 def record_batch_fields(batch: RecordBatch) -> tuple:

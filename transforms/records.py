@@ -166,20 +166,12 @@ class RecordBatch(_Columns):
 
     @classmethod
     def from_columns(
-        cls,
-        paths: Sequence[str],
-        relpaths: Sequence[str],
-        sizes: Sequence[int],
-        labels: Sequence[tuple[str, ...]],
-        splits: Sequence[str],
-        extras: Sequence[tuple],
-        hashes: bytes | None = None,
-        hash_seed: int | None = None,
+        cls, paths: Sequence[str], relpaths: Sequence[str], *rest: Any, **named: Any
     ) -> RecordBatch:
-        """A batch of equal-length columns (and, optionally, their seeded hashes)."""
+        """A batch of equal-length columns: the paths, then from_root's columns (hashes optional)."""
         if len(paths) != len(relpaths):
             raise ValueError("RecordBatch columns of different lengths")
-        batch = cls.from_root(None, relpaths, sizes, labels, splits, extras, hashes, hash_seed)
+        batch = cls.from_root(None, relpaths, *rest, **named)
         batch._paths = tuple(paths)
         return batch
 
