@@ -1,7 +1,5 @@
-"""Paths as the job sees them: image extensions, roots, relative paths, literal globs.
-
-Pure functions every stage may use (local paths and any Beam filesystem's URLs).
-"""
+"""Paths as the job sees them (local, or any Beam filesystem's URLs): image extensions, roots,
+relative paths, literal globs. Pure functions every stage may use."""
 
 from __future__ import annotations
 

@@ -12,6 +12,7 @@ expires within a test.
 from __future__ import annotations
 
 import os
+import pathlib
 import time
 
 PAUSE_ENV = "IMG2TFRECORD_TEST_PAUSE"
@@ -21,19 +22,14 @@ _PAUSE_SECONDS = 120
 
 def pause_if_asked(point: str) -> None:
     """Sleeps at `point` if the test pause variable names it (see module docstring)."""
-    spec = os.environ.get(PAUSE_ENV)
-    if not spec:
-        return
-    wanted, _, flag = spec.partition(":")
+    wanted, _, flag = os.environ.get(PAUSE_ENV, "").partition(":")
     if wanted != point or not flag or os.path.exists(flag + ".resumed"):
         return
-    with open(flag, "a"):
-        pass
+    pathlib.Path(flag).touch()
     deadline = time.monotonic() + _PAUSE_SECONDS
     while os.path.exists(flag) and time.monotonic() < deadline:
         time.sleep(0.05)
-    with open(flag + ".resumed", "a"):
-        pass
+    pathlib.Path(flag + ".resumed").touch()
 
 
 def lease_seconds(default: float) -> float:
