@@ -244,11 +244,10 @@ class _Stream(io.RawIOBase):
     def readable(self) -> bool:
         return self.mode == "rb"
 
+    seekable = readable
+
     def writable(self) -> bool:
         return self.mode == "wb"
-
-    def seekable(self) -> bool:
-        return self.readable()
 
     def readinto(self, buffer) -> int:  # RawIOBase builds read() and readall() on it
         data = self._do("read", len(buffer))
