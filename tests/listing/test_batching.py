@@ -3,6 +3,7 @@
 import collections
 
 import apache_beam as beam
+import numpy as np
 import pytest
 from apache_beam.io.filesystem import FileMetadata
 from apache_beam.testing.test_pipeline import TestPipeline
@@ -212,15 +213,19 @@ def test_keyed_gather_sends_one_part_per_key_a_flush_in_arrival_order():
             tuple(ImageRecord(f"/in/{i}", f"c/{i}", i, ("c",)) for i in range(start, start + n))
         )
 
+    def add(gather, batch, keys):
+        distinct = list(dict.fromkeys(keys))
+        return gather.add_coded(batch, np.array([distinct.index(k) for k in keys]), distinct)
+
     gather = KeyedGather(max_held=10)
     # 4 records held: nothing due; the next 6 make 10 and flush every key at once.
-    assert list(gather.add(batch(0, 4), ["b", "a", "b", "a"])) == []
-    flushed = list(gather.add(batch(4, 6), ["a", "c", "b", "a", "c", "c"]))
+    assert list(add(gather, batch(0, 4), ["b", "a", "b", "a"])) == []
+    flushed = list(add(gather, batch(4, 6), ["a", "c", "b", "a", "c", "c"]))
     assert [(k, [r.size for r in part.records]) for k, part in flushed] == [
         ("b", [0, 2, 6]),
         ("a", [1, 3, 4, 7]),
         ("c", [5, 8, 9]),
     ]
     assert list(gather.drain()) == []  # nothing held after a flush
-    assert [(k, len(p)) for k, p in gather.add(batch(10, 3), [("s", 1)] * 3)] == []
+    assert [(k, len(p)) for k, p in add(gather, batch(10, 3), [("s", 1)] * 3)] == []
     assert [(k, len(p)) for k, p in gather.drain()] == [(("s", 1), 3)]
