@@ -23,7 +23,7 @@ from transforms.listing.beam_archives import SAMPLE_LABELS, IndexArchives, match
 from transforms.listing.beam_gcs import ListGcsImages
 from transforms.listing.beam_walk import ARCHIVES, KeepImagesFn, WalkLocalFn
 from transforms.listing.local import is_archive_input
-from transforms.paths import IMAGE_EXTENSIONS, escape_glob, normalize_root
+from transforms.paths import escape_glob, normalize_root
 from transforms.records import FileBatch
 
 
@@ -52,7 +52,6 @@ class ListImages(beam.PTransform):
     def __init__(
         self,
         root: str,
-        extensions: tuple[str, ...] = IMAGE_EXTENSIONS,
         progress_key: str | None = None,
         copies_dir: str | None = None,
         webdataset: bool = False,
@@ -60,12 +59,11 @@ class ListImages(beam.PTransform):
         super().__init__()
         self._webdataset = webdataset
         self._root = normalize_root(root)
-        self._extensions = tuple(e.lower() for e in extensions)
         self._progress_key = progress_key
         self._copies_dir = copies_dir
 
     def expand(self, pbegin: beam.pvalue.PBegin) -> ListedImages:
-        root, extensions, key = self._root, self._extensions, self._progress_key
+        root, key = self._root, self._progress_key
         if is_archive_input(root):
             files = pbegin | "NoFiles" >> beam.Create([]).with_output_types(FileBatch)
             archives = (
@@ -74,7 +72,7 @@ class ListImages(beam.PTransform):
                 | "MatchArchives" >> beam.FlatMap(match_archives, literal_or_glob(root))
             )
         elif root.startswith("gs://"):
-            listed = pbegin | "ListBucket" >> ListGcsImages(root, extensions, key)
+            listed = pbegin | "ListBucket" >> ListGcsImages(root, key)
             files, archives = listed.files, listed.archives
         else:
             if "://" not in root:  # one Impulse step, where a Create of the root would be four
@@ -83,10 +81,10 @@ class ListImages(beam.PTransform):
                 pattern = escape_glob(root) + "/**"
                 match = fileio.MatchFiles(pattern, empty_match_treatment=fileio.EmptyMatchTreatment.ALLOW)
                 found, label, fn = pbegin | "MatchFiles" >> match, "KeepImages", KeepImagesFn
-            pardo = beam.ParDo(fn(root, extensions, key)).with_output_types(FileBatch)
+            pardo = beam.ParDo(fn(root, key)).with_output_types(FileBatch)
             listed = found | label >> pardo.with_outputs(ARCHIVES, main="files")
             files, archives = listed.files, listed[ARCHIVES]
-        index = IndexArchives(extensions, self._copies_dir, key, self._webdataset)
+        index = IndexArchives(self._copies_dir, key, self._webdataset)
         members = archives | "IndexArchives" >> index
         return ListedImages(
             files=(files, members.files) | "AllFiles" >> beam.Flatten(),

@@ -48,6 +48,7 @@ from transforms.listing.beam_walk import _ListFn
 from transforms.listing.local import archive_in
 from transforms.listing.members import pinned_address
 from transforms.listing.webdataset import SIDECAR_EXTENSIONS, SampleLabel, label_samples
+from transforms.paths import IMAGE_EXTENSIONS
 from transforms.records import FileBatch, ImageFile
 from transforms.retry import DEFAULT_RETRY, describe
 
@@ -217,20 +218,14 @@ class IndexArchivesFn(_ListFn):
     cannot be written).
     """
 
-    def __init__(
-        self,
-        extensions: tuple[str, ...],
-        copies_dir: str | None,
-        progress_key: str | None = None,
-        webdataset: bool = False,
-    ):
+    def __init__(self, copies_dir: str | None, progress_key: str | None, webdataset: bool):
         super().__init__(progress_key)
-        self._extensions, self._copies_dir, self._webdataset = extensions, copies_dir, webdataset
+        self._copies_dir, self._webdataset = copies_dir, webdataset
         self._archives = Metrics.counter(self.__class__, "archives_indexed")
 
     def process(self, archive: ArchiveFile) -> Iterable[FileBatch | pvalue.TaggedOutput]:
         self._archives.inc()
-        items = index_archive(archive, self._extensions, self._copies_dir, self._webdataset)
+        items = index_archive(archive, IMAGE_EXTENSIONS, self._copies_dir, self._webdataset)
         for chunk in chunked(items):
             files = tuple(x for x in chunk if isinstance(x, ImageFile))
             labels = tuple(x for x in chunk if isinstance(x, SampleLabel))
@@ -256,7 +251,6 @@ def match_archives(_: bytes, pattern: str) -> Iterator[ArchiveFile]:
 @beam.ptransform_fn
 def IndexArchives(
     archives: beam.PCollection[ArchiveFile],
-    extensions: tuple[str, ...],
     copies_dir: str | None,
     progress_key: str | None,
     webdataset: bool,
@@ -267,7 +261,7 @@ def IndexArchives(
     The Reshuffle's groups are keyed at random: each holds a few ArchiveFiles (path, folder,
     size), never an archive's members.
     """
-    fn = IndexArchivesFn(extensions, copies_dir, progress_key, webdataset)
+    fn = IndexArchivesFn(copies_dir, progress_key, webdataset)
     return (
         archives
         | "Spread" >> beam.Reshuffle()  # one archive per element: spread over the workers

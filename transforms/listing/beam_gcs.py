@@ -24,19 +24,10 @@ class ListPrefixFn(_KeepFn):
     and its prefixes as (prefix, width), tagged EXPAND (list one level down) or BELOW (list whole).
     A storage client per worker."""
 
-    def __init__(
-        self,
-        root: str,
-        extensions: tuple[str, ...],
-        progress_key: str | None = None,
-        *,
-        whole: bool = False,
-        last_level: bool = False,
-        target: int = FANOUT_TARGET,
-    ):
-        super().__init__(root, extensions, progress_key)
+    def __init__(self, root: str, progress_key: str | None, *, whole: bool = False, last_level: bool = False):
+        super().__init__(root, progress_key)
         self._bucket = split_gcs_path(root)[0]
-        self._whole, self._last_level, self._target = whole, last_level, target
+        self._whole, self._last_level, self._target = whole, last_level, FANOUT_TARGET
         self._lister: Lister | None = None
         self._prefixes = Metrics.counter(self.__class__, "prefixes_listed")
 
@@ -75,42 +66,21 @@ class GcsListing(NamedTuple):
 
 
 class ListGcsImages(beam.PTransform):
-    """Lists every image and tar archive below `gs://bucket[/prefix]`, each once (gcs.py).
+    """Lists every image and tar archive below `gs://bucket[/prefix]`, each once (gcs.py);
+    `progress_key`: the run whose live Progress counts the listed images, if any."""
 
-    Args:
-      extensions: lower-case suffixes of the files kept.
-      progress_key: the run whose live Progress counts the listed images, if any.
-      target: stop fanning out at about this many prefixes a level (FANOUT_TARGET).
-      levels: list at most this many levels with the delimiter (FANOUT_LEVELS), >= 1.
-    """
-
-    def __init__(
-        self,
-        root: str,
-        extensions: tuple[str, ...],
-        progress_key: str | None = None,
-        *,
-        target: int | None = None,
-        levels: int | None = None,
-    ):
+    def __init__(self, root: str, progress_key: str | None = None):
         super().__init__()
-        target = FANOUT_TARGET if target is None else target
-        levels = FANOUT_LEVELS if levels is None else levels
-        if levels < 1 or target < 1:
-            raise ValueError("levels and target must be positive")
-        self._prefix = split_gcs_path(root)[1]
-        self._root, self._extensions, self._key = root.rstrip("/"), extensions, progress_key
-        self._target, self._levels = target, levels
+        self._root, self._key, self._prefix = root.rstrip("/"), progress_key, split_gcs_path(root)[1]
 
     def expand(self, pbegin: beam.pvalue.PBegin) -> GcsListing:
-        root, extensions, key, prefix = self._root, self._extensions, self._key, self._prefix
+        root, key, prefix, levels = self._root, self._key, self._prefix, FANOUT_LEVELS
         expand = pbegin | "Start" >> beam.Impulse() | "Root" >> beam.Map(lambda _: (prefix, 1))
         files, archives, below = [], [], []
-        for level in range(self._levels):
+        for level in range(levels):
             if level:
                 expand = expand | f"SpreadLevel{level}" >> beam.Reshuffle()
-            last = level == self._levels - 1
-            fn = ListPrefixFn(root, extensions, key, last_level=last, target=self._target)
+            fn = ListPrefixFn(root, key, last_level=level == levels - 1)
             listed = expand | f"ListLevel{level}" >> beam.ParDo(fn).with_output_types(FileBatch).with_outputs(
                 EXPAND, BELOW, ARCHIVES, main="files"
             )
@@ -123,7 +93,7 @@ class ListGcsImages(beam.PTransform):
             | "AllBelow" >> beam.Flatten()
             | "SpreadPrefixes" >> beam.Reshuffle()
             | "ListBelow"
-            >> beam.ParDo(ListPrefixFn(root, extensions, key, whole=True))
+            >> beam.ParDo(ListPrefixFn(root, key, whole=True))
             .with_output_types(FileBatch)
             .with_outputs(ARCHIVES, main="files")
         )

@@ -52,9 +52,9 @@ class _KeepFn(_ListFn, RebatchFn):
 
     make_batch = FileBatch
 
-    def __init__(self, root: str, extensions: tuple[str, ...], progress_key: str | None = None):
+    def __init__(self, root: str, progress_key: str | None = None):
         super().__init__(progress_key)
-        self._root, self._extensions = root, extensions
+        self._root = root
 
     def keep(self, path: str, size: int) -> Iterator[FileBatch | pvalue.TaggedOutput]:
         """The file at `path` below the root: an image, an archive, or nothing (hidden, other)."""
@@ -63,7 +63,7 @@ class _KeepFn(_ListFn, RebatchFn):
             return
         if archive_kind(path) is not None:
             yield pvalue.TaggedOutput(ARCHIVES, archive_in(path, self._root, size))
-        elif has_image_extension(path, self._extensions):
+        elif has_image_extension(path):
             yield from map(self.counted, self.batched(ImageFile(path=path, relpath=relpath, size=size)))
 
     def finish_bundle(self) -> Iterable:
@@ -77,7 +77,7 @@ class WalkLocalFn(_KeepFn):
     in walk order; ARCHIVES: each archive found (ArchiveFile)."""
 
     def process(self, _: bytes) -> Iterable[FileBatch | pvalue.TaggedOutput]:
-        for found in walk_local(self._root, self._extensions, archives=True):
+        for found in walk_local(self._root, archives=True):
             if isinstance(found, ArchiveFile):
                 yield pvalue.TaggedOutput(ARCHIVES, found)
             else:
