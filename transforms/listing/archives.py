@@ -23,7 +23,7 @@ import dataclasses
 import posixpath
 import re
 import tarfile
-from collections.abc import Generator, Iterator
+from collections.abc import Iterator
 from typing import BinaryIO
 
 from transforms.listing.members import BLOCK, header_digest, parse_address
@@ -37,11 +37,7 @@ ARCHIVE_SUFFIXES = TAR_SUFFIXES + GZIP_SUFFIXES
 def archive_kind(path: str) -> str | None:
     """'tar' for a `.tar`, 'gzip' for a `.tar.gz`/`.tgz`, None for anything else."""
     lower = path.lower()
-    if lower.endswith(TAR_SUFFIXES):
-        return "tar"
-    if lower.endswith(GZIP_SUFFIXES):
-        return "gzip"
-    return None
+    return "tar" if lower.endswith(TAR_SUFFIXES) else "gzip" if lower.endswith(GZIP_SUFFIXES) else None
 
 
 def unpacked_name(member: str) -> str:
@@ -60,19 +56,15 @@ def nested_folder(inner: str) -> str:
 
 def unpacked_member(member: str) -> str:
     """The unpacked path of an address's member part (`inner.tar#name` for a nested one)."""
-    nested = _NESTED.fullmatch(member)
-    if nested is not None:
+    if nested := _NESTED.fullmatch(member):
         return f"{nested_folder(nested['inner'])}/{unpacked_name(nested['member'])}"
     return unpacked_name(member)
 
 
 def source_name(path: str, relpath: str) -> str:
-    """The name an image is written under (`image/filename`): its relpath for a plain file.
-
-    For an archive member, the archive's own path relative to the input root, `#`, and the
-    member's name in the archive (`train/images_000.tar#cat/1.jpg`): two archives holding
-    the same member path stay two names.
-    """
+    """The name an image is written under (`image/filename`): its relpath for a plain file;
+    for an archive member, the archive's path relative to the root, `#`, and the member's name
+    (`train/images_000.tar#cat/1.jpg`), so two archives holding the same member stay two names."""
     address = parse_address(path)
     if address is None:
         return relpath
@@ -122,15 +114,8 @@ class _Window:
 def _kind_of(info: tarfile.TarInfo) -> str:
     if info.issym() or info.islnk():
         return f"{'symbolic' if info.issym() else 'hard'} link to {info.linkname!r}"
-    return _KINDS.get(info.type, "special file")
-
-
-_KINDS = {
-    tarfile.DIRTYPE: "directory",
-    tarfile.FIFOTYPE: "fifo",
-    tarfile.CHRTYPE: "device",
-    tarfile.BLKTYPE: "device",
-}
+    kinds = {"directory": info.isdir(), "fifo": info.isfifo(), "device": info.isdev()}  # in this order
+    return next((kind for kind, match in kinds.items() if match), "special file")
 
 
 def index_tar(
@@ -199,11 +184,31 @@ def index_tar(
         except _Stop as e:
             yield Problem(where, f"{e} at byte {base + pos}: {_REST}")
             return
-        ended = False
-        stop = yield from _entry(f, info, file_size, extensions, folder, nested, prefix, base)
-        if stop:
+        pos, ended = end, False
+        name, lower, start = prefix + info.name, info.name.lower(), base + info.offset_data
+        wanted = posixpath.splitext(lower)[1] in extensions or (nested and lower.endswith(ARCHIVE_SUFFIXES))
+        if info.offset_data + info.size > file_size:  # nothing after it can be listed
+            cut = f"the member's {info.size} bytes start at byte {start} but the archive ends at byte {base + file_size}"
+            yield Problem(name if wanted else where, f"archive truncated: {cut}")
             return
-        pos = end
+        if not wanted:
+            continue
+        if info.issparse():
+            yield Problem(
+                name, "a sparse member (tar --sparse) is not read: repack the archive without --sparse"
+            )
+        elif nested and info.isreg() and lower.endswith(TAR_SUFFIXES):
+            window = _Window(f, info.offset_data, info.size)
+            inner = f"{folder}{nested_folder(info.name)}/"
+            yield from index_tar(
+                window, info.size, extensions, folder=inner, nested=False, prefix=f"{name}#", base=start
+            )
+        elif nested and info.isreg() and lower.endswith(GZIP_SUFFIXES):
+            yield Problem(name, "a compressed tar inside an archive is not read (repack it as .tar)")
+        elif not info.isreg():
+            yield Problem(name, f"not a regular file ({_kind_of(info)})")
+        else:
+            yield Member(name, folder + unpacked_name(info.name), start, info.size, info.chksum)
 
 
 _REST = "the rest cannot be listed"
@@ -255,7 +260,7 @@ def _member(
       _Stop: an extended header declares more than MAX_EXTENDED bytes, or the file ends in one.
     """
     records: dict[bytes, bytes] = {}
-    extended = 0
+    extended = 0  # bytes of extended headers read for this member
     while True:
         if not _is_header(block):
             raise _Damaged(pos)
@@ -354,11 +359,10 @@ _NO_DATA = frozenset(b"123456")  # links, devices, folders, FIFOs: no data, what
 def _plain_header(block: bytes) -> tarfile.TarInfo | None:
     """The TarInfo of a member's own header, or None if a field is not a number.
 
-    Decodes as tarfile does on POSIX (UTF-8, undecodable bytes kept as surrogates) and
-    applies its rules: a regular file named `x/` is a folder, a folder's trailing slashes
-    are dropped, a ustar prefix is joined to the name. Type flags other than files, links,
-    folders, devices and FIFOs (GNU sparse, volume labels, vendor types) keep their flag
-    and their data is skipped by its size, as GNU tar does.
+    Decodes and names as tarfile does on POSIX (UTF-8 with surrogates; a regular file `x/` is
+    a folder, a folder's trailing slashes dropped, a ustar prefix joined). Other type flags
+    (GNU sparse, volume labels, vendor types) keep their flag, their data skipped by its size,
+    as GNU tar does.
     """
     kind = block[156]
     size = _number(block[124:136])
@@ -379,53 +383,6 @@ def _plain_header(block: bytes) -> tarfile.TarInfo | None:
     if kind in _NO_DATA:
         info.size = 0  # links, folders, devices: no data follows, whatever the field says
     return info
-
-
-def _entry(
-    f: BinaryIO,
-    info: tarfile.TarInfo,
-    file_size: int,
-    extensions: tuple[str, ...],
-    folder: str,
-    nested: bool,
-    prefix: str,
-    base: int,
-) -> Generator[Member | Problem, None, bool]:
-    """What one header gives (see index_tar); returns True if nothing after it can be listed."""
-    name = prefix + info.name
-    lower = info.name.lower()
-    wanted = posixpath.splitext(lower)[1] in extensions or (nested and lower.endswith(ARCHIVE_SUFFIXES))
-    if info.offset_data + info.size > file_size:
-        cut = (
-            f"archive truncated: the member's {info.size} bytes start at byte {base + info.offset_data} "
-            f"but the archive ends at byte {base + file_size}"
-        )
-        yield Problem(name if wanted else prefix.rstrip("#"), cut)
-        return True
-    if not wanted:
-        return False
-    if info.issparse():
-        yield Problem(name, "a sparse member (tar --sparse) is not read: repack the archive without --sparse")
-        return False
-    if nested and info.isreg() and lower.endswith(TAR_SUFFIXES):
-        yield from index_tar(
-            _Window(f, info.offset_data, info.size),
-            info.size,
-            extensions,
-            folder=f"{folder}{nested_folder(info.name)}/",
-            nested=False,
-            prefix=f"{name}#",
-            base=base + info.offset_data,
-        )
-        return False
-    if nested and info.isreg() and lower.endswith(GZIP_SUFFIXES):
-        yield Problem(name, "a compressed tar inside an archive is not read (repack it as .tar)")
-        return False
-    if not info.isreg():
-        yield Problem(name, f"not a regular file ({_kind_of(info)})")
-        return False
-    yield Member(name, folder + unpacked_name(info.name), base + info.offset_data, info.size, info.chksum)
-    return False
 
 
 @dataclasses.dataclass(frozen=True)

@@ -72,8 +72,7 @@ class ListImages(beam.PTransform):
                 | "MatchArchives" >> beam.FlatMap(match_archives, literal_or_glob(root))
             )
         elif root.startswith("gs://"):
-            listed = pbegin | "ListBucket" >> ListGcsImages(root, key)
-            files, archives = listed.files, listed.archives
+            files, archives = pbegin | "ListBucket" >> ListGcsImages(root, key)
         else:
             if "://" not in root:  # one Impulse step, where a Create of the root would be four
                 found, label, fn = pbegin | "Start" >> beam.Impulse(), "WalkLocal", WalkLocalFn

@@ -1,19 +1,14 @@
-"""IndexArchives: archives found by the listing -> FileBatches of their image members, on workers.
+"""IndexArchives: ArchiveFiles found by the listing -> FileBatches of their image members.
 
-In: ArchiveFile elements (path, the folder it lies in, size) from the walk of a folder or
-bucket prefix, or from a glob of archives (transforms/listing/beam.py). They are reshuffled
-so that a runner spreads them over its workers; one DoFn call indexes one archive by a
-sequential read of its headers (transforms/listing/archives.py), and its members leave in
-FileBatches of up to BATCH_SIZE as ImageFiles whose path is the member's pinned address.
-Out, tagged FAILED: a Failure (stage 'list') per image member that is not a regular file or
-is cut off, and per damaged archive: nothing is lost without a name.
+The archives are reshuffled over the workers; one DoFn call indexes one archive by reading its
+headers (archives.py), and its members leave as ImageFiles whose path is the member's pinned
+address (members.py). Tagged FAILED: a Failure (stage 'list') per image member that is not a
+regular file or is cut off, and per damaged archive: nothing is lost without a name.
 
-A `.tar.gz`/`.tgz` has no random access, so it is decompressed once, streaming, into an
-uncompressed copy in the run's temp folder (`<temp>/archives/<hash>/<name>`, deleted with
-it), which is indexed; its members are named by the `.tar.gz` and carry the copy in their
-pin (members.py). The copy is bounded (inflate_limit: a gzip bomb fails by name and its
-partial copy is deleted). A gs:// archive is indexed at one generation, which its members'
-pins carry.
+A `.tar.gz`/`.tgz` has no random access: it is decompressed once, streaming, into a copy in
+the run's temp folder (`<temp>/archives/<hash>/<name>`, deleted with it), bounded (a gzip
+bomb fails by name, its partial copy deleted); its members are named by
+the `.tar.gz` and carry the copy in their pin. A gs:// archive is indexed at one generation.
 
 Bounds: each element is one archive (a path, never its contents); a DoFn holds one member's
 header and one FileBatch at a time, whatever the archive's size.
@@ -107,29 +102,22 @@ class _TooLarge(Exception):
     """The uncompressed copy would pass its bound (the message says which)."""
 
 
-def inflate_limit(compressed: int, copy: str) -> tuple[int, str]:
-    """(the most bytes an archive of `compressed` bytes may inflate to in `copy`, the bound that sets it)."""
-    limit = MAX_INFLATION * compressed + INFLATE_SLACK
-    why = f"{MAX_INFLATION}x its compressed size + {INFLATE_SLACK >> 20} MiB"
-    if "://" not in copy:
-        free = shutil.disk_usage(os.path.dirname(copy)).free - FREE_RESERVE
-        if free < limit:
-            limit, why = max(0, free), "the free space of the temp folder less 1 GiB"
-    return limit, why
-
-
 def decompress_copy(archive: ArchiveFile, copy: str) -> tuple[int, str | None]:
     """Decompresses the gzip file `archive` into `copy`, streaming. Returns (bytes, damage).
 
     `damage` is None, or why the gzip data ended early; everything decompressed before that
     point is in the copy (so the members before it can still be read). Memory is bounded:
-    each read inflates at most _COPY_CHUNK bytes. So is the copy (inflate_limit): past the
-    bound the copy is deleted and _TooLarge raised; on any other error too.
+    each read inflates at most _COPY_CHUNK bytes. So is the copy (see MAX_INFLATION): past
+    the bound the copy is deleted and _TooLarge raised; on any other error too.
     """
     written, damage = 0, None
+    limit = MAX_INFLATION * archive.size + INFLATE_SLACK
+    why = f"{MAX_INFLATION}x its compressed size + {INFLATE_SLACK >> 20} MiB"
     if "://" not in copy:
         os.makedirs(os.path.dirname(copy), exist_ok=True)
-    limit, why = inflate_limit(archive.size, copy)
+        free = shutil.disk_usage(os.path.dirname(copy)).free - FREE_RESERVE
+        if free < limit:
+            limit, why = max(0, free), "the free space of the temp folder less 1 GiB"
     try:
         with _open(archive.path) as src, gzip.GzipFile(fileobj=src) as unzip, gcs.create(copy) as dst:
             try:

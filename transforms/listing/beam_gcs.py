@@ -1,11 +1,10 @@
-"""ListGcsImages: a gs:// root -> GcsListing (FileBatches of images, ArchiveFiles of tar
-archives), the prefixes fanned out over workers (the rule and its bounds: gcs.py).
+"""ListGcsImages: a gs:// root -> (FileBatches of images, ArchiveFiles of tar archives), the
+prefixes fanned out over workers (the rule and its bounds: gcs.py).
 """
 
 from __future__ import annotations
 
 from collections.abc import Iterable
-from typing import NamedTuple
 
 import apache_beam as beam
 from apache_beam import pvalue
@@ -58,22 +57,15 @@ def _cannot_list(path: str, error: Exception) -> ValueError:
     return ValueError(f"{USER_ERROR_MARKER} cannot list {path}: {reason}")
 
 
-class GcsListing(NamedTuple):
-    """What ListGcsImages gives: `files` (FileBatch) and `archives` (ArchiveFile, for IndexArchives)."""
-
-    files: beam.PCollection[FileBatch]
-    archives: beam.PCollection
-
-
 class ListGcsImages(beam.PTransform):
-    """Lists every image and tar archive below `gs://bucket[/prefix]`, each once (gcs.py);
-    `progress_key`: the run whose live Progress counts the listed images, if any."""
+    """Lists every image (FileBatch) and tar archive (ArchiveFile) below `gs://bucket[/prefix]`,
+    each once (gcs.py); `progress_key`: the run whose live Progress counts the images, if any."""
 
     def __init__(self, root: str, progress_key: str | None = None):
         super().__init__()
         self._root, self._key, self._prefix = root.rstrip("/"), progress_key, split_gcs_path(root)[1]
 
-    def expand(self, pbegin: beam.pvalue.PBegin) -> GcsListing:
+    def expand(self, pbegin: beam.pvalue.PBegin) -> tuple[beam.PCollection, beam.PCollection]:
         root, key, prefix, levels = self._root, self._key, self._prefix, FANOUT_LEVELS
         expand = pbegin | "Start" >> beam.Impulse() | "Root" >> beam.Map(lambda _: (prefix, 1))
         files, archives, below = [], [], []
@@ -97,7 +89,7 @@ class ListGcsImages(beam.PTransform):
             .with_output_types(FileBatch)
             .with_outputs(ARCHIVES, main="files")
         )
-        return GcsListing(
-            files=[*files, whole.files] | "AllFiles" >> beam.Flatten().with_output_types(FileBatch),
-            archives=[*archives, whole[ARCHIVES]] | "AllArchives" >> beam.Flatten(),
+        return (
+            [*files, whole.files] | "AllFiles" >> beam.Flatten().with_output_types(FileBatch),
+            [*archives, whole[ARCHIVES]] | "AllArchives" >> beam.Flatten(),
         )

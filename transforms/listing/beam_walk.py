@@ -1,5 +1,4 @@
 """The listing DoFns of local folders and of other filesystems' matches, and their bases.
-
 In: an impulse (a local root) or Beam's FileMetadata. Out: FileBatch of ImageFile; ARCHIVES: ArchiveFile.
 """
 

@@ -34,10 +34,8 @@ from transforms.gcs import DELIMITER, Lister
 FANOUT_TARGET = 1000
 # ...or after this many levels listed with the delimiter (each is a step of the graph).
 FANOUT_LEVELS = 3
-
-
 # What list_level yields: an object directly at the level; and the tagged outputs of
-# ListLevelFn: prefixes to list one level down, prefixes to list whole.
+# ListPrefixFn: prefixes to list one level down, prefixes to list whole.
 OBJECT = "object"
 EXPAND = "expand"
 BELOW = "below"
@@ -46,16 +44,13 @@ BELOW = "below"
 def list_level(
     lister: Lister, prefix: str, width: int, last_level: bool, target: int = FANOUT_TARGET
 ) -> Iterator[tuple[str, object]]:
-    """One level of the fan-out: what `prefix` holds directly, and what to do with its prefixes.
+    """One level of the fan-out: (OBJECT, (name, size)) for the objects directly in `prefix`,
+    (EXPAND, (sub, width)) for its prefixes to list one level down, (BELOW, (sub, width)) for
+    those to list whole. `width`: the estimated prefixes at `prefix`'s level (1 for the root).
 
-    Pure but for `lister`. Yields (OBJECT, (name, size)) for objects directly in `prefix`,
-    (EXPAND, (sub, width)) for prefixes to list one more level down, (BELOW, (sub, width))
-    for prefixes to list whole. A prefix is expanded while `width` x (prefixes in `prefix`)
-    stays under `target` and this is not `last_level`. At most ceil(target / width) prefixes
-    are held while counting; past that they are passed on as they come.
-
-    Args:
-      width: the estimated number of prefixes at `prefix`'s level (1 for the root).
+    Its prefixes are expanded while `width` x their number stays under `target` and this is
+    not `last_level`. At most ceil(target / width) are held while counting; past that they are
+    passed on as they come. Pure but for `lister`.
     """
     held: list[str] = []
     # Children past this count put the level at or over the target: list them whole.

@@ -29,10 +29,9 @@ def is_hidden(name: str) -> bool:
     """True for a file or folder name that is never listed: a dot name (`.ipynb_checkpoints`,
     `.DS_Store`, `._photo.jpg`, `.git`) or a folder of HIDDEN_FOLDERS.
 
-    This is the one rule of what is not data: a hidden folder is no class (it never shifts
-    the class ids of labels.txt or the TFDS ClassLabel, which are made from the listed
-    images), and nothing below it, nor any hidden file, is listed or counted. Keras'
-    `image_dataset_from_directory` skips dot folders as classes the same way.
+    The one rule of what is not data: a hidden folder is no class (it never shifts the class
+    ids of labels.txt or the TFDS ClassLabel), and nothing below it is listed or counted, as
+    Keras' `image_dataset_from_directory` skips dot folders.
     """
     return name.startswith(".") or name in HIDDEN_FOLDERS
 

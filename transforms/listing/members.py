@@ -37,11 +37,8 @@ BLOCK = 512  # a tar block; a member's own header is the block before its data
 
 @dataclasses.dataclass(frozen=True)
 class MemberAddress:
-    """Where a member's bytes are: `size` bytes at `offset` of the file `archive`.
-
-    `header`, `generation` and `read_from` are its pin (module docstring); None when the
-    address has none (an address typed by hand).
-    """
+    """Where a member's bytes are: `size` bytes at `offset` of the file `archive`; `header`,
+    `generation` and `read_from` are its pin (module docstring), None when it has none."""
 
     archive: str
     member: str
@@ -81,11 +78,8 @@ def pinned_address(
 
 
 def parse_address(path: str) -> MemberAddress | None:
-    """The MemberAddress that `path` spells, or None for an ordinary file path.
-
-    A listed ordinary file never parses: it ends in an image extension, an address in
-    `+<digits>` (and its pin).
-    """
+    """The MemberAddress that `path` spells, or None for an ordinary file path (which never
+    parses: it ends in an image extension, an address in `+<digits>` and its pin)."""
     if "#" not in path:
         return None
     address, *pin = path.split(PIN)

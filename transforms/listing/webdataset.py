@@ -69,11 +69,8 @@ def label_samples(
     members: Iterator[Member | Problem], read: Callable[[Member], bytes], extensions: tuple[str, ...]
 ) -> Iterator[Member | Problem | SampleLabel]:
     """`members` (image members and sidecars, in archive order) as image Members, Problems
-    and one SampleLabel per image of a sample that has a sidecar.
-
-    Holds one sample at a time (members of one key are consecutive, as webdataset requires).
-    `read` returns a sidecar's bytes; sidecars themselves are not passed on.
-    """
+    and one SampleLabel per image of a sample that has a sidecar (`read` gives its bytes).
+    Holds one sample at a time (members of one key are consecutive, as webdataset requires)."""
     key, images, labels = None, [], {}
 
     def flush() -> Iterator[Member | Problem | SampleLabel]:
