@@ -322,7 +322,8 @@ def _member(
 def _is_header(block: bytes) -> bool:
     """True if the checksum stored in `block` is right: over unsigned or, as some old tars
     wrote it, signed bytes (GNU tar accepts both)."""
-    return _number(block[148:156]) in tarfile.calc_chksums(block)
+    stored = _number(block[148:156])
+    return stored == sum(block) - sum(block[148:156]) + 256 or stored in tarfile.calc_chksums(block)
 
 
 def _number(field: bytes) -> int | None:

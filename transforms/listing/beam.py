@@ -57,10 +57,8 @@ class ListImages(beam.PTransform):
         webdataset: bool = False,
     ):
         super().__init__()
-        self._webdataset = webdataset
-        self._root = normalize_root(root)
-        self._progress_key = progress_key
-        self._copies_dir = copies_dir
+        self._root, self._progress_key = normalize_root(root), progress_key
+        self._copies_dir, self._webdataset = copies_dir, webdataset
 
     def expand(self, pbegin: beam.pvalue.PBegin) -> ListedImages:
         root, key = self._root, self._progress_key

@@ -18,7 +18,6 @@ from __future__ import annotations
 
 import dataclasses
 import errno
-import gzip
 import hashlib
 import os
 import posixpath
@@ -107,8 +106,8 @@ def decompress_copy(archive: ArchiveFile, copy: str) -> tuple[int, str | None]:
 
     `damage` is None, or why the gzip data ended early; everything decompressed before that
     point is in the copy (so the members before it can still be read). Memory is bounded:
-    each read inflates at most _COPY_CHUNK bytes. So is the copy (see MAX_INFLATION): past
-    the bound the copy is deleted and _TooLarge raised; on any other error too.
+    each call to zlib inflates at most _COPY_CHUNK bytes. So is the copy (MAX_INFLATION):
+    past the bound the copy is deleted and _TooLarge raised; on any other error too.
     """
     written, damage = 0, None
     limit = MAX_INFLATION * archive.size + INFLATE_SLACK
@@ -118,19 +117,24 @@ def decompress_copy(archive: ArchiveFile, copy: str) -> tuple[int, str | None]:
         free = shutil.disk_usage(os.path.dirname(copy)).free - FREE_RESERVE
         if free < limit:
             limit, why = max(0, free), "the free space of the temp folder less 1 GiB"
+    bomb = f"gzip data inflates past {limit} bytes ({why}): not read (a gzip bomb?)"
     try:
-        with _open(archive.path) as src, gzip.GzipFile(fileobj=src) as unzip, gcs.create(copy) as dst:
+        with _open(archive.path) as src, gcs.create(copy) as dst:
+            unzip, started = zlib.decompressobj(wbits=31), False  # gzip framing
             try:
-                while data := unzip.read1(_COPY_CHUNK):  # all it holds (a cut or damage raises after)
-                    written += len(data)
-                    if written > limit:
-                        raise _TooLarge(
-                            f"gzip data inflates past {limit} bytes ({why}): not read (a gzip bomb?)"
-                        )
-                    dst.write(data)
-            except EOFError:
-                damage = f"gzip data cut short after {written} uncompressed bytes"
-            except (zlib.error, gzip.BadGzipFile) as e:
+                while chunk := src.read(_COPY_CHUNK):
+                    while chunk:
+                        started, data = True, unzip.decompress(chunk, _COPY_CHUNK)
+                        written += len(data)
+                        if written > limit:
+                            raise _TooLarge(bomb)
+                        dst.write(data)
+                        chunk = unzip.unconsumed_tail
+                        if unzip.eof:  # a gzip member ended: another may follow (concatenated gzip)
+                            chunk, unzip, started = unzip.unused_data, zlib.decompressobj(wbits=31), False
+                if started:
+                    damage = f"gzip data cut short after {written} uncompressed bytes"
+            except zlib.error as e:
                 damage = f"gzip data damaged after {written} uncompressed bytes ({e})"
     except BaseException:
         _remove(copy)

@@ -48,13 +48,11 @@ class ListPrefixFn(_KeepFn):
                     yield from self.keep(f"{GCS_SCHEME}{self._bucket}/{name}", size)
                 else:
                     yield pvalue.TaggedOutput(kind, value)
-        except ERRORS as e:
-            raise _cannot_list(f"{GCS_SCHEME}{self._bucket}/{prefix}", e) from None
-
-
-def _cannot_list(path: str, error: Exception) -> ValueError:
-    reason = (str(error).strip().splitlines() or [type(error).__name__])[0]
-    return ValueError(f"{USER_ERROR_MARKER} cannot list {path}: {reason}")
+        except ERRORS as e:  # one line for the entry point (exit 2)
+            reason = (str(e).strip().splitlines() or [type(e).__name__])[0]
+            raise ValueError(
+                f"{USER_ERROR_MARKER} cannot list {GCS_SCHEME}{self._bucket}/{prefix}: {reason}"
+            ) from None
 
 
 class ListGcsImages(beam.PTransform):
