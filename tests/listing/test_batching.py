@@ -20,7 +20,6 @@ from transforms.layout.plan import parse_split_ratios
 from transforms.layout.prescan import DEDUPE_STAGE
 from transforms.listing.beam import ListImages
 from transforms.listing.beam_walk import KeepImagesFn
-from transforms.paths import IMAGE_EXTENSIONS
 from transforms.records import BATCH_SIZE, FileBatch, ImageFile, ImageRecord, RecordBatch
 
 
@@ -188,11 +187,7 @@ def test_bucket_listing_batches_per_bundle_and_counts_every_image():
     tally = progress.register("batching-bucket")
     try:
         with TestPipeline() as p:
-            batches = (
-                p
-                | beam.Create(matched)
-                | beam.ParDo(KeepImagesFn("gs://b/in", IMAGE_EXTENSIONS, "batching-bucket"))
-            )
+            batches = p | beam.Create(matched) | beam.ParDo(KeepImagesFn("gs://b/in", "batching-bucket"))
             assert_that(
                 batches | beam.FlatMap(lambda b: [(f.relpath, f.size) for f in b.files]),
                 equal_to([(f"c/{i}.jpg", i) for i in range(n)]),
