@@ -1,14 +1,12 @@
 """Cheap, deterministic Beam coders for the records that go through shuffles.
 
-Without them Beam pickles a record: ~2 us per encode, size estimate and decode, with the class
-path in every element. Here a record is the tuple of its fields, coded by Beam's compiled
-FastPrimitivesCoder (~0.3 us), or pickled behind a tag byte when it cannot be (a path with
-undecodable bytes, kept as surrogates), so every record round-trips exactly. A batch is one
-coder call on its columns with the repeats taken out: paths as one root when each is root +
-relpath, a RecordBatch's labels, splits and extras as a table and a byte or two a record
-(`dictionary_code`), a ShardTask's splits left out when all are the task's. A size estimate
-(Beam samples element sizes) is one row's size times the count. Registered in one place:
-beam_pipeline/pipeline.py `register_coders` (CODERS here and in labels/beam_coders.py).
+Without them Beam pickles a record (~2 us, the class path in every element). Here a record is
+the tuple of its fields, coded by Beam's compiled FastPrimitivesCoder (~0.3 us), or pickled
+behind a tag byte when it cannot be (surrogates of undecodable file names), so every record
+round-trips exactly. A batch is one coder call on its columns with the repeats taken out: paths
+as one root when each is root + relpath, labels, splits and extras as a table and a byte or two
+a record (`dictionary_code`). Registered in one place: beam_pipeline/pipeline.py
+`register_coders` (CODERS here and in labels/beam_coders.py).
 """
 
 from __future__ import annotations
@@ -43,15 +41,12 @@ def untagged(data: bytes, build: Any) -> Any:
     return build(_FIELDS.decode(data[1:]))
 
 
-def _estimate(n: int, columns: Sequence[Sequence]) -> int:
-    """Coded size of `n` rows like the first of `columns` (no full encode)."""
-    if not n:
+def estimate(columns: Sequence[Sequence]) -> int:
+    """Coded size of equal-length columns from their first row (Beam samples element sizes)."""
+    if not columns or not columns[0]:
         return 16
     first = tuple(column[0] for column in columns)
-    try:
-        return 16 + n * len(_FIELDS.encode(first))
-    except UnicodeEncodeError:  # surrogates: coded by pickle, about as long
-        return 16 + n * len(pickle.dumps(first, protocol=4))
+    return 16 + len(columns[0]) * len(tagged(first, first))
 
 
 def _paths_fields(paths: Sequence[str], relpaths: Sequence[str]) -> tuple[str, Sequence[str] | None]:
@@ -80,18 +75,8 @@ def dictionary_code(column: Sequence) -> tuple[Sequence, bytes | None]:
         return column, None
     index: dict = {}
     codes = [index.setdefault(v, len(index)) for v in column]
-    return tuple(index), index_bytes(codes, len(index))
-
-
-def index_bytes(indices: Sequence[int] | np.ndarray, distinct: int) -> bytes:
-    """Indices into a table of `distinct` values, 1, 2 or 4 bytes each (the fewest that hold them)."""
-    width = 1 if distinct <= 2**8 else 2 if distinct <= 2**16 else 4
-    return np.asarray(indices, _CODE_TYPES[width]).tobytes()
-
-
-def index_array(codes: bytes, n: int) -> np.ndarray:
-    """The `n` indices of dictionary_code's codes (not b"" nor None)."""
-    return np.frombuffer(codes, _CODE_TYPES[len(codes) // n])
+    width = 1 if len(index) <= 2**8 else 2 if len(index) <= 2**16 else 4  # the fewest bytes
+    return tuple(index), np.asarray(codes, _CODE_TYPES[width]).tobytes()
 
 
 def dictionary_decode(table: Sequence, codes: bytes | None, n: int) -> Sequence:
@@ -100,7 +85,7 @@ def dictionary_decode(table: Sequence, codes: bytes | None, n: int) -> Sequence:
         return table
     if not codes:
         return table * n
-    return tuple(map(table.__getitem__, index_array(codes, n).tolist()))
+    return tuple(map(table.__getitem__, np.frombuffer(codes, _CODE_TYPES[len(codes) // n]).tolist()))
 
 
 def encode_image_record(r: ImageRecord) -> bytes:
@@ -109,25 +94,6 @@ def encode_image_record(r: ImageRecord) -> bytes:
 
 def decode_image_record(data: bytes) -> ImageRecord:
     return untagged(data, lambda t: ImageRecord(*t))
-
-
-def encode_shard_task(task: ShardTask) -> bytes:
-    """(split, index, paths, relpaths, sizes, labels, splits or None, extras): splits None when
-    every record is in the task's split (always, from PlanShards)."""
-    paths, relpaths, sizes, labels, splits, extras = task.batch.columns()
-    if all(s == task.split for s in splits):
-        splits = None
-    return tagged((task.split, task.index, paths, relpaths, sizes, labels, splits, extras), task)
-
-
-def _shard_task(fields: tuple) -> ShardTask:
-    split, index, paths, relpaths, sizes, labels, splits, extras = fields
-    splits = (split,) * len(paths) if splits is None else splits
-    return ShardTask(split, index, RecordBatch.from_columns(paths, relpaths, sizes, labels, splits, extras))
-
-
-def decode_shard_task(data: bytes) -> ShardTask:
-    return untagged(data, _shard_task)
 
 
 def encode_file_batch(batch: FileBatch) -> bytes:
@@ -187,7 +153,16 @@ def decode_record_batch(data: bytes) -> RecordBatch:
 
 
 def estimate_record_batch(batch: RecordBatch) -> int:
-    return _estimate(len(batch), batch.columns()) + (len(batch.hashes) if batch.hashes else 0)
+    return estimate(batch.columns()) + (len(batch.hashes) if batch.hashes else 0)
+
+
+def encode_shard_task(task: ShardTask) -> bytes:
+    """(split, index, the batch's record_batch_fields)."""
+    return tagged((task.split, task.index, *record_batch_fields(task.batch)), task)
+
+
+def decode_shard_task(data: bytes) -> ShardTask:
+    return untagged(data, lambda t: ShardTask(t[0], t[1], _record_batch(t[2:])))
 
 
 class TupleCoder(coders.Coder):
@@ -224,14 +199,14 @@ class ShardTaskCoder(TupleCoder):
     _type, _encode, _decode = ShardTask, encode_shard_task, decode_shard_task
 
     def estimate_size(self, task: ShardTask) -> int:
-        return _estimate(len(task), task.batch.columns())
+        return estimate_record_batch(task.batch)
 
 
 class FileBatchCoder(TupleCoder):
     _type, _encode, _decode = FileBatch, encode_file_batch, decode_file_batch
 
     def estimate_size(self, batch: FileBatch) -> int:
-        return _estimate(len(batch), batch.columns())
+        return estimate(batch.columns())
 
 
 class RecordBatchCoder(TupleCoder):
@@ -243,20 +218,20 @@ class RecordBatchCoder(TupleCoder):
     )
 
 
-class SideDict(dict, CacheAware):
-    """A dict made to be a side input (totals, bucket tables, per-class counts), sized by Beam's
-    state cache without a walk of its objects (transforms/beam_internals.py: its keys and values
-    are small strings and ints) and coded as a plain dict by the primitive coder."""
+class _Unwalked(CacheAware):
+    """Sized by Beam's state cache without a walk of its objects (transforms/beam_internals.py):
+    its items are small strings, ints and numpy arrays."""
 
     def get_referents_for_cache(self) -> list:
         return []
 
 
-class SideList(list, CacheAware):
-    """A list made to be a side input (class names): sized like SideDict, without a walk."""
+class SideDict(dict, _Unwalked):
+    """A dict made to be a side input (totals, bucket tables, per-class counts), coded as a plain dict."""
 
-    def get_referents_for_cache(self) -> list:
-        return []
+
+class SideList(list, _Unwalked):
+    """A list made to be a side input (class names), coded as a plain list."""
 
 
 class SideDictCoder(TupleCoder):

@@ -22,6 +22,7 @@ from transforms.coders import (
     dictionary_code,
     dictionary_decode,
     encode_record_batch,
+    estimate,
     estimate_record_batch,
     tagged,
     untagged,
@@ -89,17 +90,9 @@ def decode_label_rows(data: bytes) -> LabelRows:
     return untagged(data, lambda t: LabelRows(*_decode(t)))
 
 
-def _estimated_size(columns: tuple) -> int:
-    """Coded size of equal-length columns, from their first values (for Beam's size counters)."""
-    if not columns or not columns[0]:
-        return 8
-    first = tuple(column[0] for column in columns)
-    return 8 + len(columns[0]) * len(tagged(first, first))
-
-
 class LabelRowsCoder(TupleCoder):
     _type, _encode, _decode = LabelRows, encode_label_rows, decode_label_rows
-    _estimate = lambda batch: _estimated_size(batch.columns())  # noqa: E731
+    _estimate = lambda batch: estimate(batch.columns())  # noqa: E731
 
 
 def encode_join_part(part: JoinPart) -> bytes:
@@ -122,7 +115,7 @@ def decode_join_part(data: bytes) -> JoinPart:
 
 class JoinPartCoder(TupleCoder):
     _type, _encode, _decode = JoinPart, encode_join_part, decode_join_part
-    _estimate = lambda part: _estimated_size(part.files.columns()) + _estimated_size(part.rows.columns())  # noqa: E731
+    _estimate = lambda part: estimate(part.files.columns()) + estimate(part.rows.columns())  # noqa: E731
 
 
 class Listed:
@@ -151,7 +144,7 @@ class OrphanLinesCoder(TupleCoder):
     _type = OrphanLines
     _encode = lambda o: tagged((o.chunk, o.lines), o)  # noqa: E731
     _decode = lambda data: untagged(data, lambda t: OrphanLines(*t))  # noqa: E731
-    _estimate = lambda o: _estimated_size((o.lines,))  # noqa: E731
+    _estimate = lambda o: estimate((o.lines,))  # noqa: E731
 
 
 # Record type -> its coder (registered by beam_pipeline/pipeline.py `register_coders`).
