@@ -111,11 +111,10 @@ def record_batch_fields(batch: RecordBatch) -> tuple:
 
     Tiny images' records are ~47 bytes coded instead of ~140 (72 of them the path), in every
     copy of a PCollection a runner holds (the local runner holds 3-4 of a stage's input and
-    output). A batch decoded from a root (RecordBatch.from_root) is coded as that root again.
+    output).
     """
-    root = batch.root
     return (
-        *((root, None) if root is not None else _paths_fields(batch.paths, batch.relpaths)),
+        *_paths_fields(batch.paths, batch.relpaths),
         batch.relpaths,
         batch.sizes,
         *dictionary_code(batch.labels),
@@ -139,9 +138,7 @@ def _record_batch(fields: Sequence) -> RecordBatch:
         dictionary_decode(extras, extra_codes, n),
         *hashes,
     )
-    return (
-        RecordBatch.from_root(root, *columns) if paths is None else RecordBatch.from_columns(paths, *columns)
-    )
+    return RecordBatch.from_columns(rooted_paths(root, relpaths) if paths is None else paths, *columns)
 
 
 def encode_record_batch(batch: RecordBatch) -> bytes:

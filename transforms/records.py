@@ -91,7 +91,7 @@ class _Columns:
     __slots__ = ()
 
     def __len__(self) -> int:
-        return len(self.relpaths)  # not the paths: a RecordBatch's may be unbuilt (from_root)
+        return len(self.relpaths)
 
     def __eq__(self, other: object) -> bool:
         return type(other) is type(self) and self.columns() == other.columns()
@@ -135,8 +135,7 @@ class FileBatch(_Columns):
         return FileBatch.from_columns, self.columns()
 
 
-# A RecordBatch's columns but the paths (which may be built from a root: from_root).
-_REST = ("relpaths", "sizes", "labels", "splits", "extras")
+_COLUMNS = ("paths", "relpaths", "sizes", "labels", "splits", "extras")
 
 
 class RecordBatch(_Columns):
@@ -144,17 +143,14 @@ class RecordBatch(_Columns):
 
     `RecordBatch(records)` takes ImageRecords; `from_columns` equal-length columns (no
     ImageRecord built). `hashes`: the records' seeded hashes for seed `hash_seed`, or None.
-    Immutable by convention. A batch decoded from paths coded as one root keeps the root and
-    builds `paths` only when read (`from_root`): planning never reads most paths, and `take`,
-    `slice`, `concat` and `with_columns` keep the root, so it is coded as the root again.
+    Immutable by convention.
     """
 
-    __slots__ = ("_paths", "_root", *_REST, "hashes", "hash_seed", "_records")
+    __slots__ = (*_COLUMNS, "hashes", "hash_seed", "_records")
 
     def __init__(self, records: Iterable[ImageRecord] = ()):
         records = tuple(records)
-        self._paths: tuple[str, ...] | None = tuple([r.path for r in records])
-        self._root: str | None = None
+        self.paths = tuple([r.path for r in records])
         self.relpaths = tuple([r.relpath for r in records])
         self.sizes = tuple([r.size for r in records])
         self.labels = tuple([r.labels for r in records])
@@ -166,19 +162,8 @@ class RecordBatch(_Columns):
 
     @classmethod
     def from_columns(
-        cls, paths: Sequence[str], relpaths: Sequence[str], *rest: Any, **named: Any
-    ) -> RecordBatch:
-        """A batch of equal-length columns: the paths, then from_root's columns (hashes optional)."""
-        if len(paths) != len(relpaths):
-            raise ValueError("RecordBatch columns of different lengths")
-        batch = cls.from_root(None, relpaths, *rest, **named)
-        batch._paths = tuple(paths)
-        return batch
-
-    @classmethod
-    def from_root(
         cls,
-        root: str | None,
+        paths: Sequence[str],
         relpaths: Sequence[str],
         sizes: Sequence[int],
         labels: Sequence[tuple[str, ...]],
@@ -187,45 +172,25 @@ class RecordBatch(_Columns):
         hashes: bytes | None = None,
         hash_seed: int | None = None,
     ) -> RecordBatch:
-        """A batch whose every path is `root` + its relpath (`paths` built when first read)."""
-        n = len(relpaths)
-        if not n == len(sizes) == len(labels) == len(splits) == len(extras):
+        n = len(paths)
+        if not n == len(relpaths) == len(sizes) == len(labels) == len(splits) == len(extras):
             raise ValueError("RecordBatch columns of different lengths")
         if hashes is not None and len(hashes) != n * HASH_BYTES:
             raise ValueError("RecordBatch hashes of the wrong length")
         batch = cls.__new__(cls)
-        batch._paths, batch._root, batch._records = None, root, None
-        batch.relpaths, batch.sizes = tuple(relpaths), tuple(sizes)
+        batch.paths, batch.relpaths, batch.sizes = tuple(paths), tuple(relpaths), tuple(sizes)
         batch.labels, batch.splits, batch.extras = tuple(labels), tuple(splits), tuple(extras)
         batch.hashes, batch.hash_seed = (hashes, hash_seed) if hashes is not None else (None, None)
+        batch._records = None
         return batch
 
-    @property
-    def paths(self) -> tuple[str, ...]:
-        """Each record's full path (built from the root on first read, for a batch `from_root`)."""
-        if self._paths is None:
-            self._paths = rooted_paths(self._root, self.relpaths)
-        return self._paths
-
-    @property
-    def root(self) -> str | None:
-        """The root known to precede every relpath (`from_root`), else None (the paths may still share one)."""
-        return self._root
-
-    def _rest(self) -> tuple:
-        """The columns but the paths: (relpaths, sizes, labels, splits, extras)."""
-        return self.relpaths, self.sizes, self.labels, self.splits, self.extras
-
     def _derived(self, pick: Callable[[Sequence], Sequence], hashes: bytes | None) -> RecordBatch:
-        """A batch of `pick(column)` of each column, this batch's root kept (paths unbuilt)."""
-        rest = tuple(map(pick, self._rest()))
-        if self._root is not None:
-            return RecordBatch.from_root(self._root, *rest, hashes, self.hash_seed)
-        return RecordBatch.from_columns(pick(self.paths), *rest, hashes, self.hash_seed)
+        """A batch of `pick(column)` of each column."""
+        return RecordBatch.from_columns(*map(pick, self.columns()), hashes, self.hash_seed)
 
     def columns(self) -> tuple:
         """(paths, relpaths, sizes, labels, splits, extras)."""
-        return self.paths, *self._rest()
+        return self.paths, self.relpaths, self.sizes, self.labels, self.splits, self.extras
 
     def class_keys(self) -> list[str]:
         """Each record's ImageRecord.class_key (its labels joined by '|')."""
@@ -243,11 +208,8 @@ class RecordBatch(_Columns):
 
     def with_columns(self, **columns: Any) -> RecordBatch:
         """A copy with some columns replaced (e.g. `splits=...`, `hashes=..., hash_seed=...`)."""
-        fields = dict(zip((*_REST, "hashes", "hash_seed"), (*self._rest(), self.hashes, self.hash_seed)))
-        fields.update(columns)
-        if self._root is not None and "paths" not in columns and "relpaths" not in columns:
-            return RecordBatch.from_root(self._root, **fields)
-        return RecordBatch.from_columns(**{"paths": self.paths, **fields})
+        fields = dict(zip((*_COLUMNS, "hashes", "hash_seed"), (*self.columns(), self.hashes, self.hash_seed)))
+        return RecordBatch.from_columns(**{**fields, **columns})
 
     def take(self, indices: Sequence[int]) -> RecordBatch:
         """The records at `indices`, in that order (hashes kept)."""
@@ -279,12 +241,8 @@ class RecordBatch(_Columns):
         hashes = seed = None
         if len(seeds) == 1 and None not in seeds and all(b.hashes is not None for b in batches):
             hashes, seed = b"".join(b.hashes for b in batches), seeds.pop()
-        roots = {b._root for b in batches}
-        one_root = len(roots) == 1 and None not in roots  # the paths stay unbuilt
-        parts = [b._rest() if one_root else b.columns() for b in batches]
-        columns = [tuple(itertools.chain.from_iterable(c)) for c in zip(*parts)] or [()] * 6
-        if one_root:
-            return RecordBatch.from_root(roots.pop(), *columns, hashes=hashes, hash_seed=seed)
+        parts = zip(*(b.columns() for b in batches))
+        columns = [tuple(itertools.chain.from_iterable(c)) for c in parts] or [()] * 6
         return RecordBatch.from_columns(*columns, hashes=hashes, hash_seed=seed)
 
 
