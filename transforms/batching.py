@@ -45,9 +45,6 @@ class CountImagesFn(CountCombineFn):
     def add_input(self, count: int, element: object) -> int:
         return count + images_in(element)
 
-    def add_inputs(self, count: int, elements: Iterable[object]) -> int:
-        return count + sum(map(images_in, elements))
-
 
 class SumPerKeyFn(beam.CombineFn):
     """Elements -> {key: sum}, where `pairs(element, *args)` gives an element's (key, value)
@@ -79,10 +76,8 @@ class SumPerKeyFn(beam.CombineFn):
 
 
 class RebatchFn(beam.DoFn):
-    """Base of DoFns whose main output is batched again after per-image work: `process` yields
-    what `self.batched(item)` returns for each item (a full batch every BATCH_SIZE items), and
-    `finish_bundle` the rest (subclasses that define start_bundle or finish_bundle call these).
-    """
+    """Base of DoFns that batch their main output again after per-image work: `process` yields
+    `self.batched(item)` (a full batch every BATCH_SIZE items), `finish_bundle` the rest."""
 
     make_batch: Callable[[tuple], Any] = RecordBatch
 
@@ -104,14 +99,13 @@ class RebatchFn(beam.DoFn):
 
 
 class KeyedGather:
-    """RecordBatches with a key per record, held over a bundle and sent as (key, RecordBatch)
-    parts: one part per key each time the held records are flushed.
+    """RecordBatches with a key per record, sent as (key, RecordBatch) parts, one per key a
+    flush (when `max_held` records are held, and at the end of the bundle: `drain`).
 
-    A flush (when `max_held` records are held, and at the end of the bundle: `drain`) joins
-    the held batches once, orders their records by key with one stable numpy sort of int
-    codes, and cuts that into one RecordBatch per key: a few C gathers a record, whatever the
-    number of keys, and one shuffled element per key a flush. A DoFn holds at most `max_held`
-    records (plus the batch being added); a key's records keep their order of arrival.
+    A flush orders the held records by key with one stable numpy sort of int codes and cuts
+    them into one batch per key: a few C gathers a record, whatever the number of keys. A DoFn
+    holds at most `max_held` records (plus the batch being added); a key's records keep their
+    order of arrival.
     """
 
     def __init__(self, max_held: int = 50 * BATCH_SIZE):
@@ -124,11 +118,8 @@ class KeyedGather:
     def add_coded(
         self, batch: RecordBatch, codes: np.ndarray, keys: Sequence[Any]
     ) -> Iterator[tuple[Any, RecordBatch]]:
-        """Holds `batch`, whose record i goes under keys[codes[i]]; yields a flush's parts when one is due.
-
-        The keys are looked up once per distinct key of the batch, not once per record (a
-        dict lookup of a tuple key a record cost about as much as the rest of the keying).
-        """
+        """Holds `batch`, whose record i goes under keys[codes[i]]; yields a flush's parts when one
+        is due. Keys are looked up once per distinct key of the batch, not once per record."""
         code = self._keys.setdefault
         mapping = np.fromiter((code(k, len(self._keys)) for k in keys), np.int64, len(keys))
         self._codes.append(mapping[codes] if len(codes) else codes.astype(np.int64))

@@ -60,12 +60,9 @@ _CODE_TYPES = {1: np.dtype("u1"), 2: np.dtype("<u2"), 4: np.dtype("<u4")}
 
 
 def dictionary_code(column: Sequence) -> tuple[Sequence, bytes | None]:
-    """A column as (its distinct values, each value's index in them as bytes): the one dictionary
-    coding (RecordBatches, and the labels join's columns: labels/beam_coders.py). Codes b"": every
-    value is the one distinct value (or none). Codes None: the table is the column itself
-    (unhashable values, or mostly distinct ones such as a batch of GLDv2's 203,094 classes'
-    labels, where a table saves no bytes and costs a dict entry a record).
-    """
+    """A column as (its distinct values, each value's index in them as bytes). Codes b"": one
+    distinct value (or none). Codes None: the table is the column itself (unhashable values, or
+    mostly distinct ones, where a table saves no bytes and costs a dict entry a record)."""
     if not column or column.count(column[0]) == len(column):
         return tuple(column[:1]), b""
     try:
@@ -107,12 +104,8 @@ def decode_file_batch(data: bytes) -> FileBatch:
 
 
 def record_batch_fields(batch: RecordBatch) -> tuple:
-    """What a RecordBatch is coded as: its columns with the repeats taken out, hashes and seed.
-
-    Tiny images' records are ~47 bytes coded instead of ~140 (72 of them the path), in every
-    copy of a PCollection a runner holds (the local runner holds 3-4 of a stage's input and
-    output).
-    """
+    """What a RecordBatch is coded as: its columns with the repeats taken out, hashes and seed
+    (a tiny image's record ~47 bytes instead of ~140, in every copy a runner holds)."""
     return (
         *_paths_fields(batch.paths, batch.relpaths),
         batch.relpaths,
@@ -163,8 +156,7 @@ def decode_shard_task(data: bytes) -> ShardTask:
 
 
 class TupleCoder(coders.Coder):
-    """Base: a record coded by the functions `_encode` and `_decode` (set per subclass); equal to
-    any coder of its class (Beam's Coder.__eq__: no state but its impl)."""
+    """Base: a record coded by the functions `_encode` and `_decode` (set per subclass)."""
 
     _type: type
     _encode: Any

@@ -81,11 +81,8 @@ _PARENS = re.compile(r"\s*\([^()]*\)")
 
 
 def reason_kind(reason: str) -> str:
-    """A failure reason without its particulars (keys, paths, sizes): what groups failures.
-
-    'label missing: no row for key 'a1' in the labels table' -> 'label missing: no row for
-    key … in the labels table'; 'duplicate of a/b.jpg' -> 'duplicate'.
-    """
+    """A failure reason without its particulars (keys, paths, sizes): what groups failures
+    ("label missing: no row for key 'a1' ..." -> "label missing: no row for key … ...")."""
     if reason.startswith("duplicate of "):
         return "duplicate"
     kind = _PARENS.sub("", _QUOTED.sub("…", reason))
@@ -106,9 +103,8 @@ def top_kinds(counts: Mapping[str, int], n: int = 3) -> list[tuple[str, int]]:
 
 
 def diagnosis_of_kinds(counts: Mapping[str, int], n: int = 3) -> str:
-    """One line for the exit-3 message from counts per reason kind (reason_kind): the top kinds
-    with counts and the top one's fix, e.g. "top reasons: 3 × label missing: no row for key …
-    in the labels table; likely fix: ...". Empty without failures."""
+    """One line for the exit-3 message: the top reason kinds with their counts and the top one's
+    likely fix ("top reasons: 3 × label missing: ...; likely fix: ..."); empty without failures."""
     top = top_kinds(counts, n)
     if not top:
         return ""

@@ -1,17 +1,15 @@
 """gs:// for every stage: one storage client, one request per call, the one retry policy.
 
-In: gs:// paths. Out: object bytes (whole or a range, optionally of one generation), (size,
-generation), existence, listings (page by page), whole and streamed uploads (`create`),
-streamed reads (`open_read`), batch renames and deletes. `create`, `open_read`, `exists` and
-`literal_or_glob` take any path (others go to Beam's FileSystems, or os). gs:// goes through
-google-cloud-storage with Beam's credentials (GcsIO's client), one client per process and
-endpoint, not through Beam's gs:// filesystem, which hides a 120 s retry in every request.
+In: gs:// paths. Out: object bytes (whole or a range, of one generation), (size, generation),
+existence, listings page by page, uploads, streamed reads and writes, batch renames and
+deletes. `create`, `open_read`, `exists` and `literal_or_glob` take any path (others go to
+Beam's FileSystems, or os). gs:// goes through google-cloud-storage with GcsIO's client, not
+Beam's gs:// filesystem, which hides a 120 s retry in every request.
 
-Retries (transforms/retry.py): `read`, `stat` and each list page make one request with no
-retry of the client's and REQUEST_TIMEOUT, so the caller's RetryPolicy is the whole budget
-(`call`). Writes, batches and streams apply the policy themselves (streams as its
-google.api_core Retry, per chunk); a write that still fails stops the job with one line
-(StoreUnreachable, exit 2): it has no image to fail instead.
+Retries (transforms/retry.py): `read`, `stat` and each list page are one request with no
+client retry, so the caller's RetryPolicy is the whole budget (`call`). Writes, batches and
+streams apply the policy themselves (streams as its google.api_core Retry, per chunk); a
+write that still fails stops the job with one line (StoreUnreachable, exit 2).
 
 Bounds: one listing page (at most 1,000 entries) is held at a time; a batch sends 100 operations.
 """
@@ -27,7 +25,7 @@ from typing import TypeVar
 
 from apache_beam.io.filesystem import CompressedFile, CompressionTypes
 from apache_beam.io.filesystems import FileSystems
-from google.api_core.exceptions import GoogleAPIError, NotFound
+from google.api_core.exceptions import GoogleAPIError, NotFound, from_http_status
 from google.auth.exceptions import GoogleAuthError
 
 from transforms.failures import USER_ERROR_MARKER
@@ -53,9 +51,8 @@ T = TypeVar("T")
 
 
 def client():
-    """This process's google.cloud.storage Client, with Beam's credentials and settings: one per
-    process (a forked worker makes its own) and endpoint (tests point STORAGE_EMULATOR_HOST at
-    local servers one after another in one process)."""
+    """This process's google.cloud.storage Client (GcsIO's: Beam's credentials), one per process
+    (a forked worker makes its own) and STORAGE_EMULATOR_HOST (tests change it)."""
     return _client(os.getpid(), os.environ.get("STORAGE_EMULATOR_HOST"))
 
 
@@ -141,8 +138,7 @@ def literal_or_glob(path: str) -> str:
 
 
 def lister(bucket: str) -> Lister:
-    """A Lister of `bucket`: page by page (each one request under DEFAULT_RETRY), followed by
-    token; an endpoint that ignores paging (the local emulator) answers in one page."""
+    """A Lister of `bucket`, page by page (each one request under DEFAULT_RETRY)."""
 
     def list_prefix(prefix: str, delimiter: str | None) -> Iterator[tuple[str, int | None]]:
         token = None
@@ -160,8 +156,7 @@ def lister(bucket: str) -> Lister:
 
 def _page(bucket: str, prefix: str, delimiter: str | None, token: str | None, limit: int | None = None):
     """One list request: ([(name, size)...], [prefix...], next page token or None), on a fresh
-    iterator, so a failed one is made again (an iterator that raised is finished: retrying it
-    would end the listing early)."""
+    iterator each try (one that raised is finished: retrying it would end the listing early)."""
     blobs = client().list_blobs(
         bucket,
         prefix=prefix or None,
@@ -185,23 +180,17 @@ def first_page(root: str, limit: int) -> list[str]:
     return [name for name, _ in objects][:limit]
 
 
-def cannot_write(path: str, error: BaseException) -> StoreUnreachable:
-    """The one-line error (exit 2) of a write to `path` that failed for good."""
+def cannot(verb: str, path: str, error: BaseException) -> StoreUnreachable:
+    """The one-line error (exit 2) of a "write" to `path`, or a "read" of a file the job needs
+    whole (a table, metadata), that failed for good."""
     if isinstance(error, StoreUnreachable):
         return error
-    return StoreUnreachable(
-        f"{USER_ERROR_MARKER} cannot write {path}: {describe(error)}; nothing was published, "
-        "rerun when the bucket is writable"
+    then = (
+        "nothing was published, rerun when the bucket is writable"
+        if verb == "write"
+        else "rerun when it is reachable"
     )
-
-
-def cannot_read(path: str, error: BaseException) -> StoreUnreachable:
-    """The one-line error (exit 2) of a read of a file the job needs whole (a table, metadata)."""
-    if isinstance(error, StoreUnreachable):
-        return error
-    return StoreUnreachable(
-        f"{USER_ERROR_MARKER} cannot read {path}: {describe(error)}; rerun when it is reachable"
-    )
+    return StoreUnreachable(f"{USER_ERROR_MARKER} cannot {verb} {path}: {describe(error)}; {then}")
 
 
 def upload(
@@ -218,7 +207,7 @@ def upload(
     try:
         call(send, path, policy)
     except ERRORS as e:
-        raise cannot_write(path, e) from None
+        raise cannot("write", path, e) from None
 
 
 class _Stream(io.RawIOBase):
@@ -236,10 +225,10 @@ class _Stream(io.RawIOBase):
             return getattr(self._file, method)(*args)
         except NotFound:
             if self.mode == "wb":
-                raise cannot_write(self.path, OSError("no such bucket")) from None
+                raise cannot("write", self.path, OSError("no such bucket")) from None
             raise FileNotFoundError(f"no such object: {self.path}") from None
         except ERRORS as e:
-            raise (cannot_write if self.mode == "wb" else cannot_read)(self.path, e) from None
+            raise cannot("write" if self.mode == "wb" else "read", self.path, e) from None
 
     def readable(self) -> bool:
         return self.mode == "rb"
@@ -287,8 +276,7 @@ def open_read(
     compression_type: str = CompressionTypes.AUTO,
     policy: RetryPolicy = DEFAULT_RETRY,
 ):
-    """`path` open for reading: gs:// through the policy (see module docstring), any other path
-    through Beam's FileSystems. `compression_type` as FileSystems.open's (AUTO: by extension)."""
+    """`path` open for reading: gs:// through `policy`, others by FileSystems.open (same arguments)."""
     if not path.startswith(GCS_SCHEME):
         return FileSystems.open(path, mime_type=mime_type, compression_type=compression_type)
     return _open(path, "rb", compression_type, policy, raw_download=True)
@@ -300,19 +288,10 @@ def create(
     compression_type: str = CompressionTypes.UNCOMPRESSED,
     policy: RetryPolicy = DEFAULT_RETRY,
 ):
-    """A new file at `path` open for writing: gs:// through the policy (see module docstring),
-    any other path through Beam's FileSystems. `compression_type` as FileSystems.create's."""
+    """A new file at `path` open for writing: gs:// through `policy`, others by FileSystems.create."""
     if not path.startswith(GCS_SCHEME):
         return FileSystems.create(path, mime_type=mime_type, compression_type=compression_type)
     return _open(path, "wb", compression_type, policy, content_type=mime_type, ignore_flush=True)
-
-
-class _BatchStatus(Exception):
-    """Some operations of a batch answered a transient status (`code`, for is_transient)."""
-
-    def __init__(self, code: int):
-        super().__init__(f"HTTP {code}")
-        self.code = code
 
 
 class _Sent(Exception):
@@ -325,10 +304,7 @@ def _batch(
     """Sends `add(client, item)` for each item deferred, BATCH_SIZE a batch request; transient
     statuses are sent again under `policy` (one batch request per attempt). Raises StoreUnreachable
     (one line, naming `name(item)`) if one failed for good (a 404 too unless `missing_ok`).
-
-    On a client of its own: while a batch is open its client defers every call made through
-    it, so the shared client (other threads' reads) must not hold one.
-    """
+    On a client of its own: while a batch is open its client defers every call made through it."""
     from apache_beam.io.gcp.gcsio import GcsIO
 
     statuses = [0] * len(items)
@@ -350,21 +326,20 @@ def _batch(
                 statuses[i] = response.status_code
             pending = [i for i in pending if statuses[i] in (408, 429) or statuses[i] >= 500]
             if pending:
-                raise _BatchStatus(statuses[pending[0]])
+                raise from_http_status(statuses[pending[0]], "from a batch request")
 
         try:
             call(attempt, store, policy)
         except ERRORS as e:
-            raise cannot_write(store, e) from None
+            raise cannot("write", store, e) from None
     failed = [(item, s) for item, s in zip(items, statuses) if s >= 400 and not (missing_ok and s == 404)]
     if failed:
         error = OSError(f"could not {add.__name__} {len(failed)} objects (HTTP {failed[0][1]})")
-        raise cannot_write(name(failed[0][0]), error)
+        raise cannot("write", name(failed[0][0]), error)
 
 
 def delete_batch(paths: list[str], policy: RetryPolicy = DEFAULT_RETRY) -> None:
-    """Deletes gs:// objects (missing ones are fine), in batch requests under `policy`; raises
-    StoreUnreachable (one line) if one could not be deleted."""
+    """Deletes gs:// objects (missing ones are fine) in batch requests under `policy` (see _batch)."""
 
     def delete(own, path: str) -> None:
         blob(path, on=own).delete(timeout=REQUEST_TIMEOUT, retry=None)
@@ -374,8 +349,7 @@ def delete_batch(paths: list[str], policy: RetryPolicy = DEFAULT_RETRY) -> None:
 
 
 def rename_batch(pairs: list[tuple[str, str]], policy: RetryPolicy = DEFAULT_RETRY) -> None:
-    """Renames gs:// objects (copy, then delete the sources), in batch requests under `policy`;
-    raises StoreUnreachable (one line) if one could not be copied or deleted."""
+    """Renames gs:// objects (copy, then delete the sources) in batch requests under `policy` (see _batch)."""
 
     def copy(own, pair: tuple[str, str]) -> None:
         src, dst = blob(pair[0], on=own), blob(pair[1], on=own)

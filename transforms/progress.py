@@ -1,9 +1,8 @@
 """Live progress of a local run: a process-local tally that the pipeline's DoFns update.
 
 `main.run` registers a Progress under the run id and polls it (beam_pipeline/cli/progress.py).
-DoFns look the tally up by that id where they run: in-process they find it; in a worker
-process of another runner (Dataflow, multi_processing) they find nothing and only the Beam
-counters count, which is what the Dataflow UI shows.
+DoFns look it up by that id where they run; in another runner's worker process they find
+nothing and only the Beam counters count (what the Dataflow UI shows).
 """
 
 from __future__ import annotations

@@ -1,16 +1,11 @@
 """Small metadata records that travel through the pipeline (image bytes never do).
 
-Every shuffle (join, split assignment, shard planning) moves a few hundred bytes an image.
-Between listing and shard planning records travel in batches (FileBatch, RecordBatch: up to
-BATCH_SIZE images an element), because Beam's cost per element (DoFn calls, coders,
-counters) is many times the plain work per image there. A batch holds *columns*, one tuple
-per field, so Beam's compiled FastPrimitivesCoder codes it as a handful of tuples
-(transforms/coders.py) and a consumer reads the columns it needs without one Python object
-per image (`batch.records` / `batch.files` build them on demand). Per-image steps (dedupe)
-batch again on the way out (transforms/batching.py). A RecordBatch may also carry its
-records' seeded hashes (`hashes`, HASH_BYTES a record, made once by the layout stage:
-transforms/layout/plan.py `record_hashes`), read by split assignment, shard planning and
-the order inside a shard.
+Between listing and shard planning records travel in batches of up to BATCH_SIZE (FileBatch,
+RecordBatch): Beam's cost per element is many times the plain work per image there. A batch
+holds *columns*, one tuple per field, coded as a handful of tuples (transforms/coders.py);
+`batch.records` / `batch.files` build the objects on demand. A RecordBatch may carry its
+records' seeded hashes (`hashes`, HASH_BYTES a record: transforms/layout/plan.py
+`record_hashes`), read by split assignment, shard planning and the order inside a shard.
 """
 
 from __future__ import annotations
@@ -43,10 +38,9 @@ class ImageFile:
 
 @dataclasses.dataclass(frozen=True)
 class ImageRecord:
-    """A listed image with everything known before its bytes are read: its full path, its path
-    relative to the input root (written as `image/filename`), file size (plans shard sizes),
-    class names (one for single-label data, none for unlabeled sets), split, and further
-    (name, value) features carried into the Example."""
+    """A listed image before its bytes are read: `relpath` is written as `image/filename`, `size`
+    plans shard sizes, `labels` are class names (none when unlabeled), `extras` further (name,
+    value) features carried into the Example."""
 
     path: str
     relpath: str
@@ -66,8 +60,8 @@ _PATH_SEP = "\x00"
 
 
 def root_of(paths: Sequence[str], relpaths: Sequence[str]) -> str | None:
-    """The root that every path is, followed by its relpath (a listing's files), or None: checked
-    on the whole column at once (two joins, one comparison), so that a coder sends the root alone."""
+    """The root that precedes each relpath in its path (a listing's files), or None: checked on
+    the whole column at once (two joins, one comparison), so that a coder sends the root alone."""
     if not paths or not relpaths[0] or type(paths[0]) is not str or not paths[0].endswith(relpaths[0]):
         return None
     root = paths[0][: len(paths[0]) - len(relpaths[0])]
@@ -81,12 +75,12 @@ def root_of(paths: Sequence[str], relpaths: Sequence[str]) -> str | None:
 
 
 def rooted_paths(root: str, relpaths: Sequence[str]) -> tuple[str, ...]:
-    """Each relpath after `root`: the paths `root_of` found."""
+    """Each relpath after `root` (what `root_of` found)."""
     return tuple(map(root.__add__, relpaths))
 
 
 class _Columns:
-    """Equality, hash and repr of a batch of columns (`columns()`), shared by FileBatch and RecordBatch."""
+    """Equality, hash and repr of a batch by its `columns()`."""
 
     __slots__ = ()
 
@@ -104,8 +98,7 @@ class _Columns:
 
 
 class FileBatch(_Columns):
-    """Listed files travelling as one element, as columns (paths, relpaths, sizes): from
-    ImageFiles, or `from_columns` (no ImageFile built). Immutable by convention."""
+    """Listed files as columns (paths, relpaths, sizes): from ImageFiles, or `from_columns`."""
 
     __slots__ = ("paths", "relpaths", "sizes")
 
@@ -139,12 +132,8 @@ _COLUMNS = ("paths", "relpaths", "sizes", "labels", "splits", "extras")
 
 
 class RecordBatch(_Columns):
-    """ImageRecords travelling as one element, as columns (see the module docstring).
-
-    `RecordBatch(records)` takes ImageRecords; `from_columns` equal-length columns (no
-    ImageRecord built). `hashes`: the records' seeded hashes for seed `hash_seed`, or None.
-    Immutable by convention.
-    """
+    """ImageRecords as columns: from ImageRecords, or `from_columns` (equal-length columns).
+    `hashes`: the records' seeded hashes for seed `hash_seed`, or None. Immutable by convention."""
 
     __slots__ = (*_COLUMNS, "hashes", "hash_seed", "_records")
 
@@ -248,14 +237,9 @@ class RecordBatch(_Columns):
 
 @dataclasses.dataclass(init=False, unsafe_hash=True, slots=True)
 class ShardTask:
-    """All records of one output shard, in the order they are written, as a RecordBatch.
-
-    Takes a RecordBatch (its seeded hashes dropped: a shard is written in its planned order)
-    or ImageRecords. A shard holds up to --max_records_per_shard records (10,000 by default):
-    as columns it costs the runner its strings and ints, not an ImageRecord (and, pickled,
-    its `__dict__`) per image. `iter_records` builds the objects one at a time. Immutable by
-    convention.
-    """
+    """All records of one output shard in write order, as a RecordBatch without hashes: up to
+    --max_records_per_shard (10,000 by default) cost the runner their strings and ints, not an
+    ImageRecord each (`iter_records` builds them one at a time). Immutable by convention."""
 
     split: str
     index: int
@@ -265,14 +249,10 @@ class ShardTask:
         self.split, self.index = split, index
         batch = records if isinstance(records, RecordBatch) else RecordBatch(records)
         paths, relpaths, sizes, labels, splits, extras = batch.columns()
-        # A shard's records come decoded from its group, each with its own copy of its split
-        # name and label tuple (~160 bytes an image): held for the whole write, one of each.
+        # A shard's records come from many decoded batches, each with its own copies of the
+        # split names and label tuples (~160 bytes an image): held for the whole write, one of each.
         seen: dict = {}
-        labels = tuple([seen.setdefault(x, x) for x in labels])
-        if all(s == split for s in splits):
-            splits = (split,) * len(splits)
-        else:
-            splits = tuple(map(seen.setdefault, splits, splits))
+        labels, splits = (tuple(map(seen.setdefault, column, column)) for column in (labels, splits))
         self.batch = RecordBatch.from_columns(paths, relpaths, sizes, labels, splits, extras)
 
     @property
@@ -283,10 +263,6 @@ class ShardTask:
     def iter_records(self) -> Iterator[ImageRecord]:
         """The records as ImageRecord objects, built one at a time as they are consumed."""
         return itertools.starmap(ImageRecord, zip(*self.batch.columns()))
-
-    def sizes_sum(self) -> int:
-        """Bytes of the shard's image files (as listed)."""
-        return sum(self.batch.sizes)
 
     def part(self, start: int, stop: int) -> ShardTask:
         """The same shard with only its records start..stop-1 (a part written apart and joined)."""

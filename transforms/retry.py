@@ -1,16 +1,15 @@
 """One retry policy for every read and write that may fail for a moment (pure).
 
 `RetryPolicy.call(fn)` retries transient errors (timeouts, resets, EIO, HTTP 408/429/5xx) with
-jittered exponential backoff, at most `attempts` times, starting none `deadline` s after the
-first; permanent errors propagate at once. `as_api_retry` gives the same policy as a
-google.api_core Retry, for the requests the storage client retries itself (upload chunks,
-the claim's requests); `call` is not that Retry, which has no cap on attempts, draws delays
-from zero and sleeps by time.sleep (tests pass their own sleep).
+jittered exponential backoff, at most `attempts` times, none starting `deadline` s after the
+first; permanent errors propagate at once. `as_api_retry` is the same policy as a
+google.api_core Retry, for the requests the storage client retries itself; `call` is not that
+Retry, which has no cap on attempts and sleeps by time.sleep (tests pass their own sleep).
 
 `StoreHealth`: a store (bucket) that has answered one process nothing but transient errors
-for `store_down` s is down, and StoreUnreachable stops the job with one line (exit 2) instead
-of failing every image after its own retries; any answer resets the clock. Both budgets (60 s)
-are read from IMG2TFRECORD_RETRY_SECONDS when a policy is made (tests shorten them).
+for `store_down` s is down: StoreUnreachable stops the job with one line (exit 2) instead of
+failing every image after its own retries. Both budgets (60 s) are read from
+IMG2TFRECORD_RETRY_SECONDS when a policy is made (tests shorten them).
 """
 
 from __future__ import annotations
@@ -49,9 +48,8 @@ class GaveUp(OSError):
 
 
 class StoreUnreachable(Exception):
-    """A store answered nothing but errors for too long, or a write to it failed for good: the
-    job stops. Not an OSError, so never one image's failure; its message carries
-    USER_ERROR_MARKER, which the entry point reports as one line (exit 2)."""
+    """A store answered nothing but errors for too long, or a write to it failed for good: the job
+    stops with one line (USER_ERROR_MARKER, exit 2). Not an OSError: never one image's failure."""
 
 
 def http_status(error: BaseException) -> int | None:
@@ -123,12 +121,9 @@ HEALTH = StoreHealth()  # this process's view of the stores it uses
 
 @dataclasses.dataclass(frozen=True)
 class RetryPolicy:
-    """How often and how patiently a transient error is retried (see module docstring).
-
-    Delays grow as initial_delay * 2**attempt (capped at max_delay), each with up to `jitter`
-    of itself added at random, so workers do not retry in lockstep. An attempt in flight at
-    the deadline ends within its request timeout (transforms/gcs.py REQUEST_TIMEOUT).
-    """
+    """How often and how patiently a transient error is retried: delays of initial_delay *
+    2**attempt (at most max_delay), each plus up to `jitter` of itself at random so that workers
+    do not retry in lockstep. An attempt in flight at the deadline ends within its request timeout."""
 
     attempts: int = 5
     initial_delay: float = 0.5
@@ -163,15 +158,12 @@ class RetryPolicy:
                         HEALTH.succeeded(store)  # it answered: the store is up, the object is not there
                     raise
                 HEALTH.failed(store, describe(e), self.store_down)
-                if attempt == self.attempts:
-                    raise GaveUp(f"{describe(e)} (still failing after {attempt} attempts)") from None
                 delay = min(self.max_delay, self.initial_delay * 2 ** (attempt - 1))
                 delay *= 1 + self.jitter * random.random()
                 spent = time.monotonic() - start
-                if spent + delay > self.deadline:
-                    raise GaveUp(
-                        f"{describe(e)} (still failing after {attempt} attempts in {spent:.0f} s)"
-                    ) from None
+                if attempt == self.attempts or spent + delay > self.deadline:
+                    within = f" in {spent:.0f} s" if attempt < self.attempts else ""
+                    raise GaveUp(f"{describe(e)} (still failing after {attempt} attempts{within})") from None
                 sleep(delay)
             else:
                 HEALTH.succeeded(store)

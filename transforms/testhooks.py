@@ -1,12 +1,10 @@
 """Seams for fault-injection tests, inert unless their environment variables are set.
 
-`IMG2TFRECORD_TEST_PAUSE=<point>:<flag file>`: on reaching `<point>` ('write_shard': a
-shard's first image written; 'publish': the first dataset file renamed into place) the run
-creates `<flag file>` and sleeps until the test deletes it (at most 120 s), so a test can
-kill, stop or resume it there; once resumed (`<flag file>.resumed` left) it does not pause
-again. `IMG2TFRECORD_TEST_LEASE_SECONDS=<s>` shortens the claim's lease
-(transforms/output/marker.py) in every process that inherits it, so a stalled run's lease
-expires within a test.
+`IMG2TFRECORD_TEST_PAUSE=<point>:<flag file>`: at `<point>` ('write_shard': a shard's first
+image written; 'publish': the first dataset file renamed) the run creates `<flag file>` and
+sleeps until the test deletes it (at most 120 s), then leaves `<flag file>.resumed` and does
+not pause again. `IMG2TFRECORD_TEST_LEASE_SECONDS=<s>` shortens the claim's lease
+(transforms/output/marker.py) in every process that inherits it.
 """
 
 from __future__ import annotations

@@ -362,7 +362,7 @@ def split_shards(tasks: list[ShardTask], workers: int) -> list[list[ShardTask]]:
     writes a whole last shard alone (with 2 workers and 5 equal shards, the fifth
     would otherwise take a fifth of the time on one core).
     """
-    ordered = sorted(tasks, key=lambda t: -t.sizes_sum())
+    ordered = sorted(tasks, key=lambda t: -sum(t.batch.sizes))
     plan = [[task] for task in ordered]
     for i in range(max(0, len(plan) - workers), len(plan) if workers > 1 else 0):
         task = plan[i][0]
