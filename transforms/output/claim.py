@@ -3,34 +3,23 @@
 In: an output folder (local or gs://), a run id and --overwrite. Out: a `Claim` that the
 run holds until it ends, or OutputBusy / NotWritable with a one-line reason.
 
-The claim is the marker file `.img2tfrecord-in-progress.json` (transforms/output/publish.py). It
-is created exclusively, so two runs started together into one folder cannot both claim
-it, and its liveness never rests on a pid, which another process may own after a
-restart (a container's fresh PID namespace keeps the host name and reuses low pids):
+The claim is the marker file `.img2tfrecord-in-progress.json`, created exclusively, so two
+runs started together into one folder cannot both claim it; its liveness never rests on a
+pid, which another process may own after a restart. docs/reliability.md states what users see.
 
 - **Local folders: a lock held by the live process.** The marker is created with
-  `O_CREAT | O_EXCL` and locked with `flock` by the run's process, which keeps it open
-  until it ends. The kernel drops the lock when the process dies, however it dies
-  (SIGKILL, OOM, a restarted container), so a marker is live exactly while a lock on it is
-  held. A claim takes the lock exclusively, writes its content, then holds it shared: the
-  steps that change the folder (transforms/output/fence.py) hold it shared too, from any
-  process, while they check the run id in it and change the folder, so no claim can slip in
-  between. An existing marker whose lock can be taken belongs to a dead run: the new run
-  keeps the lock and writes its own content into that same file (a takeover); a run that
-  finds the lock held is refused. A marker whose job runs outside the launcher
-  (`"job": true`, e.g. PortableRunner) is also live while its modification time, which the
-  job's steps refresh, is younger than the lease. After locking, each run checks that the marker's name
-  still points at the file it locked, so a claim made between another run's create and
-  lock loses cleanly instead of sharing the folder. Over NFS, Linux maps `flock` onto the
-  server's byte-range locks, so this also holds between machines. The marker is the
-  writability probe too: when its content cannot be written (a full disk, a quota), a
-  fresh marker is removed before the error is reported, so a failed claim leaves nothing.
-- **gs:// folders: a lease.** Buckets have no locks. The marker is uploaded with
-  `if_generation_match=0` (it fails if the object exists) and the claiming process
-  refreshes a heartbeat in the object's custom metadata every HEARTBEAT_SECONDS. A marker
-  whose heartbeat is older than LEASE_SECONDS (by this machine's clock) belongs to a dead
-  run and is taken over by a write conditional on its generation, so of two runs taking
-  over together exactly one wins.
+  `O_CREAT | O_EXCL` and `flock`ed by the run's process, which keeps it open until it ends;
+  the kernel drops the lock however the process dies, so a marker is live exactly while a
+  lock on it is held (over NFS too: Linux maps `flock` onto the server's locks). A claim
+  takes the lock exclusively, writes its content, then holds it shared, as the fenced steps
+  do (fence.py). An existing marker whose lock can be taken is a dead run's: the new run
+  writes its own content into that same file (a takeover). A marker whose job runs outside
+  the launcher (`"job": true`) is also live while its modification time, which the job's
+  steps refresh, is younger than the lease. After locking, each run checks that the marker's
+  name still points at the file it locked, so a claim made between another run's create and
+  lock loses cleanly. The marker is the writability probe too: a fresh marker whose content
+  cannot be written (a full disk) is removed before the error is reported.
+- **gs:// folders: a lease** (lease.py).
 
 Once the claim is held, staging folders of dead runs (`beam-temp-img2tfrecord-*`) and
 writability probes left by earlier versions (`.img2tfrecord-probe-*`) are deleted. A run
@@ -41,32 +30,28 @@ and its staging folder, both of which the next run takes over or deletes.
 from __future__ import annotations
 
 import contextlib
-import errno
-import fcntl
-import logging
 import os
 import time
 
 from apache_beam.io.filesystems import FileSystems
 
+from transforms.output.fence import Claim
+from transforms.output.lease import claim_remote
 from transforms.output.marker import (
     CLAIM_TRIES,
     PROBE_PREFIX,
-    Claim,
     NotWritable,
-    _reason,
     lease_seconds,
+    lock,
     marker_content,
     marker_owner,
+    not_writable,
     parse_marker,
+    read_fd,
+    same_file,
 )
 from transforms.output.publish import MARKER_FILE, TEMP_PREFIX, OutputBusy, is_dataset_file, list_children
 from transforms.writing.files import delete_paths
-
-# flock errors meaning "this filesystem has no locks" (some FUSE mounts): the claim is then
-# exclusive at creation only, and an existing marker counts as a dead run's.
-_NO_LOCKS = frozenset({errno.ENOLCK, errno.EOPNOTSUPP, errno.ENOTSUP, errno.EINVAL, errno.ENOSYS})
-
 
 # Descriptors of the markers this process holds locked. A forked child (a shard writer,
 # transforms/writing/processes.py) closes its copies at once, so the lock lives exactly as
@@ -87,70 +72,16 @@ os.register_at_fork(after_in_child=_close_held_in_child)
 class LocalClaim(Claim):
     """A claim on a local folder: the marker is open and `flock`ed by this process."""
 
-    def __init__(self, output_dir: str, run_id: str, resumed: str | None, fd: int | None, job: bool = False):
-        super().__init__(output_dir, run_id, resumed, job)
-        self._fd = fd
-        if fd is not None:
-            _HELD_FDS.add(fd)
-
-    def owns_marker(self) -> bool:
-        return (
-            self._fd is not None
-            and same_file(self._fd, self.marker_path)
-            and parse_marker(read_fd(self._fd)).get("run_id") == self.run_id
-        )
-
-    def _remove_marker(self) -> None:
-        with contextlib.suppress(FileNotFoundError):
-            os.unlink(self.marker_path)
+    def __init__(self, output_dir: str, run_id: str, resumed: str | None, fd: int, job: bool):
+        super().__init__(output_dir, run_id, resumed, job, None)
+        self._fd: int | None = fd
+        _HELD_FDS.add(fd)
 
     def _close(self) -> None:
         if self._fd is not None:
             fd, self._fd = self._fd, None
             _HELD_FDS.discard(fd)
             os.close(fd)  # drops the lock
-
-
-def same_file(fd: int, path: str) -> bool:
-    try:
-        here, there = os.fstat(fd), os.stat(path)
-    except FileNotFoundError:
-        return False
-    return (here.st_dev, here.st_ino) == (there.st_dev, there.st_ino)
-
-
-def _lock(fd: int) -> bool:
-    """Takes the marker's lock without waiting: False if another process holds it."""
-    try:
-        fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
-    except BlockingIOError:
-        return False
-    except OSError as e:
-        if e.errno not in _NO_LOCKS:
-            raise
-        logging.warning(
-            "the filesystem of the output folder has no file locks: a killed run's marker is taken over"
-        )
-    return True
-
-
-def share_lock(fd: int) -> None:
-    """Holds the marker's lock shared (waiting out a claim in progress); nothing on a
-    filesystem without locks."""
-    try:
-        fcntl.flock(fd, fcntl.LOCK_SH)
-    except OSError as e:
-        if e.errno not in _NO_LOCKS:
-            raise
-
-
-def read_fd(fd: int) -> bytes:
-    chunks = []
-    offset = 0
-    while chunk := os.pread(fd, 1 << 16, offset):
-        chunks.append(chunk)
-        offset += len(chunk)
-    return b"".join(chunks)
 
 
 def _write_fd(fd: int, data: bytes) -> None:
@@ -186,7 +117,7 @@ def claim_local(output_dir: str, run_id: str, job: bool = False) -> LocalClaim:
             "pass the path of a folder (it is created if missing)"
         ) from None
     except OSError as e:
-        raise NotWritable(f"--output_dir {output_dir} is not writable: {_reason(e)}") from None
+        raise not_writable(output_dir, e) from None
     for _ in range(CLAIM_TRIES):
         try:
             fd, fresh = os.open(marker, os.O_RDWR | os.O_CREAT | os.O_EXCL, 0o644), True
@@ -196,12 +127,12 @@ def claim_local(output_dir: str, run_id: str, job: bool = False) -> LocalClaim:
             except FileNotFoundError:
                 continue  # published or abandoned meanwhile
             except OSError as e:
-                raise NotWritable(f"--output_dir {output_dir} is not writable: {_reason(e)}") from None
+                raise not_writable(output_dir, e) from None
         except OSError as e:
-            raise NotWritable(f"--output_dir {output_dir} is not writable: {_reason(e)}") from None
+            raise not_writable(output_dir, e) from None
         try:
             previous = {} if fresh else parse_marker(read_fd(fd))
-            if not _lock(fd):
+            if not lock(fd, shared=False):
                 raise OutputBusy(
                     f"--output_dir {output_dir} is being written by another img2tfrecord run ({marker_owner(previous)})"
                 )
@@ -220,11 +151,11 @@ def claim_local(output_dir: str, run_id: str, job: bool = False) -> LocalClaim:
             except OSError as e:
                 if fresh:
                     os.unlink(marker)  # ours, still locked: a failed claim leaves nothing
-                raise NotWritable(f"--output_dir {output_dir} is not writable: {_reason(e)}") from None
+                raise not_writable(output_dir, e) from None
             # Shared from now on, so the job's fenced steps can lock it too. (The change is not
             # atomic: a claim that slips in sees a live marker or takes it over, then this
             # run finds another run id in it and is refused.)
-            share_lock(fd)
+            lock(fd, shared=True)
             if parse_marker(read_fd(fd)).get("run_id") != run_id:
                 raise OutputBusy(
                     f"--output_dir {output_dir} was claimed by another img2tfrecord run meanwhile"
@@ -249,12 +180,7 @@ def claim_output(output_dir: str, overwrite: bool, run_id: str, job: bool = Fals
       OutputBusy: a live run holds the folder, or it holds a dataset and not `overwrite`.
       NotWritable: the folder cannot be written (nothing is left in it).
     """
-    if "://" in output_dir:
-        from transforms.output.lease import claim_remote  # the GCS client only where needed
-
-        claim: Claim = claim_remote(output_dir, run_id, job=job)
-    else:
-        claim = claim_local(output_dir, run_id, job)
+    claim = claim_remote(output_dir, run_id, job) if "://" in output_dir else claim_local(output_dir, run_id, job)
     try:
         names = list_children(output_dir)
         if claim.resumed is None and not overwrite and any(is_dataset_file(n) for n in names):

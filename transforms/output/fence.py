@@ -1,51 +1,51 @@
-"""The claim's token, carried by the job: every change to the published folder is fenced by it.
+"""The claim and its token: every change to the published folder is fenced by it.
 
-In: the output folder, the run id and, on gs://, the marker's generation (the claim's token,
-claim.py / lease.py). Out: `Fence`, a small picklable value that the graph ships to the steps
-that touch the output folder, and ClaimLost (a one-line user error, exit 2) once another run
-took the folder over. Two uses:
+In: a held claim (claim.py locally, lease.py on gs://). Out: `Fence`, a small picklable value
+the graph ships to the steps that touch the output folder, and ClaimLost (a one-line user
+error, exit 2) once another run took the folder over. The guarantees and their limits are
+stated in docs/reliability.md ("Fencing"). Two uses:
 
-- **Fenced changes** (`with fence.held() as keep:`): publishing (moving shards, writing
-  metadata, deleting stale files, removing the marker) runs inside it and calls `keep()`
-  between its steps.
-  - *Local folders:* the marker is opened and `flock`ed shared for the whole block and its
-    content must still name this run. A claim takes the lock exclusively (claim.py), so no
-    other run can take the folder over while a step is inside the block: the check and the
-    change are one atomic unit.
-  - *gs://:* buckets have no locks and a precondition only guards the object it writes, so
-    the block renews the lease by a metadata patch conditional on the marker's generation
-    (`if_generation_match`) first, and `keep()` renews it again when half a heartbeat has
-    passed: a renewal that succeeds proves the marker is still this run's and keeps any other
-    run from taking it over for a whole lease (LEASE_SECONDS by the claimer's clock). The
-    marker itself is deleted with `if_generation_match`, so it can only remove its own.
-- **A claim as long as the job** (`job`: the runner runs the steps outside the launcher,
-  e.g. PortableRunner, Dataflow): the job's long-running step (WriteShards) beats the lease
-  while it works (`keep_alive`), and checks the token at the start of every bundle, so a
-  killed launcher does not free the folder while the job runs, and an orphaned job that lost
-  the folder stops at its next beat. Local markers of such runs carry `"job": true` and their
-  modification time is the heartbeat.
+- **Fenced changes** (`with fence.held() as keep:`, `keep()` between steps). Locally the
+  marker is `flock`ed shared for the whole block and must still name this run; a claim takes
+  the lock exclusively, so the check and the change are one atomic unit. On gs:// (no locks;
+  a precondition guards only the object it writes) the block renews the lease by a metadata
+  patch conditional on the marker's generation, and `keep()` renews it again once half a
+  heartbeat has passed: a renewal that succeeds proves the marker is this run's and keeps
+  any other run out for a whole lease. The marker is deleted at its generation only.
+- **Heartbeats** (`KeepAlive`): the launcher's thread keeps a gs:// claim alive; a job that
+  runs outside the launcher (`job`, e.g. PortableRunner, Dataflow) beats from its long steps
+  (WriteShards, Finalize) and checks the token first, so a killed launcher does not free the
+  folder while the job runs, and an orphaned job that lost the folder stops at its next
+  beat. Local markers of such runs carry `"job": true`; their modification time is the beat.
 
-Beats on gs:// are conditional on the metageneration read just before
-(`if_metageneration_match`), and skipped while the last beat is younger than a heartbeat, so
-many workers beating together make about one write a heartbeat (GCS allows one write a
-second on one object). Limits are stated in docs/reliability.md.
+Beats on gs:// are conditional on the metageneration read just before, and skipped while the
+last beat is younger than a heartbeat, so many workers beating together make about one write
+a heartbeat (GCS allows one write a second on one object).
 """
 
 from __future__ import annotations
 
 import contextlib
 import dataclasses
+import logging
 import os
 import threading
 import time
 from collections.abc import Callable, Iterator
 
 from apache_beam.io.filesystems import FileSystems
+from google.api_core import exceptions as gexc
 
+from transforms import gcs
 from transforms.failures import USER_ERROR_MARKER
-from transforms.output.claim import read_fd, same_file, share_lock
-from transforms.output.marker import HEARTBEAT_KEY, Claim, heartbeat_seconds, heartbeat_thread, parse_marker
-from transforms.output.publish import MARKER_FILE
+from transforms.output.marker import HEARTBEAT_KEY, heartbeat_seconds, lock, parse_marker, read_fd, same_file
+from transforms.output.publish import MARKER_FILE, temp_dir_for
+from transforms.retry import DEFAULT_RETRY
+from transforms.writing.files import delete_paths
+
+# One request's retries (503s, resets): the one retry policy's, so a claim never hangs on a
+# bucket that does not answer (transforms/retry.py).
+REQUEST_RETRY = DEFAULT_RETRY.as_api_retry()
 
 
 class ClaimLost(RuntimeError):
@@ -93,12 +93,12 @@ class Fence:
         """The block in which a step changes the published folder; yields `keep()`, to call
         between its steps (see the module docstring). Raises ClaimLost."""
         if self.generation is not None:
-            _GcsMarker(self).renew(force=True)
+            self.beat(force=True)
             renewed = [time.monotonic()]
 
             def keep() -> None:
                 if time.monotonic() - renewed[0] > heartbeat_seconds() / 2:
-                    _GcsMarker(self).renew(force=True)
+                    self.beat(force=True)
                     renewed[0] = time.monotonic()
 
             yield keep
@@ -108,7 +108,7 @@ class Fence:
         except FileNotFoundError:
             raise self.lost() from None
         try:
-            share_lock(fd)  # waits out a claim in progress (a few writes)
+            lock(fd, shared=True)
             if parse_marker(read_fd(fd)).get("run_id") != self.run_id or not same_file(fd, self.marker_path):
                 raise self.lost()
             if self.job:
@@ -117,104 +117,131 @@ class Fence:
         finally:
             os.close(fd)
 
-    def beat(self) -> None:
-        """Refreshes the lease if it is due (the job's steps); raises ClaimLost."""
-        if self.generation is not None:
-            _GcsMarker(self).renew(force=False)
-        else:
-            self.check()  # local: the check touches the marker of a job-kept claim
+    def beat(self, force: bool = False) -> None:
+        """Refreshes the lease (`force` False: only if the last beat is older than a heartbeat).
+        Locally, checks the marker (and touches a job-kept one). Raises ClaimLost."""
+        if self.generation is None:
+            self.check()
+        elif not renew(gcs.blob(self.marker_path), self.generation, force):
+            raise self.lost()
 
     def remove_marker(self) -> None:
         """Removes the marker if it is still this run's (the dataset is finished)."""
         if self.generation is not None:
-            _GcsMarker(self).delete()
+            with contextlib.suppress(gexc.PreconditionFailed, gexc.NotFound):
+                gcs.blob(self.marker_path).delete(if_generation_match=self.generation, retry=REQUEST_RETRY)
             return
         with contextlib.suppress(ClaimLost), self.held():
             os.unlink(self.marker_path)
 
     def keep_alive(self) -> KeepAlive:
-        """A heartbeat for a step of the job (started/stopped per bundle)."""
-        return KeepAlive(self)
+        """A heartbeat for a step of the job (started/stopped per bundle); inert unless `job`.
+        A job-kept claim is checked at once: an orphaned job stops before writing into the folder."""
+        if self.job:
+            self.beat()
+        return KeepAlive(self, self.job)
+
+
+def heartbeat_age(metadata: dict | None, updated_epoch: float, now: float) -> float:
+    """Seconds since a gs:// marker's last heartbeat (its upload time if it has none)."""
+    try:
+        beat = float((metadata or {}).get(HEARTBEAT_KEY, updated_epoch))
+    except ValueError:
+        beat = updated_epoch
+    return now - beat
+
+
+def renew(blob, generation: int, force: bool) -> bool:
+    """Patches the heartbeat of the gs:// marker `blob`, conditional on `generation` and on the
+    metageneration just read; `force` False skips a beat younger than a heartbeat. False once
+    the marker is not the claim's any more (published, abandoned or taken over)."""
+
+    def ours() -> bool:
+        try:
+            blob.reload(retry=REQUEST_RETRY)
+        except gexc.NotFound:
+            return False
+        return blob.generation == generation
+
+    if not ours():
+        return False
+    if not force and heartbeat_age(blob.metadata, blob.updated.timestamp(), time.time()) < heartbeat_seconds():
+        return True
+    blob.metadata = {HEARTBEAT_KEY: repr(time.time())}
+    try:
+        blob.patch(if_generation_match=generation, if_metageneration_match=blob.metageneration, retry=REQUEST_RETRY)
+    except gexc.NotFound:
+        return False
+    except gexc.PreconditionFailed:
+        return ours()  # taken over (lost), or another beat of this run landed first (renewed)
+    return True
 
 
 class KeepAlive:
-    """Beats a job-kept claim every heartbeat while a bundle runs; `check()` raises ClaimLost in
-    the bundle's thread once a beat found the folder taken over. Inert for launcher-kept claims."""
+    """Beats `fence` every heartbeat in a daemon thread while `active`; `check()` raises
+    ClaimLost in the caller's thread once a beat found the folder taken over."""
 
-    def __init__(self, fence: Fence):
+    def __init__(self, fence: Fence, active: bool):
         self._fence, self._lost = fence, None
-        self._thread: threading.Thread | None = None
-        self._stop: threading.Event | None = None
-        if fence.job:
-            fence.beat()  # at once: an orphaned job stops before writing into the folder
-            self._thread, self._stop = heartbeat_thread(self._beat, heartbeat_seconds())
+        self._stop = threading.Event()
+        self._thread = threading.Thread(target=self._loop, name="img2tfrecord-heartbeat", daemon=True)
+        if active:
+            self._thread.start()
 
-    def _beat(self) -> bool:
-        try:
-            self._fence.beat()
-        except ClaimLost as e:
-            self._lost = e
-            return False
-        except Exception:  # noqa: BLE001 - a missed beat is retried at the next one
-            pass
-        return True
+    def _loop(self) -> None:
+        while not self._stop.wait(heartbeat_seconds()):
+            try:
+                self._fence.beat()
+            except ClaimLost as e:
+                self._lost = e
+                return
+            except Exception as e:  # noqa: BLE001 - a missed beat is retried at the next one
+                logging.debug("heartbeat of %s failed: %s", self._fence.marker_path, e)
 
     def check(self) -> None:
         if self._lost is not None:
             raise self._lost
 
     def stop(self) -> None:
-        if self._stop is not None:
-            self._stop.set()
+        """Stops beating and waits for a beat in flight (bounded by REQUEST_RETRY), so no beat
+        lands after it returns."""
+        self._stop.set()
+        if self._thread.ident is not None:  # started
             self._thread.join()
-            self._stop = None
 
 
-class _GcsMarker:
-    """The gs:// marker object of a Fence, through google-cloud-storage (Beam's GCS client)."""
+class Claim:
+    """A held claim on an output folder (claim.py, lease.py).
 
-    def __init__(self, fence: Fence):
-        from transforms import gcs
+    Attributes:
+      output_dir: the folder claimed.
+      run_id: the run holding it.
+      resumed: the id of the dead run whose marker was taken over ('unknown' if its marker
+        was cut short), or None for a fresh claim.
+      job: the job keeps the claim alive (a runner outside this process).
+      generation: the gs:// marker's generation (the claim's token there); None locally.
+    """
 
-        self._fence = fence
-        self._blob = gcs.blob(fence.marker_path)
+    def __init__(self, output_dir: str, run_id: str, resumed: str | None, job: bool, generation: int | None):
+        self.output_dir, self.run_id, self.resumed = output_dir, run_id, resumed
+        self.job, self.generation = job, generation
 
-    def renew(self, force: bool) -> None:
-        """Patches the heartbeat, conditional on the generation (and the metageneration just
-        read); `force` False skips a beat younger than a heartbeat. Raises ClaimLost."""
-        from google.api_core import exceptions as gexc
+    def release(self, abandon: bool = False) -> None:
+        """Ends the claim. The marker itself is removed by publishing, not here.
 
-        from transforms.output.lease import REQUEST_RETRY, heartbeat_age
-
-        fence, blob = self._fence, self._blob
-
-        def reload() -> None:
-            try:
-                blob.reload(retry=REQUEST_RETRY)
-            except gexc.NotFound:
-                raise fence.lost() from None
-            if blob.generation != fence.generation:
-                raise fence.lost()
-
-        reload()
-        if (
-            not force
-            and heartbeat_age(blob.metadata, blob.updated.timestamp(), time.time()) < heartbeat_seconds()
-        ):
-            return
-        blob.metadata = {HEARTBEAT_KEY: repr(time.time())}
+        Args:
+          abandon: the run stops before publishing anything (a user error found inside
+            the pipeline, a dry run): its staging folder is deleted and, if the claim was
+            fresh, its marker too, so the folder is left as the run found it. A taken-over
+            marker stays: the dead run's leftovers it covers are still there.
+        """
         try:
-            blob.patch(
-                if_generation_match=fence.generation,
-                if_metageneration_match=blob.metageneration,
-                retry=REQUEST_RETRY,
-            )
-        except gexc.NotFound:
-            raise fence.lost() from None
-        except gexc.PreconditionFailed:
-            reload()  # taken over (lost), or another beat of this run landed first (renewed)
+            if abandon:
+                delete_paths([temp_dir_for(self.output_dir, self.run_id)])
+                if self.resumed is None:
+                    Fence.of(self).remove_marker()
+        finally:
+            self._close()
 
-    def delete(self) -> None:
-        from transforms.output.lease import delete_marker
-
-        delete_marker(self._blob, self._fence.generation)
+    def _close(self) -> None:
+        """Lets go of the lock or stops the heartbeat."""

@@ -1,21 +1,19 @@
-"""The in-progress marker: its content, its owner, and the Claim every kind of claim is (pure).
+"""The in-progress marker file: its content, its owner, its lock (pure, and local file calls).
 
-Shared by the local claim (claim.py, a lock) and the gs:// lease (lease.py, a heartbeat).
+Shared by the local claim (claim.py), the gs:// lease (lease.py) and the fence (fence.py).
 """
 
 from __future__ import annotations
 
+import errno
+import fcntl
 import json
+import logging
 import os
 import socket
-import threading
 import time
 
-from apache_beam.io.filesystems import FileSystems
-
-from transforms.output.publish import MARKER_FILE, temp_dir_for
 from transforms.testhooks import lease_seconds as _test_lease
-from transforms.writing.files import delete_paths
 
 # Writability probes of earlier versions (created and deleted before the marker was
 # written): a run killed in between left one behind. The claim deletes them.
@@ -31,6 +29,18 @@ HEARTBEAT_SECONDS = 20.0
 LEASE_SECONDS = 120.0
 
 
+HEARTBEAT_KEY = "img2tfrecord-heartbeat"
+
+
+# Attempts at claiming while other runs create, take over or remove the marker meanwhile.
+CLAIM_TRIES = 5
+
+
+# flock errors meaning "this filesystem has no locks" (some FUSE mounts): the claim is then
+# exclusive at creation only, and an existing marker counts as a dead run's.
+_NO_LOCKS = frozenset({errno.ENOLCK, errno.EOPNOTSUPP, errno.ENOTSUP, errno.EINVAL, errno.ENOSYS})
+
+
 def lease_seconds() -> float:
     """LEASE_SECONDS, or the shorter lease a fault-injection test asked for (transforms/testhooks.py)."""
     return _test_lease(LEASE_SECONDS)
@@ -41,21 +51,18 @@ def heartbeat_seconds() -> float:
     return min(HEARTBEAT_SECONDS, lease_seconds() / 6)
 
 
-HEARTBEAT_KEY = "img2tfrecord-heartbeat"
-
-
-# Attempts at claiming while other runs create, take over or remove the marker meanwhile.
-CLAIM_TRIES = 5
-
-
 class NotWritable(ValueError):
     """The output folder cannot be written; the message says why (one line)."""
 
 
+def not_writable(output_dir: str, error: OSError | str) -> NotWritable:
+    reason = error if isinstance(error, str) else error.strerror or str(error)
+    return NotWritable(f"--output_dir {output_dir} is not writable: {reason}")
+
+
 def marker_content(run_id: str, job: bool = False) -> bytes:
     """The marker's JSON: who claimed the folder and when, and whether the job keeps the claim
-    (`job`: its steps beat a lease; see transforms/output/fence.py). The run id is the claim's
-    token on local folders; host, pid and time are for people."""
+    (fence.py). The run id is the claim's token on local folders; host, pid and time are for people."""
     content = {"run_id": run_id, "host": socket.gethostname(), "pid": os.getpid(), "started": time.time()}
     if job:
         content["job"] = True
@@ -67,7 +74,7 @@ def parse_marker(content: bytes) -> dict:
     try:
         found = json.loads(content.decode("utf-8"))
     except ValueError:
-        return {}  # cut short or empty: a kill while it was written
+        return {}
     return found if isinstance(found, dict) else {}
 
 
@@ -79,69 +86,34 @@ def marker_owner(previous: dict) -> str:
     return ", ".join(parts)
 
 
-def _reason(error: OSError) -> str:
-    return error.strerror or str(error)
+def same_file(fd: int, path: str) -> bool:
+    try:
+        here, there = os.fstat(fd), os.stat(path)
+    except FileNotFoundError:
+        return False
+    return (here.st_dev, here.st_ino) == (there.st_dev, there.st_ino)
 
 
-class Claim:
-    """A held claim on an output folder (see the module docstring).
-
-    Attributes:
-      output_dir: the folder claimed.
-      run_id: the run holding it.
-      resumed: the id of the dead run whose marker was taken over ('unknown' if its marker
-        was cut short), or None for a fresh claim.
-      job: the job keeps the claim alive (a runner outside this process; see fence.py).
-      generation: the gs:// marker's generation (the claim's token there); None locally.
-    """
-
-    generation: int | None = None
-
-    def __init__(self, output_dir: str, run_id: str, resumed: str | None, job: bool = False):
-        self.output_dir, self.run_id, self.resumed, self.job = output_dir, run_id, resumed, job
-
-    @property
-    def marker_path(self) -> str:
-        return FileSystems.join(self.output_dir, MARKER_FILE)
-
-    def owns_marker(self) -> bool:
-        """True while the marker in the folder is still this claim's."""
-        raise NotImplementedError
-
-    def _remove_marker(self) -> None:
-        raise NotImplementedError
-
-    def release(self, abandon: bool = False) -> None:
-        """Ends the claim. The marker itself is removed by publishing, not here.
-
-        Args:
-          abandon: the run stops before publishing anything (a user error found inside
-            the pipeline, a dry run): its staging folder is deleted and, if the claim was
-            fresh, its marker too, so the folder is left as the run found it. A taken-over
-            marker stays: the dead run's leftovers it covers are still there.
-        """
-        try:
-            if abandon:
-                delete_paths([temp_dir_for(self.output_dir, self.run_id)])
-                if self.resumed is None and self.owns_marker():
-                    self._remove_marker()
-        finally:
-            self._close()
-
-    def _close(self) -> None:
-        """Lets go of the lock or stops the heartbeat."""
+def lock(fd: int, shared: bool) -> bool:
+    """Locks the marker: shared waits out a claim in progress; exclusive does not wait and
+    returns False if another process holds it. True on a filesystem without locks."""
+    try:
+        fcntl.flock(fd, fcntl.LOCK_SH if shared else fcntl.LOCK_EX | fcntl.LOCK_NB)
+    except BlockingIOError:
+        return False
+    except OSError as e:
+        if e.errno not in _NO_LOCKS:
+            raise
+        if not shared:
+            logging.warning(
+                "the filesystem of the output folder has no file locks: a killed run's marker is taken over"
+            )
+    return True
 
 
-def heartbeat_thread(beat, interval: float) -> tuple[threading.Thread, threading.Event]:
-    """Calls `beat()` every `interval` seconds in a daemon thread until the event is set or
-    `beat` returns False."""
-    stop = threading.Event()
-
-    def loop() -> None:
-        while not stop.wait(interval):
-            if not beat():
-                return
-
-    thread = threading.Thread(target=loop, name="img2tfrecord-heartbeat", daemon=True)
-    thread.start()
-    return thread, stop
+def read_fd(fd: int) -> bytes:
+    chunks, offset = [], 0
+    while chunk := os.pread(fd, 1 << 16, offset):
+        chunks.append(chunk)
+        offset += len(chunk)
+    return b"".join(chunks)

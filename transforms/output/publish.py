@@ -1,24 +1,18 @@
 """The output folder's life cycle: stage a run in it, publish atomically, retry safely.
 
-A run works in `<output_dir>/beam-temp-img2tfrecord-<run_id>/` and leaves a marker file
-(`.img2tfrecord-in-progress.json`) in the output folder from the moment it claims it
-(transforms/output/claim.py: exclusive, and how a live run's marker is told from a dead
-one's) until its dataset is published. Publishing renames the staged shards, then
-failures.jsonl and labels.txt, and summary.json last: summary.json present and no marker
-means a finished dataset. A run killed at any point (SIGKILL included) therefore leaves
-no summary.json without a marker, and the next run of the same command, seeing the
-marker of a dead run, knows that whatever it finds belongs to an interrupted run of its
-own and replaces it (idempotent retries). A finished dataset, or shards that no run of
-ours is known to have left, are only replaced with --overwrite, and then completely: old
-shards the new run does not produce are deleted. A run that stops short of a dataset
-(too many failures) keeps a finished dataset it was to replace (publish_failures_only).
+A run works in `<output_dir>/beam-temp-img2tfrecord-<run_id>/` and keeps the marker
+`.img2tfrecord-in-progress.json` in the output folder from its claim (claim.py) until its
+dataset is published. Publishing renames the staged shards, then failures.jsonl and
+labels.txt, and summary.json last, then removes the marker: summary.json present and no
+marker means a finished dataset, and a run killed at any point leaves no summary.json
+without a marker. A finished dataset, or shards no run of ours is known to have left, is
+only replaced with --overwrite, and then completely (old shards the new run does not produce
+are deleted). docs/reliability.md ("Atomic output") states the promises.
 
-Everything goes through Beam's FileSystems, so the same code serves local folders and
-gs:// buckets; local paths are never used as glob patterns. On gs:// (where a rename is a
-copy plus a delete) publishing works on lists: one listing per staging folder tells what is
-left to move, and the moves, overwritten files and stale files go to GCS in batch requests
-(up to 100 operations a request, transforms/gcs.py under the one retry policy), not one
-round trip per file.
+Everything goes through Beam's FileSystems or transforms/gcs.py, so the same code serves
+local folders and gs://; local paths are never used as glob patterns. On gs:// (a rename is
+a copy plus a delete) one listing per folder tells what is left to move, and the moves and
+deletes go in batch requests (transforms/gcs.py), not one round trip per file.
 """
 
 from __future__ import annotations
@@ -26,9 +20,7 @@ from __future__ import annotations
 import contextlib
 import os
 import re
-from collections.abc import Callable
-from contextlib import AbstractContextManager
-from typing import Protocol
+from typing import TYPE_CHECKING
 
 from apache_beam.io.filesystems import FileSystems
 
@@ -37,6 +29,9 @@ from transforms.gcs import DELIMITER, split_gcs_path
 from transforms.paths import escape_glob
 from transforms.testhooks import pause_if_asked
 from transforms.writing.files import delete_paths, write_text
+
+if TYPE_CHECKING:
+    from transforms.output.fence import Fence  # which imports this module
 
 SUMMARY_FILE = "summary.json"
 LABELS_FILE = "labels.txt"
@@ -144,14 +139,6 @@ def rename_files(pairs: list[tuple[str, str]]) -> None:
     if local:
         FileSystems.rename([src for src, _ in local], [dst for _, dst in local])
     gcs.rename_batch(remote)
-
-
-class Fence(Protocol):
-    """What publishing needs of a claim's token (transforms/output/fence.py, which imports this module)."""
-
-    def held(self) -> AbstractContextManager[Callable[[], None]]: ...
-
-    def remove_marker(self) -> None: ...
 
 
 def _fenced(fence: Fence | None):
