@@ -19,7 +19,12 @@ pid, which another process may own after a restart. docs/reliability.md states w
   name still points at the file it locked, so a claim made between another run's create and
   lock loses cleanly. The marker is the writability probe too: a fresh marker whose content
   cannot be written (a full disk) is removed before the error is reported.
-- **gs:// folders: a lease** (lease.py).
+- **gs:// folders: a lease.** Buckets have no locks. The marker object is uploaded with
+  `if_generation_match=0`, the claiming process rewrites the heartbeat in its custom metadata
+  every HEARTBEAT_SECONDS (fence.py's KeepAlive, conditional on the marker's generation, so it
+  stops once the marker is published, abandoned or taken over), and a marker whose heartbeat
+  is older than LEASE_SECONDS (by this machine's clock) is a dead run's. A takeover is an
+  upload conditional on the dead marker's generation: of two taking over, exactly one wins.
 
 Once the claim is held, staging folders of dead runs (`beam-temp-img2tfrecord-*`) and
 writability probes left by earlier versions (`.img2tfrecord-probe-*`) are deleted. A run
@@ -34,11 +39,13 @@ import os
 import time
 
 from apache_beam.io.filesystems import FileSystems
+from google.api_core import exceptions as gexc
 
-from transforms.output.fence import Claim
-from transforms.output.lease import claim_remote
+from transforms import gcs
+from transforms.output.fence import REQUEST_RETRY, Claim, Fence, KeepAlive, heartbeat_age
 from transforms.output.marker import (
     CLAIM_TRIES,
+    HEARTBEAT_KEY,
     PROBE_PREFIX,
     NotWritable,
     lease_seconds,
@@ -168,6 +175,67 @@ def claim_local(output_dir: str, run_id: str, job: bool = False) -> LocalClaim:
     raise OutputBusy(f"--output_dir {output_dir}: other img2tfrecord runs keep claiming it; try again")
 
 
+class RemoteClaim(Claim):
+    """A claim on a gs:// folder: the marker object at `generation`, kept alive by a thread."""
+
+    def __init__(self, output_dir: str, run_id: str, resumed: str | None, generation: int, job: bool):
+        super().__init__(output_dir, run_id, resumed, job, generation)
+        self._alive = KeepAlive(Fence.of(self), active=True)
+
+    def _close(self) -> None:
+        self._alive.stop()  # no beat lands after the claim is released
+
+
+def claim_remote(output_dir: str, run_id: str, job: bool = False) -> RemoteClaim:
+    """Creates the marker of a gs:// folder, or takes over a dead run's (see module docstring).
+
+    Raises:
+      NotWritable: no permission, no such bucket, or the bucket does not answer.
+      OutputBusy: a live run holds the folder (its heartbeat is fresh).
+    """
+    blob = gcs.blob(f"{output_dir.rstrip('/')}/{MARKER_FILE}")
+
+    def upload(generation: int) -> int:
+        blob.metadata = {HEARTBEAT_KEY: repr(time.time())}
+        blob.upload_from_string(
+            marker_content(run_id, job),
+            content_type="application/json",
+            if_generation_match=generation,
+            retry=REQUEST_RETRY,
+        )
+        return blob.generation
+
+    try:
+        for _ in range(CLAIM_TRIES):
+            try:
+                return RemoteClaim(output_dir, run_id, None, upload(0), job)
+            except gexc.PreconditionFailed:
+                pass
+            existing = blob.bucket.get_blob(blob.name, retry=REQUEST_RETRY)
+            if existing is None:
+                continue  # published or abandoned meanwhile
+            previous = parse_marker(existing.download_as_bytes(retry=REQUEST_RETRY))
+            if previous.get("run_id") == run_id:  # our own create, retried after a lost answer
+                return RemoteClaim(output_dir, run_id, None, existing.generation, job)
+            age = heartbeat_age(existing.metadata, existing.updated.timestamp(), time.time())
+            if age < lease_seconds():
+                raise OutputBusy(
+                    f"--output_dir {output_dir} is being written by another img2tfrecord run "
+                    f"({marker_owner(previous)}, alive {age:.0f} s ago; a dead run's claim expires after "
+                    f"{lease_seconds():.0f} s)"
+                )
+            try:
+                generation = upload(existing.generation)
+            except gexc.PreconditionFailed:
+                continue  # another run took it over first
+            return RemoteClaim(output_dir, run_id, previous.get("run_id", "unknown"), generation, job)
+    except gexc.GoogleAPICallError as e:
+        raise not_writable(output_dir, (str(e).strip().splitlines() or [type(e).__name__])[0]) from None
+    except gexc.RetryError as e:
+        raise not_writable(output_dir, str(e.cause or e)) from None
+    raise OutputBusy(f"--output_dir {output_dir}: other img2tfrecord runs keep claiming it; try again")
+
+
 def claim_output(output_dir: str, overwrite: bool, run_id: str, job: bool = False) -> Claim:
     """Claims `output_dir` for run `run_id` and deletes what dead runs left there.
 
@@ -180,7 +248,9 @@ def claim_output(output_dir: str, overwrite: bool, run_id: str, job: bool = Fals
       OutputBusy: a live run holds the folder, or it holds a dataset and not `overwrite`.
       NotWritable: the folder cannot be written (nothing is left in it).
     """
-    claim = claim_remote(output_dir, run_id, job) if "://" in output_dir else claim_local(output_dir, run_id, job)
+    claim = (
+        claim_remote(output_dir, run_id, job) if "://" in output_dir else claim_local(output_dir, run_id, job)
+    )
     try:
         names = list_children(output_dir)
         if claim.resumed is None and not overwrite and any(is_dataset_file(n) for n in names):

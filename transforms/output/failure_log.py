@@ -2,20 +2,20 @@
 
 Failures (transforms/failures.py) flow in from every stage. Two things flow out:
 
-- FailureCounts, from a combiner: the failed count by stage and by (split, class), which is
-  all summary.json needs. Bounded by the stages and the classes, like the listed counts.
-- Sorted part files: failures are keyed by a hash of their path into ceil(failed / 10,000)
-  buckets (the count as a side input), each bucket (a group of ~10,000 failures: the only
-  group here) is sorted by (path, stage) and written as one part file in the run's staging
-  folder; only the part paths come back.
+- FailureCounts, from a combiner (beam.py): the failed count by stage, by (split, class) and
+  by reason kind, which is all summary.json and the exit-3 line need. Bounded by the stages,
+  the classes and MAX_KINDS.
+- Sorted part files: failures are keyed by a hash of their path into ceil(failed / PART_SIZE)
+  buckets (the count as a side input); each bucket (the only GroupByKey group here) is sorted
+  by (path, stage) and written as one part file in the run's staging folder.
 
-FinalizeFn then merges the parts into failures.jsonl line by line (`merge_parts`, a k-way
-merge holding one line per part), so the file is sorted by (path, stage) as a whole, the
-same on every runner, and no worker holds more than one bucket of failures.
+FinalizeFn then merges the parts into failures.jsonl (`merge_parts`, a k-way merge holding one
+line per part), so the file is sorted by (path, stage) as a whole, the same on every runner.
 """
 
 from __future__ import annotations
 
+import collections
 import dataclasses
 import heapq
 import json
@@ -25,7 +25,8 @@ from collections.abc import Iterable, Iterator
 from apache_beam.io.filesystems import FileSystems
 
 from transforms import gcs
-from transforms.failures import Failure, reason_kind
+from transforms.batching import chunked
+from transforms.failures import Failure
 from transforms.layout.plan import hash64
 
 # Failures per part file (and per group): a few MB of JSON lines.
@@ -37,12 +38,6 @@ MAX_KINDS = 1_000
 
 
 OTHER_KINDS = "other reasons"
-
-
-_PARTS_DIR = "failure-parts"
-
-
-_WRITE_CHUNK = 1 << 20
 
 
 @dataclasses.dataclass(frozen=True)
@@ -62,95 +57,35 @@ class FailureCounts:
     by_class: tuple[tuple[tuple[str, str], int], ...] = ()
     by_kind: tuple[tuple[str, int], ...] = ()
 
-    @classmethod
-    def of(cls, failures: Iterable[Failure]) -> FailureCounts:
-        """The counts of `failures` (for tests and small inputs)."""
-        acc = new_counts()
-        for f in failures:
-            count_failure(acc, f)
-        return counts_of(acc)
+
+def add_kinds(kinds: collections.Counter, more: Iterable[tuple[str, int]]) -> None:
+    """Adds (reason kind, n) pairs to `kinds`, at most MAX_KINDS kinds apart."""
+    for kind, n in more:
+        kinds[kind if kind in kinds or len(kinds) < MAX_KINDS else OTHER_KINDS] += n
 
 
-def _add_kind(kinds: dict, kind: str, n: int) -> None:
-    if kind not in kinds and len(kinds) >= MAX_KINDS:
-        kind = OTHER_KINDS
-    kinds[kind] = kinds.get(kind, 0) + n
-
-
-def new_counts() -> list:
-    """An empty accumulator of FailureCounts: [failed, by stage, by (split, class), by reason kind]."""
-    return [0, {}, {}, {}]
-
-
-def count_failure(acc: list, f: Failure) -> list:
-    """`acc` with one more failure `f`."""
-    acc[0] += 1
-    acc[1][f.stage] = acc[1].get(f.stage, 0) + 1
-    if f.split is not None:
-        key = (f.split, f.class_key or "")
-        acc[2][key] = acc[2].get(key, 0) + 1
-    _add_kind(acc[3], reason_kind(f.reason), 1)
-    return acc
-
-
-def merge_counts(accs: Iterable[list]) -> list:
-    """One accumulator of several."""
-    merged = new_counts()
-    for failed, stages, classes, kinds in accs:
-        merged[0] += failed
-        for k, n in stages.items():
-            merged[1][k] = merged[1].get(k, 0) + n
-        for k, n in classes.items():
-            merged[2][k] = merged[2].get(k, 0) + n
-        for k, n in kinds.items():
-            _add_kind(merged[3], k, n)
-    return merged
-
-
-def counts_of(acc: list) -> FailureCounts:
-    """The FailureCounts of an accumulator."""
-    return FailureCounts(
-        acc[0], tuple(sorted(acc[1].items())), tuple(sorted(acc[2].items())), tuple(sorted(acc[3].items()))
-    )
-
-
-def failure_line(f: Failure) -> str:
-    return f.to_json() + "\n"
-
-
-def line_order(f: Failure) -> tuple[str, str, str]:
+def _line_key(line: str) -> tuple[str, str, str]:
     """The order of failures.jsonl: path, stage, then the line itself (ties are identical lines)."""
-    return f.path, f.stage, failure_line(f)
+    d = json.loads(line)
+    return d["path"], d["stage"], line
 
 
 def part_of(f: Failure, failed: int) -> int:
     """The part (bucket) of a failure: a hash of its path, PART_SIZE failures a part on average."""
-    parts = max(1, math.ceil(failed / PART_SIZE))
-    return hash64("failures", f.path) % parts
-
-
-def part_path(staging: str, part: int) -> str:
-    return FileSystems.join(staging, _PARTS_DIR, f"part-{part:06d}.jsonl")
+    return hash64("failures", f.path) % max(1, math.ceil(failed / PART_SIZE))
 
 
 def _write_lines(path: str, lines: Iterable[str]) -> None:
-    """Streams `lines` (each ending in a newline) into `path` as UTF-8, ~1 MB a write."""
+    """Streams `lines` (each ending in a newline) into `path` as UTF-8, a few thousand a write."""
     with gcs.create(path, mime_type="text/plain") as out:
-        chunk: list[str] = []
-        held = 0
-        for line in lines:
-            chunk.append(line)
-            held += len(line)
-            if held >= _WRITE_CHUNK:
-                out.write("".join(chunk).encode("utf-8"))
-                chunk, held = [], 0
-        out.write("".join(chunk).encode("utf-8"))
+        for chunk in chunked(lines, 4096):
+            out.write("".join(chunk).encode("utf-8"))
 
 
 def write_part(staging: str, part: int, failures: Iterable[Failure]) -> str:
-    """Writes one part, sorted by line_order; returns its path (rewritten whole on a retry)."""
-    path = part_path(staging, part)
-    _write_lines(path, (line for _, _, line in sorted(map(line_order, failures))))
+    """Writes one part, sorted as failures.jsonl; returns its path (rewritten whole on a retry)."""
+    path = FileSystems.join(staging, "failure-parts", f"part-{part:06d}.jsonl")
+    _write_lines(path, sorted((f.to_json() + "\n" for f in failures), key=_line_key))
     return path
 
 
@@ -160,12 +95,6 @@ def _lines(path: str) -> Iterator[str]:
             yield raw.decode("utf-8")
 
 
-def _line_key(line: str) -> tuple[str, str, str]:
-    d = json.loads(line)
-    return d["path"], d["stage"], line
-
-
 def merge_parts(parts: Iterable[str], dest: str) -> None:
-    """Merges sorted part files into `dest`, in line_order; one line held per part."""
-    streams = [_lines(p) for p in sorted(parts)]
-    _write_lines(dest, heapq.merge(*streams, key=_line_key))
+    """Merges sorted part files into `dest`; one line held per part."""
+    _write_lines(dest, heapq.merge(*(_lines(p) for p in sorted(parts)), key=_line_key))

@@ -1,6 +1,6 @@
 """The claim and its token: every change to the published folder is fenced by it.
 
-In: a held claim (claim.py locally, lease.py on gs://). Out: `Fence`, a small picklable value
+In: a held claim (claim.py). Out: `Fence`, a small picklable value
 the graph ships to the steps that touch the output folder, and ClaimLost (a one-line user
 error, exit 2) once another run took the folder over. The guarantees and their limits are
 stated in docs/reliability.md ("Fencing"). Two uses:
@@ -165,11 +165,16 @@ def renew(blob, generation: int, force: bool) -> bool:
 
     if not ours():
         return False
-    if not force and heartbeat_age(blob.metadata, blob.updated.timestamp(), time.time()) < heartbeat_seconds():
+    if (
+        not force
+        and heartbeat_age(blob.metadata, blob.updated.timestamp(), time.time()) < heartbeat_seconds()
+    ):
         return True
     blob.metadata = {HEARTBEAT_KEY: repr(time.time())}
     try:
-        blob.patch(if_generation_match=generation, if_metageneration_match=blob.metageneration, retry=REQUEST_RETRY)
+        blob.patch(
+            if_generation_match=generation, if_metageneration_match=blob.metageneration, retry=REQUEST_RETRY
+        )
     except gexc.NotFound:
         return False
     except gexc.PreconditionFailed:
@@ -211,7 +216,7 @@ class KeepAlive:
 
 
 class Claim:
-    """A held claim on an output folder (claim.py, lease.py).
+    """A held claim on an output folder (claim.py).
 
     Attributes:
       output_dir: the folder claimed.

@@ -1,6 +1,6 @@
 """The in-progress marker file: its content, its owner, its lock (pure, and local file calls).
 
-Shared by the local claim (claim.py), the gs:// lease (lease.py) and the fence (fence.py).
+Shared by the claim (claim.py: a local lock or a gs:// lease) and the fence (fence.py).
 """
 
 from __future__ import annotations

@@ -22,7 +22,6 @@ from transforms.encoding.schema import Schema
 from transforms.images.decoding import (
     BYTES_FEATURE,
     IMAGE_FEATURE,
-    RAW_FEATURE,
     STORE_ENCODED,
     image_feature_kind,
 )
@@ -43,58 +42,38 @@ _FEATURES = "tensorflow_datasets.core.features."
 _DTYPES = {"int64": "int64", "float": "float32", "bytes": "string"}
 
 
+def _feature(cls: str, **body) -> dict:
+    return {"pythonClassName": _FEATURES + cls, **body}
+
+
 def _tensor(kind: str, scalar: bool) -> dict:
     if kind == "bytes":
-        text = {"pythonClassName": _FEATURES + "text_feature.Text", "text": {}}
+        text = _feature("text_feature.Text", text={})
         return text if scalar else _sequence(text)
-    dims = [] if scalar else ["-1"]
-    return {
-        "pythonClassName": _FEATURES + "tensor_feature.Tensor",
-        "tensor": {"shape": {"dimensions": dims}, "dtype": _DTYPES[kind], "encoding": "none"},
-    }
+    shape = {"dimensions": [] if scalar else ["-1"]}
+    return _feature(
+        "tensor_feature.Tensor", tensor={"shape": shape, "dtype": _DTYPES[kind], "encoding": "none"}
+    )
 
 
 def _sequence(feature: dict) -> dict:
-    return {
-        "pythonClassName": _FEATURES + "sequence_feature.Sequence",
-        "sequence": {"feature": feature, "length": "-1"},
-    }
-
-
-def _class_label(num_classes: int) -> dict:
-    return {
-        "pythonClassName": _FEATURES + "class_label_feature.ClassLabel",
-        "classLabel": {"numClasses": str(num_classes)},
-    }
-
-
-def _image() -> dict:
-    # Decoded by TFDS with tf.image.decode_image(channels=3): RGB whatever was stored.
-    return {
-        "pythonClassName": _FEATURES + "image_feature.Image",
-        "image": {"shape": {"dimensions": ["-1", "-1", "3"]}, "dtype": "uint8"},
-    }
-
-
-def _raw_pixels() -> dict:
-    # Stored as one bytes value; TFDS decodes it with tf.io.decode_raw to a flat uint8 vector.
-    return {
-        "pythonClassName": _FEATURES + "tensor_feature.Tensor",
-        "tensor": {"shape": {"dimensions": ["-1"]}, "dtype": "uint8", "encoding": "bytes"},
-    }
+    return _feature("sequence_feature.Sequence", sequence={"feature": feature, "length": "-1"})
 
 
 def _image_feature(kind: str) -> dict:
-    return {IMAGE_FEATURE: _image, BYTES_FEATURE: lambda: _tensor("bytes", True), RAW_FEATURE: _raw_pixels}[
-        kind
-    ]()
+    if kind == IMAGE_FEATURE:  # decoded by TFDS with tf.image.decode_image(channels=3): RGB
+        return _feature(
+            "image_feature.Image", image={"shape": {"dimensions": ["-1", "-1", "3"]}, "dtype": "uint8"}
+        )
+    if kind == BYTES_FEATURE:
+        return _tensor("bytes", True)
+    # RAW_FEATURE: one bytes value, decoded by TFDS with tf.io.decode_raw to a flat uint8 vector.
+    shape = {"dimensions": ["-1"]}
+    return _feature("tensor_feature.Tensor", tensor={"shape": shape, "dtype": "uint8", "encoding": "bytes"})
 
 
 def _features_dict(features: dict) -> dict:
-    return {
-        "pythonClassName": _FEATURES + "features_dict.FeaturesDict",
-        "featuresDict": {"features": features},
-    }
+    return _feature("features_dict.FeaturesDict", featuresDict={"features": features})
 
 
 def class_label_names(class_names: list[str], offset: int) -> list[str]:
@@ -133,7 +112,7 @@ def features_json(schema: Schema, num_labels: int, single_label: bool, image: st
         if key == schema.image_key:
             feature = _image_feature(image)
         elif key == schema.label_key:
-            label = _class_label(num_labels)
+            label = _feature("class_label_feature.ClassLabel", classLabel={"numClasses": str(num_labels)})
             one = single_label and (scalar or not key.startswith(PER_OBJECT_PREFIX))
             feature = label if one else _sequence(label)
         else:

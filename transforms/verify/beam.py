@@ -38,12 +38,8 @@ class VerifyShards(beam.PTransform):
     summary.json); no GroupByKey beyond the Reshuffle of the shard paths.
     """
 
-    def __init__(
-        self, fmt: DatasetFormat | str, class_names: list[str], offset: int = 0, decode_all: bool = False
-    ):
+    def __init__(self, fmt: DatasetFormat, class_names: list[str], offset: int = 0, decode_all: bool = False):
         super().__init__()
-        fmt = DatasetFormat(fmt) if isinstance(fmt, str) else fmt
-        fmt.schema  # noqa: B018 - fail early on an unknown schema
         self._fn = CheckShardFn(fmt, list(class_names), offset, decode_all)
 
     def expand(self, paths: beam.PCollection[str]) -> beam.PCollection[ShardCheck]:

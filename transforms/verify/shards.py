@@ -1,15 +1,13 @@
 """Checking written shards: framing, CRCs, Example parsing, image decoding, index files.
 
-`check_shard` is the pure core: it reads one shard record by record (`iter_records`),
-parses every Example with the dataset's spec (its DatasetFormat: schema with renames, store
-mode), decodes a sample of the images (or all) the way the dataset's readers decode them,
-and counts records and bytes per class. Decoding checks: the image decodes as
-`load_dataset` decodes it (raw pixels: exactly height x width x channels bytes) to the
-stored shape, and, when a reader of the dataset decodes with `expand_animations=True` (TFDS's
-`Image` in features.json, the tfds/odapi presets' decoders), to a 3-D image; for those readers
-every record (decoded or not) is also checked for a format of DECODED_4D_FORMATS. It stops
-at the first bad record and reports its byte offset. `VerifyShards` runs it as a Beam transform (one element per shard) for outputs too
-big for one machine; `inspect` uses the same function for its statistics and samples.
+`check_shard` reads one shard record by record (`iter_records`), parses every Example with
+the dataset's spec (its DatasetFormat: schema with renames, store mode), decodes a sample of
+the images (or all) as the dataset's readers do, and counts records and bytes per class. An
+image must decode as `load_dataset` decodes it (raw pixels: exactly height x width x channels
+bytes) to the stored shape and, when a reader decodes with `expand_animations=True` (TFDS's
+`Image`, the tfds/odapi presets), to 3-D; for those readers every record is also checked for a
+format of DECODED_4D_FORMATS. It stops at the first bad record and reports its byte offset.
+beam.py runs it one shard per element; `inspect` uses it for its statistics and samples.
 """
 
 from __future__ import annotations
@@ -18,13 +16,11 @@ import collections
 import dataclasses
 import json
 import zlib
-from collections.abc import Iterable
 
 from apache_beam.io.filesystem import CompressionTypes
 
 from transforms import gcs
 from transforms.encoding.dataset_format import DatasetFormat
-from transforms.encoding.schema import Schema
 from transforms.encoding.tfrecord import RECORD_OVERHEAD, RecordError, iter_records
 from transforms.images.check import detect_format
 from transforms.images.decoding import decodes_4d, raw_size
@@ -81,15 +77,7 @@ def is_sampled(i: int) -> bool:
 
 def size_bucket(pixels: int) -> int:
     """The distribution bucket of an image side: the smallest power of two >= it, at least 16."""
-    bucket = 16
-    while bucket < pixels:
-        bucket *= 2
-    return bucket
-
-
-def class_key_of(ids: Iterable[int], class_names: list[str], offset: int) -> str:
-    """The '|'-joined class names of label ids (the summary's per-class key)."""
-    return "|".join(class_names[int(i) - offset] for i in ids)
+    return max(16, 1 << (pixels - 1).bit_length())
 
 
 class _Checker:
@@ -114,13 +102,11 @@ class _Checker:
             for role in ("format", "width", "height", "filename")
             if self._schema.roles.get(role) in self._schema.kinds
         }
-        self.formats: collections.Counter = collections.Counter()
-        self.widths: collections.Counter = collections.Counter()
-        self.heights: collections.Counter = collections.Counter()
-        self.counts: collections.Counter = collections.Counter()
-        self.sizes: collections.Counter = collections.Counter()
+        # Records by format, width and height bucket; records, bytes and samples kept by class.
+        self.formats, self.widths, self.heights, self.counts, self.sizes, self._kept_per_class = (
+            collections.Counter() for _ in range(6)
+        )
         self.kept: list[tuple[str, bytes, str]] = []
-        self._kept_per_class: collections.Counter = collections.Counter()
         self.decoded = 0
 
     def check(self, batch: list[tuple[int, int, bytes]]) -> None:
@@ -144,7 +130,7 @@ class _Checker:
                 )
             if self._strict and not self._fmt.raw:
                 self._check_format(ex[self._schema.image_key], offset)
-            key = class_key_of(ids, self._names, self._offset)
+            key = "|".join(self._names[int(x) - self._offset] for x in ids)  # the summary's class key
             self.counts[key] += 1
             self.sizes[key] += len(data)
             self._count_info(ex)
@@ -240,8 +226,7 @@ def _png(image) -> bytes:
     from PIL import Image
 
     pixels = np.asarray(image)
-    modes = {1: "L", 2: "LA", 3: "RGB", 4: "RGBA"}
-    img = Image.fromarray(pixels[..., 0] if pixels.shape[-1] == 1 else pixels, modes[pixels.shape[-1]])
+    img = Image.fromarray(pixels[..., 0] if pixels.shape[-1] == 1 else pixels)  # L, LA, RGB, RGBA
     out = io.BytesIO()
     img.save(out, format="PNG")
     return out.getvalue()
@@ -276,20 +261,14 @@ def check_index(path: str, offsets: list[tuple[int, int]]) -> None:
 
 def check_shard(
     path: str,
-    fmt: DatasetFormat | Schema,
+    fmt: DatasetFormat,
     class_names: list[str],
     offset: int = 0,
     *,
     decode_all: bool = False,
     samples_per_class: int = 0,
 ) -> ShardCheck:
-    """Reads and checks every record of one shard (local or gs://, gzip by suffix).
-
-    Args:
-      fmt: the dataset's format (a bare Schema: encoded images, no TFDS Image feature).
-    """
-    if isinstance(fmt, Schema):
-        fmt = DatasetFormat(fmt.name, fmt.renames)
+    """Reads and checks every record of one shard (local or gs://, gzip by suffix)."""
     checker = _Checker(fmt, class_names, offset, decode_all, samples_per_class)
     records = size = 0
     positions: list[tuple[int, int]] = []
