@@ -5,7 +5,7 @@
 dataset is renamed into place), create `<flag file>` and sleep until the test deletes it
 (at most 120 s), so a test can kill, stop or resume it at exactly that moment; once resumed
 (`<flag file>.resumed` is left) it passes the point without pausing again.
-`IMG2TFRECORD_TEST_LEASE_SECONDS=<s>` shortens the claim's lease (transforms/output/marker.py)
+`IMG2TFRECORD_TEST_LEASE_SECONDS=<s>` shortens the claim's lease (transforms/output/fence.py)
 in every process that inherits it (launcher, worker pool), so a stalled run's lease expires
 within a test. Production runs set neither; they read nothing else and write nothing but the
 flag file the test named.

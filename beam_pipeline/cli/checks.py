@@ -37,8 +37,7 @@ from transforms.labels.table import check_table
 from transforms.listing.archives import archive_kind
 from transforms.listing.local import is_archive_input, walk_folders
 from transforms.output.claim import claim_output
-from transforms.output.fence import Claim
-from transforms.output.marker import NotWritable
+from transforms.output.fence import Claim, NotWritable
 from transforms.output.publish import (
     OutputBusy,
     list_children,

@@ -26,7 +26,7 @@ from beam_pipeline import main
 from tests.conftest import METADATA_FILES, write_image
 from tests.gcs_emulator import BUCKET
 from transforms.output.claim import claim_output
-from transforms.output.marker import HEARTBEAT_KEY, LEASE_SECONDS, PROBE_PREFIX, NotWritable
+from transforms.output.fence import HEARTBEAT_KEY, LEASE_SECONDS, PROBE_PREFIX, NotWritable
 from transforms.output.publish import MARKER_FILE, OutputBusy
 from transforms.testhooks import LEASE_ENV
 

@@ -1,35 +1,28 @@
 """Claiming an output folder: one live run at a time, a dead run's leftovers cleaned.
 
-In: an output folder (local or gs://), a run id and --overwrite. Out: a `Claim` that the
-run holds until it ends, or OutputBusy / NotWritable with a one-line reason.
+In: an output folder (local or gs://), a run id and --overwrite. Out: a `Claim` held until
+the run ends, or OutputBusy / NotWritable with a one-line reason. The claim is the marker
+`.img2tfrecord-in-progress.json`, created exclusively; its liveness never rests on a pid
+(another process may own it after a restart). docs/reliability.md states the promises.
 
-The claim is the marker file `.img2tfrecord-in-progress.json`, created exclusively, so two
-runs started together into one folder cannot both claim it; its liveness never rests on a
-pid, which another process may own after a restart. docs/reliability.md states what users see.
+- **Local folders: a lock held by the live process.** The marker is created with `O_EXCL`
+  and `flock`ed by the run's process until it ends; the kernel drops the lock however the
+  process dies (over NFS too). A claim takes the lock exclusively, writes its content, then
+  holds it shared, as the fenced steps do (fence.py). A marker whose lock can be taken is a
+  dead run's: the new run writes its own content into it (a takeover), unless it says
+  `"job": true` and its modification time (the job's beat) is younger than the lease. After
+  locking, a run checks that the marker's name still points at the file it locked, so a
+  claim made between another run's create and lock loses cleanly. The marker is the
+  writability probe too: a fresh one that cannot be written (a full disk) is removed.
+- **gs:// folders: a lease.** The marker object is uploaded with `if_generation_match=0`;
+  the claiming process refreshes a heartbeat in its metadata (fence.py's KeepAlive), and a
+  marker whose heartbeat is older than LEASE_SECONDS (by this machine's clock) is a dead
+  run's, taken over by an upload conditional on its generation (of two, exactly one wins).
 
-- **Local folders: a lock held by the live process.** The marker is created with
-  `O_CREAT | O_EXCL` and `flock`ed by the run's process, which keeps it open until it ends;
-  the kernel drops the lock however the process dies, so a marker is live exactly while a
-  lock on it is held (over NFS too: Linux maps `flock` onto the server's locks). A claim
-  takes the lock exclusively, writes its content, then holds it shared, as the fenced steps
-  do (fence.py). An existing marker whose lock can be taken is a dead run's: the new run
-  writes its own content into that same file (a takeover). A marker whose job runs outside
-  the launcher (`"job": true`) is also live while its modification time, which the job's
-  steps refresh, is younger than the lease. After locking, each run checks that the marker's
-  name still points at the file it locked, so a claim made between another run's create and
-  lock loses cleanly. The marker is the writability probe too: a fresh marker whose content
-  cannot be written (a full disk) is removed before the error is reported.
-- **gs:// folders: a lease.** Buckets have no locks. The marker object is uploaded with
-  `if_generation_match=0`, the claiming process rewrites the heartbeat in its custom metadata
-  every HEARTBEAT_SECONDS (fence.py's KeepAlive, conditional on the marker's generation, so it
-  stops once the marker is published, abandoned or taken over), and a marker whose heartbeat
-  is older than LEASE_SECONDS (by this machine's clock) is a dead run's. A takeover is an
-  upload conditional on the dead marker's generation: of two taking over, exactly one wins.
-
-Once the claim is held, staging folders of dead runs (`beam-temp-img2tfrecord-*`) and
-writability probes left by earlier versions (`.img2tfrecord-probe-*`) are deleted. A run
-killed at any instant therefore leaves at most its marker (complete, cut short or empty)
-and its staging folder, both of which the next run takes over or deletes.
+Once the claim is held, dead runs' staging folders (`beam-temp-img2tfrecord-*`) and earlier
+versions' probes (`.img2tfrecord-probe-*`) are deleted: a run killed at any instant leaves at
+most its marker (whole, cut short or empty) and its staging folder, which the next run takes
+over or deletes.
 """
 
 from __future__ import annotations
@@ -42,12 +35,16 @@ from apache_beam.io.filesystems import FileSystems
 from google.api_core import exceptions as gexc
 
 from transforms import gcs
-from transforms.output.fence import REQUEST_RETRY, Claim, Fence, KeepAlive, heartbeat_age
-from transforms.output.marker import (
+from transforms.output.fence import (
     CLAIM_TRIES,
     HEARTBEAT_KEY,
     PROBE_PREFIX,
+    REQUEST_RETRY,
+    Claim,
+    Fence,
+    KeepAlive,
     NotWritable,
+    heartbeat_age,
     lease_seconds,
     lock,
     marker_content,

@@ -32,11 +32,8 @@ from transforms.layout.plan import hash64
 # Failures per part file (and per group): a few MB of JSON lines.
 PART_SIZE = 10_000
 
-
 # Reason kinds counted apart for the exit-3 line; more distinct kinds are counted together.
 MAX_KINDS = 1_000
-
-
 OTHER_KINDS = "other reasons"
 
 

@@ -1,34 +1,35 @@
-"""The claim and its token: every change to the published folder is fenced by it.
+"""The in-progress marker, the claim and its token: every change to the output is fenced.
 
-In: a held claim (claim.py). Out: `Fence`, a small picklable value
-the graph ships to the steps that touch the output folder, and ClaimLost (a one-line user
-error, exit 2) once another run took the folder over. The guarantees and their limits are
-stated in docs/reliability.md ("Fencing"). Two uses:
+In: a held claim (claim.py). Out: `Fence`, a small picklable value the graph ships to the
+steps that touch the output folder, and ClaimLost (a one-line user error, exit 2) once
+another run took the folder over; also the marker's content, lock and lease, shared with
+claim.py. docs/reliability.md ("Fencing") states the guarantees and their limits.
 
 - **Fenced changes** (`with fence.held() as keep:`, `keep()` between steps). Locally the
-  marker is `flock`ed shared for the whole block and must still name this run; a claim takes
-  the lock exclusively, so the check and the change are one atomic unit. On gs:// (no locks;
-  a precondition guards only the object it writes) the block renews the lease by a metadata
-  patch conditional on the marker's generation, and `keep()` renews it again once half a
-  heartbeat has passed: a renewal that succeeds proves the marker is this run's and keeps
-  any other run out for a whole lease. The marker is deleted at its generation only.
+  marker is `flock`ed shared for the whole block and must still name this run; a claim needs
+  the lock exclusively, so the check and the change are one atomic unit. On gs:// (no locks)
+  the block renews the lease by a metadata patch conditional on the marker's generation, and
+  `keep()` renews it once half a heartbeat has passed: a renewal that succeeds proves the
+  marker is this run's and keeps other runs out for a whole lease.
 - **Heartbeats** (`KeepAlive`): the launcher's thread keeps a gs:// claim alive; a job that
-  runs outside the launcher (`job`, e.g. PortableRunner, Dataflow) beats from its long steps
-  (WriteShards, Finalize) and checks the token first, so a killed launcher does not free the
-  folder while the job runs, and an orphaned job that lost the folder stops at its next
-  beat. Local markers of such runs carry `"job": true`; their modification time is the beat.
-
-Beats on gs:// are conditional on the metageneration read just before, and skipped while the
-last beat is younger than a heartbeat, so many workers beating together make about one write
-a heartbeat (GCS allows one write a second on one object).
+  runs outside the launcher (`job`: PortableRunner, Dataflow) beats from its long steps and
+  checks the token first, so a killed launcher does not free the folder while the job runs,
+  and an orphaned job that lost it stops at its next beat. A local marker of such a run says
+  `"job": true`; its modification time is the beat. Beats on gs:// are conditional on the
+  metageneration just read and skipped while the last is younger than a heartbeat, so many
+  workers make about one write a heartbeat (GCS allows one a second on one object).
 """
 
 from __future__ import annotations
 
 import contextlib
 import dataclasses
+import errno
+import fcntl
+import json
 import logging
 import os
+import socket
 import threading
 import time
 from collections.abc import Callable, Iterator
@@ -38,10 +39,107 @@ from google.api_core import exceptions as gexc
 
 from transforms import gcs
 from transforms.failures import USER_ERROR_MARKER
-from transforms.output.marker import HEARTBEAT_KEY, heartbeat_seconds, lock, parse_marker, read_fd, same_file
 from transforms.output.publish import MARKER_FILE, temp_dir_for
 from transforms.retry import DEFAULT_RETRY
+from transforms.testhooks import lease_seconds as _test_lease
 from transforms.writing.files import delete_paths
+
+# Writability probes of earlier versions (created and deleted before the marker was
+# written): a run killed in between left one behind. The claim deletes them.
+PROBE_PREFIX = ".img2tfrecord-probe-"
+
+# Leases (every gs:// marker; a local one whose job runs outside the launcher): how often the
+# live run refreshes its heartbeat, and how old a heartbeat may be before its run counts as
+# dead (six missed refreshes).
+HEARTBEAT_SECONDS = 20.0
+LEASE_SECONDS = 120.0
+HEARTBEAT_KEY = "img2tfrecord-heartbeat"
+
+# Attempts at claiming while other runs create, take over or remove the marker meanwhile.
+CLAIM_TRIES = 5
+
+# flock errors meaning "this filesystem has no locks" (some FUSE mounts): the claim is then
+# exclusive at creation only, and an existing marker counts as a dead run's.
+_NO_LOCKS = frozenset({errno.ENOLCK, errno.EOPNOTSUPP, errno.ENOTSUP, errno.EINVAL, errno.ENOSYS})
+
+
+def lease_seconds() -> float:
+    """LEASE_SECONDS, or the shorter lease a fault-injection test asked for (transforms/testhooks.py)."""
+    return _test_lease(LEASE_SECONDS)
+
+
+def heartbeat_seconds() -> float:
+    """HEARTBEAT_SECONDS, or a sixth of a test's shorter lease."""
+    return min(HEARTBEAT_SECONDS, lease_seconds() / 6)
+
+
+class NotWritable(ValueError):
+    """The output folder cannot be written; the message says why (one line)."""
+
+
+def not_writable(output_dir: str, error: OSError | str) -> NotWritable:
+    reason = error if isinstance(error, str) else error.strerror or str(error)
+    return NotWritable(f"--output_dir {output_dir} is not writable: {reason}")
+
+
+def marker_content(run_id: str, job: bool = False) -> bytes:
+    """The marker's JSON: who claimed the folder, when, and whether the job keeps the claim.
+    The run id is the claim's token on local folders; host, pid and time are for people."""
+    content = {"run_id": run_id, "host": socket.gethostname(), "pid": os.getpid(), "started": time.time()}
+    if job:
+        content["job"] = True
+    return json.dumps(content).encode("utf-8")
+
+
+def parse_marker(content: bytes) -> dict:
+    """A marker's JSON as a dict; {} for a marker cut short or empty (a kill while it was written)."""
+    try:
+        found = json.loads(content.decode("utf-8"))
+    except ValueError:
+        return {}
+    return found if isinstance(found, dict) else {}
+
+
+def marker_owner(previous: dict) -> str:
+    """`previous` marker's owner for a message: 'run <id>, pid <n> on <host>'."""
+    parts = [f"run {previous.get('run_id', 'unknown')}"]
+    if previous.get("pid") is not None:
+        parts.append(f"pid {previous['pid']} on {previous.get('host', '?')}")
+    return ", ".join(parts)
+
+
+def same_file(fd: int, path: str) -> bool:
+    try:
+        here, there = os.fstat(fd), os.stat(path)
+    except FileNotFoundError:
+        return False
+    return (here.st_dev, here.st_ino) == (there.st_dev, there.st_ino)
+
+
+def lock(fd: int, shared: bool) -> bool:
+    """Locks the marker: shared waits out a claim in progress; exclusive does not wait and
+    returns False if another process holds it. True on a filesystem without locks."""
+    try:
+        fcntl.flock(fd, fcntl.LOCK_SH if shared else fcntl.LOCK_EX | fcntl.LOCK_NB)
+    except BlockingIOError:
+        return False
+    except OSError as e:
+        if e.errno not in _NO_LOCKS:
+            raise
+        if not shared:
+            logging.warning(
+                "the filesystem of the output folder has no file locks: a killed run's marker is taken over"
+            )
+    return True
+
+
+def read_fd(fd: int) -> bytes:
+    chunks, offset = [], 0
+    while chunk := os.pread(fd, 1 << 16, offset):
+        chunks.append(chunk)
+        offset += len(chunk)
+    return b"".join(chunks)
+
 
 # One request's retries (503s, resets): the one retry policy's, so a claim never hangs on a
 # bucket that does not answer (transforms/retry.py).
@@ -83,11 +181,6 @@ class Fence:
             f"({self.run_id}) stopped without changing it (the folder is the other run's)"
         )
 
-    def check(self) -> None:
-        """Raises ClaimLost unless the marker is still this run's."""
-        with self.held():
-            pass
-
     @contextlib.contextmanager
     def held(self) -> Iterator[Callable[[], None]]:
         """The block in which a step changes the published folder; yields `keep()`, to call
@@ -121,7 +214,8 @@ class Fence:
         """Refreshes the lease (`force` False: only if the last beat is older than a heartbeat).
         Locally, checks the marker (and touches a job-kept one). Raises ClaimLost."""
         if self.generation is None:
-            self.check()
+            with self.held():
+                pass
         elif not renew(gcs.blob(self.marker_path), self.generation, force):
             raise self.lost()
 

@@ -18,6 +18,7 @@ deletes go in batch requests (transforms/gcs.py), not one round trip per file.
 from __future__ import annotations
 
 import contextlib
+import itertools
 import os
 import re
 from typing import TYPE_CHECKING
@@ -154,17 +155,12 @@ def _remove_marker(output_dir: str, fence: Fence | None) -> None:
 
 
 def publish_failures_only(output_dir: str, staged_failures: str, fence: Fence | None = None) -> bool:
-    """Publishes the failures of a run that stops short of a dataset (too many failures).
+    """Publishes the failures of a run that stops short of a dataset (too many failures);
+    True if an old dataset was kept. Fenced like publish; safe to run again after a crash.
 
-    A finished dataset already in the folder (the run was replacing it with --overwrite)
-    is kept whole: the failures go next to it as ABORTED_FAILURES_FILE and the marker is
-    removed, so the folder holds its old, finished dataset again. Otherwise the failures
-    are published as failures.jsonl and the marker stays (no dataset: the folder is an
-    unfinished run's, which the next run takes over). Safe to run again after a crash.
-    Fenced by `fence` (transforms/output/fence.py), like publish.
-
-    Returns:
-      True if an old dataset was kept.
+    A finished dataset already in the folder (replaced with --overwrite) is kept whole: the
+    failures go next to it as ABORTED_FAILURES_FILE and the marker is removed. Otherwise they
+    are published as failures.jsonl and the marker stays (an unfinished run's folder).
     """
     with _fenced(fence):
         if not gcs.exists(FileSystems.join(output_dir, SUMMARY_FILE)):
@@ -202,66 +198,49 @@ def publish(
 ) -> None:
     """Makes a staged run the dataset in `output_dir`. Safe to run again after a crash.
 
-    `moves` are (staged path, final name) pairs, shards first and summary.json last.
-    The old summary.json goes first (from then on the folder holds no finished dataset),
-    then every other dataset file this run does not produce, so nothing old survives
-    next to the new shards. The moves follow in three steps, each renaming its files at
-    once (in parallel batches on gs://): the shards and reader files, then failures.jsonl
-    and labels.txt, then summary.json. Moves whose staged file is gone were done by an
-    earlier try (a finalize retried by the runner). Then `cleanup` (the run's staging
-    folder) is deleted and the marker removed last.
-
-    Every change is made inside `fence.held()` (transforms/output/fence.py): while the claim
-    is provably this run's, renewed between the steps; a run that lost its claim raises
-    ClaimLost before its first change.
-
-    Args:
-      keep_marker: leave the in-progress marker (a run that publishes only its failures).
-      fence: the claim's token (None: unfenced, for tests of the renames alone).
-      cleanup: paths deleted once everything is in place, before the marker goes.
+    `moves` are (staged path, final name) pairs. The old summary.json goes first (from then on
+    the folder holds no finished dataset), then every other dataset file this run does not
+    produce. The moves follow in three steps, each renamed at once (batches on gs://): the
+    shards and reader files, then failures.jsonl and labels.txt, then summary.json; a move
+    whose staged file is gone was done by an earlier try. Then `cleanup` (the run's staging
+    folder) is deleted and the marker removed, unless `keep_marker` (a run that publishes only
+    its failures). Every change is made inside `fence.held()`, renewed between the steps
+    (`fence` None: unfenced, for tests of the renames alone).
 
     Raises:
       FileNotFoundError: a staged file is missing and was never published.
       ClaimLost: another run took the folder over.
     """
+
+    def step_of(move: tuple[str, str]) -> int:
+        return {FAILURES_FILE: 1, LABELS_FILE: 1, SUMMARY_FILE: 2}.get(move[1], 0)
+
+    finals = {name: staged for staged, name in moves}
     with _fenced(fence) as keep:
-        _publish(output_dir, moves, keep)
+        staged_now = existing_files([staged for staged, _ in moves])
+        if SUMMARY_FILE not in finals or finals[SUMMARY_FILE] in staged_now:
+            # Not yet published by this run (or an earlier try of it): retire the old one.
+            delete_paths([FileSystems.join(output_dir, SUMMARY_FILE)])
+        children = list_children(output_dir)
+        stale = [n for n in children if is_dataset_file(n) and n not in finals]
+        delete_files([FileSystems.join(output_dir, n) for n in stale])
+        for _, step in itertools.groupby(sorted(moves, key=step_of), key=step_of):
+            keep()
+            pairs, replaced = [], []
+            for staged, name in step:
+                final = FileSystems.join(output_dir, name)
+                if staged in staged_now:
+                    pairs.append((staged, final))
+                    if "://" in final and name in children:
+                        replaced.append(final)  # copy-based renames may refuse to overwrite
+                elif name not in children:
+                    raise FileNotFoundError(
+                        f"staged file {staged} is missing and {final} was never published"
+                    )
+            delete_files(replaced)
+            if pairs:  # every file of the step at once (on gs:// copies, then deletes, in batches)
+                rename_files(pairs)
+            pause_if_asked("publish")
         delete_paths(list(cleanup))
         if not keep_marker:
             _remove_marker(output_dir, fence)
-
-
-def _publish(output_dir: str, moves: list[tuple[str, str]], keep) -> None:
-    finals = {name: staged for staged, name in moves}
-    staged_now = existing_files([staged for staged, _ in moves])
-    if SUMMARY_FILE not in finals or finals[SUMMARY_FILE] in staged_now:
-        # Not yet published by this run (or an earlier try of it): retire the old one.
-        delete_paths([FileSystems.join(output_dir, SUMMARY_FILE)])
-    children = list_children(output_dir)
-    stale = [n for n in children if is_dataset_file(n) and n not in finals]
-    delete_files([FileSystems.join(output_dir, n) for n in stale])
-    for step in _publish_steps(moves):
-        keep()
-        pairs, replaced = [], []
-        for staged, name in step:
-            final = FileSystems.join(output_dir, name)
-            if staged in staged_now:
-                pairs.append((staged, final))
-                if "://" in final and name in children:
-                    replaced.append(final)  # copy-based renames may refuse to overwrite
-            elif name not in children:
-                raise FileNotFoundError(f"staged file {staged} is missing and {final} was never published")
-        delete_files(replaced)
-        if pairs:  # every file of the step at once (on gs:// copies, then deletes, in batches)
-            rename_files(pairs)
-        pause_if_asked("publish")
-
-
-def _publish_steps(moves: list[tuple[str, str]]) -> list[list[tuple[str, str]]]:
-    """`moves` in publishing order, in steps renamed at once: the shards and reader files,
-    then failures.jsonl and labels.txt, then summary.json (each step only if not empty)."""
-    last = {FAILURES_FILE: 1, LABELS_FILE: 1, SUMMARY_FILE: 2}
-    steps: list[list[tuple[str, str]]] = [[], [], []]
-    for staged, name in moves:
-        steps[last.get(name, 0)].append((staged, name))
-    return [step for step in steps if step]
