@@ -36,8 +36,8 @@ from transforms.labels.label_map import load_label_map
 from transforms.labels.table import check_table
 from transforms.listing.archives import archive_kind
 from transforms.listing.local import is_archive_input, walk_folders
-from transforms.output.claim import claim_output
-from transforms.output.fence import Claim, NotWritable
+from transforms.output.claim import NotWritable, claim_output
+from transforms.output.fence import Claim
 from transforms.output.publish import (
     OutputBusy,
     list_children,

@@ -25,8 +25,8 @@ from google.cloud.storage import Blob
 from beam_pipeline import main
 from tests.conftest import METADATA_FILES, write_image
 from tests.gcs_emulator import BUCKET
-from transforms.output.claim import claim_output
-from transforms.output.fence import HEARTBEAT_KEY, LEASE_SECONDS, PROBE_PREFIX, NotWritable
+from transforms.output.claim import PROBE_PREFIX, NotWritable, claim_output
+from transforms.output.fence import HEARTBEAT_KEY, LEASE_SECONDS
 from transforms.output.publish import MARKER_FILE, OutputBusy
 from transforms.testhooks import LEASE_ENV
 

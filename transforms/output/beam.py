@@ -92,20 +92,16 @@ class WriteFailurePartsFn(beam.DoFn):
 
 
 class FinalizeFn(beam.DoFn):
-    """Runs once after every shard is written: stage the metadata, then publish it all.
-
-    The shards and metadata are staged in the run's temp folder and renamed into place by
-    publish.py, summary.json last, fenced by the claim's token (`fence`, fence.py). Above
-    `max_failure_ratio` only the failures are published (publish_failures_only: a dataset
-    already in the folder is kept) and the reason is left in the run's staging folder, where
-    the entry point finds it (exit 3) before deleting that folder.
+    """Runs once after every shard is written: stage the metadata, then publish it all
+    (publish.py, fenced by the claim's token). Above `max_failure_ratio` only the failures are
+    published (a dataset already in the folder is kept) and the reason is left in the staging
+    folder, where the entry point finds it (exit 3).
 
     Safe to run twice (a runner retries the bundle): as Beam's FileBasedSink skips sources
-    already renamed, a run whose staging folder is gone (a finished earlier try deletes it
-    last before the marker) or holds the abort reason was finalized already. The retry then
-    recomputes summary.json from its side inputs: the folder holding exactly that is this
-    run's finished dataset (its marker is removed if a crash left it); anything else means
-    another run took the folder over (ClaimLost, exit 2), and nothing is changed.
+    already renamed, a run whose staging folder is gone (a finished try deletes it last
+    before the marker) or holds the abort reason was finalized already. The retry recomputes
+    summary.json: the folder holding exactly that is this run's dataset (a marker a crash
+    left is removed); anything else means another run took the folder over (ClaimLost).
     """
 
     def __init__(

@@ -2,33 +2,30 @@
 
 In: an output folder (local or gs://), a run id and --overwrite. Out: a `Claim` held until
 the run ends, or OutputBusy / NotWritable with a one-line reason. The claim is the marker
-`.img2tfrecord-in-progress.json`, created exclusively; its liveness never rests on a pid
-(another process may own it after a restart). docs/reliability.md states the promises.
+`.img2tfrecord-in-progress.json`, created exclusively; its liveness never rests on a pid.
+docs/reliability.md ("One run per folder") states the promises.
 
-- **Local folders: a lock held by the live process.** The marker is created with `O_EXCL`
-  and `flock`ed by the run's process until it ends; the kernel drops the lock however the
-  process dies (over NFS too). A claim takes the lock exclusively, writes its content, then
-  holds it shared, as the fenced steps do (fence.py). A marker whose lock can be taken is a
-  dead run's: the new run writes its own content into it (a takeover), unless it says
-  `"job": true` and its modification time (the job's beat) is younger than the lease. After
-  locking, a run checks that the marker's name still points at the file it locked, so a
-  claim made between another run's create and lock loses cleanly. The marker is the
-  writability probe too: a fresh one that cannot be written (a full disk) is removed.
-- **gs:// folders: a lease.** The marker object is uploaded with `if_generation_match=0`;
-  the claiming process refreshes a heartbeat in its metadata (fence.py's KeepAlive), and a
-  marker whose heartbeat is older than LEASE_SECONDS (by this machine's clock) is a dead
-  run's, taken over by an upload conditional on its generation (of two, exactly one wins).
+- **Local folders: a lock held by the live process** (`flock`, which the kernel drops however
+  the process dies; NFS too). A claim takes it exclusively, writes its content, then holds it
+  shared, as the fenced steps do (fence.py). A marker whose lock can be taken is a dead run's
+  and is taken over, unless it says `"job": true` and its modification time (the job's beat)
+  is younger than the lease. After locking, a run checks that the marker's name still points
+  at the file it locked, so a claim slipped between another's create and lock loses cleanly.
+  The marker is the writability probe too: a fresh one that cannot be written is removed.
+- **gs:// folders: a lease.** The marker is uploaded with `if_generation_match=0`, its
+  heartbeat refreshed by fence.py's KeepAlive; one older than LEASE_SECONDS is a dead run's,
+  taken over by an upload conditional on its generation (of two, exactly one wins).
 
-Once the claim is held, dead runs' staging folders (`beam-temp-img2tfrecord-*`) and earlier
-versions' probes (`.img2tfrecord-probe-*`) are deleted: a run killed at any instant leaves at
-most its marker (whole, cut short or empty) and its staging folder, which the next run takes
-over or deletes.
+Once claimed, dead runs' staging folders and earlier versions' probes are deleted.
 """
 
 from __future__ import annotations
 
 import contextlib
+import functools
+import json
 import os
+import socket
 import time
 
 from apache_beam.io.filesystems import FileSystems
@@ -36,26 +33,54 @@ from google.api_core import exceptions as gexc
 
 from transforms import gcs
 from transforms.output.fence import (
-    CLAIM_TRIES,
     HEARTBEAT_KEY,
-    PROBE_PREFIX,
     REQUEST_RETRY,
     Claim,
     Fence,
     KeepAlive,
-    NotWritable,
     heartbeat_age,
     lease_seconds,
     lock,
-    marker_content,
-    marker_owner,
-    not_writable,
     parse_marker,
     read_fd,
     same_file,
 )
 from transforms.output.publish import MARKER_FILE, TEMP_PREFIX, OutputBusy, is_dataset_file, list_children
 from transforms.writing.files import delete_paths
+
+# Writability probes of earlier versions (created and deleted before the marker was
+# written): a run killed in between left one behind. The claim deletes them.
+PROBE_PREFIX = ".img2tfrecord-probe-"
+
+# Attempts at claiming while other runs create, take over or remove the marker meanwhile.
+CLAIM_TRIES = 5
+
+
+class NotWritable(ValueError):
+    """The output folder cannot be written; the message says why (one line)."""
+
+
+def not_writable(output_dir: str, error: OSError | str) -> NotWritable:
+    reason = error if isinstance(error, str) else error.strerror or str(error)
+    return NotWritable(f"--output_dir {output_dir} is not writable: {reason}")
+
+
+def marker_content(run_id: str, job: bool = False) -> bytes:
+    """The marker's JSON: who claimed the folder, when, and whether the job keeps the claim.
+    The run id is the claim's token on local folders; host, pid and time are for people."""
+    content = {"run_id": run_id, "host": socket.gethostname(), "pid": os.getpid(), "started": time.time()}
+    if job:
+        content["job"] = True
+    return json.dumps(content).encode("utf-8")
+
+
+def marker_owner(previous: dict) -> str:
+    """`previous` marker's owner for a message: 'run <id>, pid <n> on <host>'."""
+    parts = [f"run {previous.get('run_id', 'unknown')}"]
+    if previous.get("pid") is not None:
+        parts.append(f"pid {previous['pid']} on {previous.get('host', '?')}")
+    return ", ".join(parts)
+
 
 # Descriptors of the markers this process holds locked. A forked child (a shard writer,
 # transforms/writing/processes.py) closes its copies at once, so the lock lives exactly as
@@ -70,7 +95,10 @@ def _close_held_in_child() -> None:
     _HELD_FDS.clear()
 
 
-os.register_at_fork(after_in_child=_close_held_in_child)
+@functools.cache
+def _watch_forks() -> None:
+    """Registers the fork hook at the first local claim (importing changes no process state)."""
+    os.register_at_fork(after_in_child=_close_held_in_child)
 
 
 class LocalClaim(Claim):
@@ -79,6 +107,7 @@ class LocalClaim(Claim):
     def __init__(self, output_dir: str, run_id: str, resumed: str | None, fd: int, job: bool):
         super().__init__(output_dir, run_id, resumed, job, None)
         self._fd: int | None = fd
+        _watch_forks()
         _HELD_FDS.add(fd)
 
     def _close(self) -> None:
@@ -236,10 +265,9 @@ def claim_remote(output_dir: str, run_id: str, job: bool = False) -> RemoteClaim
 def claim_output(output_dir: str, overwrite: bool, run_id: str, job: bool = False) -> Claim:
     """Claims `output_dir` for run `run_id` and deletes what dead runs left there.
 
-    A folder holding a finished dataset, or shards no run of ours is known to have left,
-    is only claimed with `overwrite`; the leftovers of a dead run (its marker is there)
-    are taken over without it, so that a scheduler's retry of the same command succeeds.
-    `job`: the job runs outside this process and keeps the claim alive (fence.py).
+    A folder holding a finished dataset (or shards of unknown origin) needs `overwrite`; a
+    dead run's leftovers do not, so a scheduler's retry succeeds. `job`: the job runs outside
+    this process and keeps the claim alive (fence.py).
 
     Raises:
       OutputBusy: a live run holds the folder, or it holds a dataset and not `overwrite`.

@@ -1,16 +1,10 @@
 """failures.jsonl without one list of every failure: counts, sorted parts, a streamed merge.
 
-Failures (transforms/failures.py) flow in from every stage. Two things flow out:
-
-- FailureCounts, from a combiner (beam.py): the failed count by stage, by (split, class) and
-  by reason kind, which is all summary.json and the exit-3 line need. Bounded by the stages,
-  the classes and MAX_KINDS.
-- Sorted part files: failures are keyed by a hash of their path into ceil(failed / PART_SIZE)
-  buckets (the count as a side input); each bucket (the only GroupByKey group here) is sorted
-  by (path, stage) and written as one part file in the run's staging folder.
-
-FinalizeFn then merges the parts into failures.jsonl (`merge_parts`, a k-way merge holding one
-line per part), so the file is sorted by (path, stage) as a whole, the same on every runner.
+Failures flow in from every stage. Out: FailureCounts (a combiner in beam.py; bounded by the
+stages, the classes and MAX_KINDS), and part files: failures keyed by a hash of their path
+into ceil(failed / PART_SIZE) buckets (the only group here), each sorted by (path, stage) and
+written to the staging folder. `merge_parts` (a k-way merge, one line held per part) makes
+failures.jsonl sorted as a whole, the same on every runner.
 """
 
 from __future__ import annotations
@@ -39,15 +33,9 @@ OTHER_KINDS = "other reasons"
 
 @dataclasses.dataclass(frozen=True)
 class FailureCounts:
-    """What summary.json counts of the failures.
-
-    Attributes:
-      failed: every failure.
-      by_stage: ((stage, n), ...) sorted.
-      by_class: (((split, class_key), n), ...) sorted, for failures with a split.
-      by_kind: ((reason kind, n), ...) sorted (failures.reason_kind, for the exit-3 line):
-        at most MAX_KINDS kinds, the rest counted as OTHER_KINDS.
-    """
+    """What summary.json and the exit-3 line count of the failures: all of them, then sorted
+    (key, n) pairs by stage, by (split, class_key) (failures with a split) and by reason kind
+    (failures.reason_kind: at most MAX_KINDS kinds, the rest as OTHER_KINDS)."""
 
     failed: int = 0
     by_stage: tuple[tuple[str, int], ...] = ()

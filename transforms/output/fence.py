@@ -1,23 +1,21 @@
 """The in-progress marker, the claim and its token: every change to the output is fenced.
 
-In: a held claim (claim.py). Out: `Fence`, a small picklable value the graph ships to the
-steps that touch the output folder, and ClaimLost (a one-line user error, exit 2) once
-another run took the folder over; also the marker's content, lock and lease, shared with
-claim.py. docs/reliability.md ("Fencing") states the guarantees and their limits.
+In: a held claim (claim.py). Out: `Fence`, a small picklable token the graph ships to the
+steps that touch the output folder, and ClaimLost (one line, exit 2) once another run took
+the folder over; also the marker's content, lock and lease, shared with claim.py.
+docs/reliability.md ("Fencing") states the guarantees and their limits.
 
-- **Fenced changes** (`with fence.held() as keep:`, `keep()` between steps). Locally the
-  marker is `flock`ed shared for the whole block and must still name this run; a claim needs
-  the lock exclusively, so the check and the change are one atomic unit. On gs:// (no locks)
-  the block renews the lease by a metadata patch conditional on the marker's generation, and
-  `keep()` renews it once half a heartbeat has passed: a renewal that succeeds proves the
-  marker is this run's and keeps other runs out for a whole lease.
-- **Heartbeats** (`KeepAlive`): the launcher's thread keeps a gs:// claim alive; a job that
-  runs outside the launcher (`job`: PortableRunner, Dataflow) beats from its long steps and
-  checks the token first, so a killed launcher does not free the folder while the job runs,
-  and an orphaned job that lost it stops at its next beat. A local marker of such a run says
-  `"job": true`; its modification time is the beat. Beats on gs:// are conditional on the
-  metageneration just read and skipped while the last is younger than a heartbeat, so many
-  workers make about one write a heartbeat (GCS allows one a second on one object).
+- `with fence.held() as keep:` wraps every change. Locally the marker is `flock`ed shared for
+  the block and must still name this run; a claim needs the lock exclusively, so check and
+  change are atomic. On gs:// (no locks) the block renews the lease by a patch conditional
+  on the marker's generation, and `keep()` again once half a heartbeat has passed: a renewal
+  that succeeds proves the marker is this run's and keeps others out for a whole lease.
+- `KeepAlive` beats the lease from a thread: the launcher's on gs://, and the job's long
+  steps when the job runs outside the launcher (`job`), so a killed launcher does not free
+  the folder and an orphaned job that lost it stops at its next beat (a local marker's beat
+  is its modification time). Beats are conditional on the metageneration just read and
+  skipped while the last is younger than a heartbeat: about one write a heartbeat however
+  many workers beat (GCS allows one a second on one object).
 """
 
 from __future__ import annotations
@@ -29,7 +27,6 @@ import fcntl
 import json
 import logging
 import os
-import socket
 import threading
 import time
 from collections.abc import Callable, Iterator
@@ -44,19 +41,12 @@ from transforms.retry import DEFAULT_RETRY
 from transforms.testhooks import lease_seconds as _test_lease
 from transforms.writing.files import delete_paths
 
-# Writability probes of earlier versions (created and deleted before the marker was
-# written): a run killed in between left one behind. The claim deletes them.
-PROBE_PREFIX = ".img2tfrecord-probe-"
-
 # Leases (every gs:// marker; a local one whose job runs outside the launcher): how often the
 # live run refreshes its heartbeat, and how old a heartbeat may be before its run counts as
 # dead (six missed refreshes).
 HEARTBEAT_SECONDS = 20.0
 LEASE_SECONDS = 120.0
 HEARTBEAT_KEY = "img2tfrecord-heartbeat"
-
-# Attempts at claiming while other runs create, take over or remove the marker meanwhile.
-CLAIM_TRIES = 5
 
 # flock errors meaning "this filesystem has no locks" (some FUSE mounts): the claim is then
 # exclusive at creation only, and an existing marker counts as a dead run's.
@@ -73,24 +63,6 @@ def heartbeat_seconds() -> float:
     return min(HEARTBEAT_SECONDS, lease_seconds() / 6)
 
 
-class NotWritable(ValueError):
-    """The output folder cannot be written; the message says why (one line)."""
-
-
-def not_writable(output_dir: str, error: OSError | str) -> NotWritable:
-    reason = error if isinstance(error, str) else error.strerror or str(error)
-    return NotWritable(f"--output_dir {output_dir} is not writable: {reason}")
-
-
-def marker_content(run_id: str, job: bool = False) -> bytes:
-    """The marker's JSON: who claimed the folder, when, and whether the job keeps the claim.
-    The run id is the claim's token on local folders; host, pid and time are for people."""
-    content = {"run_id": run_id, "host": socket.gethostname(), "pid": os.getpid(), "started": time.time()}
-    if job:
-        content["job"] = True
-    return json.dumps(content).encode("utf-8")
-
-
 def parse_marker(content: bytes) -> dict:
     """A marker's JSON as a dict; {} for a marker cut short or empty (a kill while it was written)."""
     try:
@@ -98,14 +70,6 @@ def parse_marker(content: bytes) -> dict:
     except ValueError:
         return {}
     return found if isinstance(found, dict) else {}
-
-
-def marker_owner(previous: dict) -> str:
-    """`previous` marker's owner for a message: 'run <id>, pid <n> on <host>'."""
-    parts = [f"run {previous.get('run_id', 'unknown')}"]
-    if previous.get("pid") is not None:
-        parts.append(f"pid {previous['pid']} on {previous.get('host', '?')}")
-    return ", ".join(parts)
 
 
 def same_file(fd: int, path: str) -> bool:
@@ -310,30 +274,17 @@ class KeepAlive:
 
 
 class Claim:
-    """A held claim on an output folder (claim.py).
-
-    Attributes:
-      output_dir: the folder claimed.
-      run_id: the run holding it.
-      resumed: the id of the dead run whose marker was taken over ('unknown' if its marker
-        was cut short), or None for a fresh claim.
-      job: the job keeps the claim alive (a runner outside this process).
-      generation: the gs:// marker's generation (the claim's token there); None locally.
-    """
+    """A held claim on an output folder (claim.py); `resumed` is the id of the dead run whose
+    marker was taken over ('unknown' if cut short), or None; the rest as Fence's."""
 
     def __init__(self, output_dir: str, run_id: str, resumed: str | None, job: bool, generation: int | None):
         self.output_dir, self.run_id, self.resumed = output_dir, run_id, resumed
         self.job, self.generation = job, generation
 
     def release(self, abandon: bool = False) -> None:
-        """Ends the claim. The marker itself is removed by publishing, not here.
-
-        Args:
-          abandon: the run stops before publishing anything (a user error found inside
-            the pipeline, a dry run): its staging folder is deleted and, if the claim was
-            fresh, its marker too, so the folder is left as the run found it. A taken-over
-            marker stays: the dead run's leftovers it covers are still there.
-        """
+        """Ends the claim (publishing removes the marker). `abandon`: the run stops before
+        publishing (a user error, a dry run): its staging folder goes and, if the claim was
+        fresh, its marker too; a taken-over marker stays (it covers the dead run's leftovers)."""
         try:
             if abandon:
                 delete_paths([temp_dir_for(self.output_dir, self.run_id)])

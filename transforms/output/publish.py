@@ -1,18 +1,11 @@
 """The output folder's life cycle: stage a run in it, publish atomically, retry safely.
 
-A run works in `<output_dir>/beam-temp-img2tfrecord-<run_id>/` and keeps the marker
-`.img2tfrecord-in-progress.json` in the output folder from its claim (claim.py) until its
-dataset is published. Publishing renames the staged shards, then failures.jsonl and
-labels.txt, and summary.json last, then removes the marker: summary.json present and no
-marker means a finished dataset, and a run killed at any point leaves no summary.json
-without a marker. A finished dataset, or shards no run of ours is known to have left, is
-only replaced with --overwrite, and then completely (old shards the new run does not produce
-are deleted). docs/reliability.md ("Atomic output") states the promises.
-
-Everything goes through Beam's FileSystems or transforms/gcs.py, so the same code serves
-local folders and gs://; local paths are never used as glob patterns. On gs:// (a rename is
-a copy plus a delete) one listing per folder tells what is left to move, and the moves and
-deletes go in batch requests (transforms/gcs.py), not one round trip per file.
+A run stages in `<output_dir>/beam-temp-img2tfrecord-<run_id>/` and keeps the marker
+`.img2tfrecord-in-progress.json` from its claim until its dataset is published: summary.json
+present and no marker means a finished dataset (docs/reliability.md, "Atomic output"). Local
+folders and gs:// go through the same code (Beam's FileSystems, transforms/gcs.py; local
+paths are never glob patterns); on gs:// one listing per folder tells what is left to move
+and the moves and deletes go in batch requests, not one round trip per file.
 """
 
 from __future__ import annotations
@@ -113,21 +106,15 @@ def existing_files(paths: list[str]) -> set[str]:
             found.add(path)
     for folder, wanted in folders.items():
         bucket, prefix = split_gcs_path(folder)
-        names = {
-            f"gs://{bucket}/{name}"
-            for name, size in gcs.lister(bucket)(prefix, DELIMITER)
-            if size is not None
-        }
-        found.update(names.intersection(wanted))
+        listed = gcs.lister(bucket)(prefix, DELIMITER)  # (name, size), size None for a folder
+        found.update(
+            {f"gs://{bucket}/{name}" for name, size in listed if size is not None}.intersection(wanted)
+        )
     return found
 
 
 def delete_files(paths: list[str]) -> None:
-    """Deletes files (not folders) if they exist; on gs:// in batch requests.
-
-    Raises:
-      StoreUnreachable: a gs:// file that exists could not be deleted (one line).
-    """
+    """Deletes files (not folders) if they exist; on gs:// in batch requests (StoreUnreachable)."""
     remote = [p for p in paths if p.startswith("gs://")]
     delete_paths([p for p in paths if not p.startswith("gs://")])
     gcs.delete_batch(remote)
@@ -154,7 +141,7 @@ def _remove_marker(output_dir: str, fence: Fence | None) -> None:
         delete_paths([FileSystems.join(output_dir, MARKER_FILE)])
 
 
-def publish_failures_only(output_dir: str, staged_failures: str, fence: Fence | None = None) -> bool:
+def publish_failures_only(output_dir: str, staged_failures: str, fence: Fence) -> bool:
     """Publishes the failures of a run that stops short of a dataset (too many failures);
     True if an old dataset was kept. Fenced like publish; safe to run again after a crash.
 
@@ -162,7 +149,7 @@ def publish_failures_only(output_dir: str, staged_failures: str, fence: Fence | 
     failures go next to it as ABORTED_FAILURES_FILE and the marker is removed. Otherwise they
     are published as failures.jsonl and the marker stays (an unfinished run's folder).
     """
-    with _fenced(fence):
+    with fence.held():
         if not gcs.exists(FileSystems.join(output_dir, SUMMARY_FILE)):
             publish(output_dir, [(staged_failures, FAILURES_FILE)], keep_marker=True, fence=fence)
             return False
@@ -171,7 +158,7 @@ def publish_failures_only(output_dir: str, staged_failures: str, fence: Fence | 
             if "://" in final:
                 delete_paths([final])  # copy-based renames may refuse to overwrite
             rename_files([(staged_failures, final)])
-        _remove_marker(output_dir, fence)
+        fence.remove_marker()
     return True
 
 

@@ -1,14 +1,11 @@
 """Metadata next to the shards so that existing readers load them without glue code.
 
-- TFDS: `dataset_info.json` + `features.json` (+ one `<feature>.labels.txt` per ClassLabel),
-  the files `tfds.builder_from_directory(output_dir)` reads. The split entries carry a
-  file-name template matching `<split>-SSSSS-of-NNNNN.tfrecord` and the record count of
-  every shard; `features.json` is derived from the schema preset (nested at '/', the way
-  TFDS flattens feature names into Example keys).
+- TFDS: `dataset_info.json` (split shard lengths, a `<split>-SSSSS-of-NNNNN` template),
+  `features.json` (from the schema, nested at '/' as TFDS flattens feature names into
+  Example keys) and `<feature>.labels.txt`: what `tfds.builder_from_directory` reads.
 - ODAPI: `label_map.pbtxt` (`item { id: 1 name: "cat" }`).
 
-Pure functions build the documents (no TFDS import: it is not a runtime dependency);
-`write_reader_metadata` writes them.
+Pure functions build the documents (TFDS is not a runtime dependency).
 """
 
 from __future__ import annotations
@@ -98,10 +95,10 @@ def is_single_label(summary: dict) -> bool:
 def features_json(schema: Schema, num_labels: int, single_label: bool, image: str = IMAGE_FEATURE) -> dict:
     """The TFDS `features.json` document for records written with `schema`.
 
-    The image becomes what `image` says (transforms.images.decoding.image_feature_kind): an `Image`
-    (decoded to RGB), the encoded bytes as `Text`, or raw pixels as a flat uint8 `Tensor`
-    (reshape by the height, width and channels features); the label a `ClassLabel` (a `Sequence` of them for multi-label data and
-    per-object labels), other bytes `Text`, numbers `Tensor`.
+    The image becomes what `image` says (images.decoding.image_feature_kind): an `Image`
+    (decoded to RGB), the encoded bytes as `Text`, or raw pixels as a flat uint8 `Tensor`;
+    the label a `ClassLabel` (a `Sequence` of them for multi-label data and per-object
+    labels), other bytes `Text`, numbers `Tensor`.
 
     Raises:
       ValueError: a key clashes with a group of nested keys.
@@ -136,11 +133,6 @@ def features_json(schema: Schema, num_labels: int, single_label: bool, image: st
     return _features_dict(wrap(root))
 
 
-def class_label_file(schema: Schema) -> str:
-    """Where TFDS looks for the ClassLabel names: `<key with '/' as '-'>.labels.txt`."""
-    return schema.label_key.replace("/", "-") + ".labels.txt"
-
-
 def tfds_name(output_dir: str) -> str:
     """A TFDS dataset name (snake_case) from the output folder's name."""
     base = output_dir.rstrip("/").rsplit("/", 1)[-1]
@@ -148,41 +140,11 @@ def tfds_name(output_dir: str) -> str:
     return name if name and name[0].isalpha() else f"img2tfrecord_{name}".rstrip("_")
 
 
-def dataset_info_json(name: str, split_shards: dict[str, list[int]], split_bytes: dict[str, int]) -> dict:
-    """The TFDS `dataset_info.json` document (the DatasetInfo proto as JSON).
-
-    Args:
-      name: dataset name.
-      split_shards: split -> record count of each shard, in shard order.
-      split_bytes: split -> bytes written.
-    """
-    return {
-        "name": name,
-        "description": "Images converted to TFRecord by img2tfrecord.",
-        "version": TFDS_VERSION,
-        "fileFormat": "tfrecord",
-        "moduleName": "img2tfrecord",
-        "splits": [
-            {
-                "name": split,
-                "numBytes": str(split_bytes.get(split, 0)),
-                "shardLengths": [str(n) for n in lengths],
-                "filepathTemplate": TFDS_FILEPATH_TEMPLATE,
-            }
-            for split, lengths in sorted(split_shards.items())
-        ],
-    }
-
-
-def _quote(text: str) -> str:
-    return json.dumps(text, ensure_ascii=False)  # a valid text-format string literal
-
-
 def label_map_pbtxt(class_names: list[str], offset: int) -> str:
     """An Object Detection API label map: one `item { id name }` per class."""
+    quoted = [json.dumps(name, ensure_ascii=False) for name in class_names]  # text-format literals
     return "".join(
-        f"item {{\n  id: {i + offset}\n  name: {_quote(name)}\n  display_name: {_quote(name)}\n}}\n"
-        for i, name in enumerate(class_names)
+        f"item {{\n  id: {i + offset}\n  name: {q}\n  display_name: {q}\n}}\n" for i, q in enumerate(quoted)
     )
 
 
@@ -198,11 +160,8 @@ def write_reader_metadata(
     """Writes the reader metadata files into `output_dir` (or a staging folder); returns their names.
 
     TFDS reads uncompressed TFRecords only, so gzip output gets no TFDS files. The image
-    feature follows the store mode and the stored `image_formats` (image_feature_kind): an
-    `Image` only when TFDS decodes every stored format to 3-D.
-
-    Args:
-      name: the TFDS dataset name; by default derived from `output_dir`'s name.
+    feature follows the store mode and the stored `image_formats`: an `Image` only when TFDS
+    decodes every stored format to 3-D. `name`: the TFDS name (default: from `output_dir`).
     """
     names = summary.get("class_names", [])
     offset = summary.get("label_offset", 0)
@@ -215,9 +174,25 @@ def write_reader_metadata(
     labels = class_label_names(names, offset)
     image = image_feature_kind(summary.get("store", STORE_ENCODED), frozenset(image_formats))
     features = features_json(schema, len(labels), is_single_label(summary), image=image)
-    write_text(FileSystems.join(output_dir, class_label_file(schema)), "".join(n + "\n" for n in labels))
+    label_file = schema.label_key.replace("/", "-") + ".labels.txt"  # where TFDS looks for the names
+    write_text(FileSystems.join(output_dir, label_file), "".join(n + "\n" for n in labels))
     write_text(FileSystems.join(output_dir, FEATURES_FILE), json.dumps(features, indent=2) + "\n")
-    split_bytes = {s: v.get("bytes", 0) for s, v in summary.get("splits", {}).items()}
-    info = dataset_info_json(name or tfds_name(output_dir), split_shards, split_bytes)
+    splits = summary.get("splits", {})
+    info = {  # the DatasetInfo proto as JSON
+        "name": name or tfds_name(output_dir),
+        "description": "Images converted to TFRecord by img2tfrecord.",
+        "version": TFDS_VERSION,
+        "fileFormat": "tfrecord",
+        "moduleName": "img2tfrecord",
+        "splits": [
+            {
+                "name": split,
+                "numBytes": str(splits.get(split, {}).get("bytes", 0)),
+                "shardLengths": [str(n) for n in lengths],
+                "filepathTemplate": TFDS_FILEPATH_TEMPLATE,
+            }
+            for split, lengths in sorted(split_shards.items())
+        ],
+    }
     write_text(FileSystems.join(output_dir, DATASET_INFO_FILE), json.dumps(info, indent=2) + "\n")
-    return written + [class_label_file(schema), FEATURES_FILE, DATASET_INFO_FILE]
+    return written + [label_file, FEATURES_FILE, DATASET_INFO_FILE]

@@ -33,19 +33,11 @@ _PARSE_BATCH = 256
 class ShardCheck:
     """What one shard holds, and the first problem found in it.
 
-    Attributes:
-      path: the shard.
-      records: records read before the first problem (all of them if `error` is None).
-      bytes: serialized Example bytes of those records.
-      decoded: images decoded.
-      error: the first problem, or None.
-      offset: byte offset (in the uncompressed stream) of the record with the problem.
-      classes: (class key, records, bytes) per class, sorted.
-      samples: (class key, encoded image, file name) of up to `samples_per_class` images per
-        class (raw pixels are given as PNG; the file name is '' when the schema has none).
-      formats: (image format, records), sorted, when the schema has a format key.
-      widths, heights: (bucket, records), sorted, when the schema has the key: the bucket is
-        the smallest power of two (at least 16) not below the size (see size_bucket).
+    `records` and `bytes` (serialized Examples) count the records before the first problem
+    (`error`, at byte `offset` of the uncompressed stream). `classes`: (class key, records,
+    bytes), sorted. `samples`: (class key, encoded image (raw pixels as PNG), file name or '')
+    of up to `samples_per_class` images a class. `formats`, `widths`, `heights`: (image format
+    or size_bucket, records), sorted, when the schema has the key.
     """
 
     path: str
@@ -68,11 +60,6 @@ class ShardCheck:
         d = dataclasses.asdict(self)
         d.pop("samples")
         return json.dumps(d, ensure_ascii=False)
-
-
-def is_sampled(i: int) -> bool:
-    """The records decoded by default: 0, 1, 2, 4, 8, 16, ... (spread over the whole shard)."""
-    return i < 2 or (i & (i - 1)) == 0
 
 
 def size_bucket(pixels: int) -> int:
@@ -123,7 +110,8 @@ class _Checker:
                 except self._tf.errors.InvalidArgumentError as e:
                     raise RecordError(offset, f"Example does not parse: {_first_line(e.message)}") from None
         for (i, offset, data), ex in zip(batch, rows, strict=True):
-            ids = _as_list(ex[self._schema.label_key])
+            ids = ex[self._schema.label_key]
+            ids = ids if isinstance(ids, list) else [ids]
             if any(not 0 <= x - self._offset < len(self._names) for x in ids):
                 raise RecordError(
                     offset, f"label ids {ids} outside the {len(self._names)} classes of summary.json"
@@ -135,7 +123,8 @@ class _Checker:
             self.sizes[key] += len(data)
             self._count_info(ex)
             want_sample = self._kept_per_class[key] < self._samples
-            if self._decode_all or is_sampled(i) or want_sample:
+            sampled = i < 2 or not i & (i - 1)  # decoded by default: 0, 1, 2, 4, 8, 16, ...
+            if self._decode_all or sampled or want_sample:
                 encoded = ex[self._schema.image_key]
                 image = self._decode(ex, encoded, offset)
                 if want_sample:
@@ -232,20 +221,13 @@ def _png(image) -> bytes:
     return out.getvalue()
 
 
-def _as_list(value) -> list:
-    return value if isinstance(value, list) else [value]
-
-
 def _first_line(text: str) -> str:
     return text.strip().splitlines()[0] if text.strip() else "unknown error"
 
 
 def check_index(path: str, offsets: list[tuple[int, int]]) -> None:
-    """Compares `<path>.idx` (if any) with the records' real (offset, length).
-
-    Raises:
-      RecordError: at the first record the index gets wrong.
-    """
+    """Compares `<path>.idx` (if any) with the records' real (offset, length); raises
+    RecordError at the first record the index gets wrong."""
     idx = index_path(path)
     if not gcs.exists(idx):
         return
@@ -270,10 +252,9 @@ def check_shard(
 ) -> ShardCheck:
     """Reads and checks every record of one shard (local or gs://, gzip by suffix)."""
     checker = _Checker(fmt, class_names, offset, decode_all, samples_per_class)
-    records = size = 0
-    positions: list[tuple[int, int]] = []
+    positions: list[tuple[int, int]] = []  # (offset, length) of every record read
     batch: list[tuple[int, int, bytes]] = []
-    error, bad_offset = None, None
+    error = bad_offset = None
     try:
         with gcs.open_read(path, compression_type=CompressionTypes.AUTO) as f:
             try:
@@ -282,22 +263,19 @@ def check_shard(
                     batch.append((i, at, data))
                     if len(batch) == _PARSE_BATCH:
                         checker.check(batch)
-                        records, size = records + len(batch), size + sum(len(d) for *_, d in batch)
                         batch = []
             except (EOFError, zlib.error, OSError) as e:  # a broken gzip stream
                 end = positions[-1][0] + positions[-1][1] if positions else 0
                 raise RecordError(end, f"compressed stream broken: {e}") from None
         checker.check(batch)
-        records, size = records + len(batch), size + sum(len(d) for *_, d in batch)
         check_index(path, positions)
     except RecordError as e:
         error, bad_offset = e.reason, e.offset
-        good = [length - RECORD_OVERHEAD for at, length in positions if at < e.offset]
-        records, size = len(good), sum(good)
+    good = [length - RECORD_OVERHEAD for at, length in positions if bad_offset is None or at < bad_offset]
     return ShardCheck(
         path=path,
-        records=records,
-        bytes=size,
+        records=len(good),
+        bytes=sum(good),
         decoded=checker.decoded,
         error=error,
         offset=bad_offset,
