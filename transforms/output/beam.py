@@ -38,7 +38,6 @@ from transforms.output.publish import (
     SUMMARY_FILE,
     existing_files,
     folder_exists,
-    mark_aborted,
     publish,
     publish_failures_only,
     staging_dir,
@@ -142,19 +141,16 @@ class FinalizeFn(beam.DoFn):
     def _publish(self, summary, failures, parts, shards, class_index) -> Iterable[dict]:
         staging = staging_dir(self._temp_dir)
         make_dirs(staging)
-        staged = {
-            name: FileSystems.join(staging, name) for name in (FAILURES_FILE, LABELS_FILE, SUMMARY_FILE)
-        }
+        staged = {n: FileSystems.join(staging, n) for n in (FAILURES_FILE, LABELS_FILE, SUMMARY_FILE)}
         merge_parts(parts, staged[FAILURES_FILE])  # streamed: one line held per part
         failed, listed_total = failures.failed, summary["listed"]
         if too_many_failures(failed, listed_total, self._max_failure_ratio):
-            # The job itself succeeds (a raise here would print the runner's traceback); the
-            # entry point finds the reason in the staging folder and exits with
-            # EXIT_TOO_MANY_FAILURES. A dataset already in the folder is kept.
+            # The job succeeds (a raise would print the runner's traceback); the entry point
+            # finds the reason in the staging folder and exits with EXIT_TOO_MANY_FAILURES.
             kept = publish_failures_only(self._output_dir, staged[FAILURES_FILE], self._fence)
             where = FileSystems.join(self._output_dir, ABORTED_FAILURES_FILE if kept else FAILURES_FILE)
-            mark_aborted(
-                self._temp_dir,
+            write_text(
+                FileSystems.join(self._temp_dir, ABORTED_FILE),
                 f"{failed} of {listed_total} images failed ({failed / listed_total:.1%}), "
                 f"more than --max_failure_ratio {self._max_failure_ratio:g} allows; no dataset was "
                 f"written{' (the dataset already there is kept)' if kept else ''}, the failures are in {where}; "
@@ -245,9 +241,8 @@ class WriteMetadata(beam.PTransform):
         self._shards, self._class_index, self._extras = shards, class_index, summary_extras
 
     def expand(self, pbegin: beam.pvalue.PBegin) -> beam.PCollection[dict]:
-        # Lifted combiners without a default element (an empty input leaves the side inputs
-        # at their defaults). Each input counted where it is made (a Map fused into its
-        # producer, no decode of the batches again), then the counts summed.
+        # Lifted combiners without defaults (an empty input leaves the side inputs at theirs);
+        # each input counted where it is made (a Map fused into its producer), then summed.
         counts = [
             pcoll | f"CountListed{i}" >> beam.Map(images_in).with_output_types(int)
             for i, pcoll in enumerate(self._files)

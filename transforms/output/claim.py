@@ -135,12 +135,8 @@ def _file_in_the_way(path: str) -> str:
 
 
 def claim_local(output_dir: str, run_id: str, job: bool = False) -> LocalClaim:
-    """Creates and locks the marker of a local folder, or takes over a dead run's.
-
-    Raises:
-      NotWritable: the folder cannot be created or the marker written (nothing is left).
-      OutputBusy: a live run holds the folder.
-    """
+    """Creates and locks the marker of a local folder, or takes over a dead run's. Raises
+    NotWritable (the folder or the marker cannot be written; nothing is left) or OutputBusy."""
     marker = os.path.join(output_dir, MARKER_FILE)
     try:
         os.makedirs(output_dir, exist_ok=True)
@@ -213,12 +209,8 @@ class RemoteClaim(Claim):
 
 
 def claim_remote(output_dir: str, run_id: str, job: bool = False) -> RemoteClaim:
-    """Creates the marker of a gs:// folder, or takes over a dead run's (see module docstring).
-
-    Raises:
-      NotWritable: no permission, no such bucket, or the bucket does not answer.
-      OutputBusy: a live run holds the folder (its heartbeat is fresh).
-    """
+    """Creates the marker of a gs:// folder, or takes over a dead run's. Raises NotWritable
+    (no permission, no such bucket, no answer) or OutputBusy (a fresh heartbeat)."""
     blob = gcs.blob(f"{output_dir.rstrip('/')}/{MARKER_FILE}")
 
     def upload(generation: int) -> int:
@@ -243,7 +235,7 @@ def claim_remote(output_dir: str, run_id: str, job: bool = False) -> RemoteClaim
             previous = parse_marker(existing.download_as_bytes(retry=REQUEST_RETRY))
             if previous.get("run_id") == run_id:  # our own create, retried after a lost answer
                 return RemoteClaim(output_dir, run_id, None, existing.generation, job)
-            age = heartbeat_age(existing.metadata, existing.updated.timestamp(), time.time())
+            age = heartbeat_age(existing)
             if age < lease_seconds():
                 raise OutputBusy(
                     f"--output_dir {output_dir} is being written by another img2tfrecord run "

@@ -10,11 +10,12 @@ failures.jsonl sorted as a whole, the same on every runner.
 from __future__ import annotations
 
 import collections
+import contextlib
 import dataclasses
 import heapq
 import json
 import math
-from collections.abc import Iterable, Iterator
+from collections.abc import Iterable
 
 from apache_beam.io.filesystems import FileSystems
 
@@ -74,12 +75,9 @@ def write_part(staging: str, part: int, failures: Iterable[Failure]) -> str:
     return path
 
 
-def _lines(path: str) -> Iterator[str]:
-    with gcs.open_read(path, mime_type="text/plain") as f:
-        for raw in f:
-            yield raw.decode("utf-8")
-
-
 def merge_parts(parts: Iterable[str], dest: str) -> None:
     """Merges sorted part files into `dest`; one line held per part."""
-    _write_lines(dest, heapq.merge(*(_lines(p) for p in sorted(parts)), key=_line_key))
+    with contextlib.ExitStack() as files:
+        streams = [files.enter_context(gcs.open_read(p, mime_type="text/plain")) for p in sorted(parts)]
+        lines = ((raw.decode("utf-8") for raw in stream) for stream in streams)
+        _write_lines(dest, heapq.merge(*lines, key=_line_key))

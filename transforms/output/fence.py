@@ -41,15 +41,13 @@ from transforms.retry import DEFAULT_RETRY
 from transforms.testhooks import lease_seconds as _test_lease
 from transforms.writing.files import delete_paths
 
-# Leases (every gs:// marker; a local one whose job runs outside the launcher): how often the
-# live run refreshes its heartbeat, and how old a heartbeat may be before its run counts as
-# dead (six missed refreshes).
+# Leases (gs://; a local marker whose job runs outside the launcher): how often the live run
+# beats, and how old a beat may be before its run counts as dead (six missed beats).
 HEARTBEAT_SECONDS = 20.0
 LEASE_SECONDS = 120.0
 HEARTBEAT_KEY = "img2tfrecord-heartbeat"
 
-# flock errors meaning "this filesystem has no locks" (some FUSE mounts): the claim is then
-# exclusive at creation only, and an existing marker counts as a dead run's.
+# flock errors of a filesystem without locks (some FUSE mounts): a marker there is a dead run's.
 _NO_LOCKS = frozenset({errno.ENOLCK, errno.EOPNOTSUPP, errno.ENOTSUP, errno.EINVAL, errno.ENOSYS})
 
 
@@ -116,14 +114,8 @@ class ClaimLost(RuntimeError):
 
 @dataclasses.dataclass(frozen=True)
 class Fence:
-    """A claim's token (see the module docstring).
-
-    Attributes:
-      output_dir: the claimed folder.
-      run_id: the run that claimed it (the token of a local marker).
-      generation: the gs:// marker's generation (its token); None locally.
-      job: the job's steps keep the claim alive (`keep_alive`).
-    """
+    """A claim's token: the run id locally, the marker's `generation` on gs:// (None locally);
+    `job`: the job's steps keep the claim alive (`keep_alive`)."""
 
     output_dir: str
     run_id: str
@@ -200,13 +192,13 @@ class Fence:
         return KeepAlive(self, self.job)
 
 
-def heartbeat_age(metadata: dict | None, updated_epoch: float, now: float) -> float:
-    """Seconds since a gs:// marker's last heartbeat (its upload time if it has none)."""
+def heartbeat_age(blob) -> float:
+    """Seconds since the last heartbeat of the gs:// marker `blob` (its upload if it has none)."""
     try:
-        beat = float((metadata or {}).get(HEARTBEAT_KEY, updated_epoch))
+        beat = float((blob.metadata or {}).get(HEARTBEAT_KEY, blob.updated.timestamp()))
     except ValueError:
-        beat = updated_epoch
-    return now - beat
+        beat = blob.updated.timestamp()
+    return time.time() - beat
 
 
 def renew(blob, generation: int, force: bool) -> bool:
@@ -223,10 +215,7 @@ def renew(blob, generation: int, force: bool) -> bool:
 
     if not ours():
         return False
-    if (
-        not force
-        and heartbeat_age(blob.metadata, blob.updated.timestamp(), time.time()) < heartbeat_seconds()
-    ):
+    if not force and heartbeat_age(blob) < heartbeat_seconds():
         return True
     blob.metadata = {HEARTBEAT_KEY: repr(time.time())}
     try:

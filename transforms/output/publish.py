@@ -22,7 +22,7 @@ from transforms import gcs
 from transforms.gcs import DELIMITER, split_gcs_path
 from transforms.paths import escape_glob
 from transforms.testhooks import pause_if_asked
-from transforms.writing.files import delete_paths, write_text
+from transforms.writing.files import delete_paths
 
 if TYPE_CHECKING:
     from transforms.output.fence import Fence  # which imports this module
@@ -33,8 +33,7 @@ FAILURES_FILE = "failures.jsonl"
 # Metadata files of a dataset, in publishing order: summary.json, written last, marks it finished.
 METADATA_FILES = (FAILURES_FILE, LABELS_FILE, SUMMARY_FILE)
 MARKER_FILE = ".img2tfrecord-in-progress.json"
-# The failures of a run that stopped short (too many failures) while a finished dataset,
-# kept, was in the folder; removed by the next published dataset.
+# Failures of a run that stopped short (exit 3) next to a kept dataset; the next one removes it.
 ABORTED_FAILURES_FILE = "aborted-failures.jsonl"
 # In a run's staging folder: why it stopped short (read by the entry point, exit 3).
 ABORTED_FILE = "aborted.txt"
@@ -162,13 +161,8 @@ def publish_failures_only(output_dir: str, staged_failures: str, fence: Fence) -
     return True
 
 
-def mark_aborted(temp_dir: str, reason: str) -> None:
-    """Records in the run's staging folder why it stopped short of publishing a dataset."""
-    write_text(FileSystems.join(temp_dir, ABORTED_FILE), reason)
-
-
 def aborted_reason(output_dir: str, run_id: str) -> str | None:
-    """Why run `run_id` did not publish its dataset, if it stopped on purpose (see mark_aborted)."""
+    """Why run `run_id` did not publish its dataset, if it stopped on purpose (FinalizeFn)."""
     path = FileSystems.join(temp_dir_for(output_dir, run_id), ABORTED_FILE)
     if not gcs.exists(path):
         return None

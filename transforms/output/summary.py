@@ -71,11 +71,8 @@ def build_summary(
 
 
 def accounting_error(summary: dict) -> str | None:
-    """Where `listed == written + failed` does not hold in a summary, or None.
-
-    Checked at the top level, per split and per class before anything is published: a
-    mismatch means an image was lost (or counted twice) by a bug, and must not pass silently.
-    """
+    """Where `listed == written + failed` does not hold (overall, per split, per class), or None:
+    checked before anything is published, as a mismatch means a bug lost or double-counted an image."""
 
     def mismatch(where: str, c: dict) -> str | None:
         if c["listed"] != c["written"] + c["failed"]:

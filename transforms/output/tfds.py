@@ -10,6 +10,7 @@ Pure functions build the documents (TFDS is not a runtime dependency).
 
 from __future__ import annotations
 
+import itertools
 import json
 import re
 
@@ -77,13 +78,8 @@ def class_label_names(class_names: list[str], offset: int) -> list[str]:
     """ClassLabel names by id: ids below `offset` get a placeholder name (unique: one that is a
     class name is skipped), in time linear in `offset` plus the class count."""
     taken = set(class_names)
-    fillers, n = [], 0
-    while len(fillers) < offset:
-        name = _BACKGROUND if n == 0 else f"{_BACKGROUND}_{n}"
-        if name not in taken:
-            fillers.append(name)
-        n += 1
-    return fillers + list(class_names)
+    names = (_BACKGROUND if n == 0 else f"{_BACKGROUND}_{n}" for n in itertools.count())
+    return list(itertools.islice((name for name in names if name not in taken), offset)) + list(class_names)
 
 
 def is_single_label(summary: dict) -> bool:

@@ -32,11 +32,8 @@ class CheckShardFn(beam.DoFn):
 
 
 class VerifyShards(beam.PTransform):
-    """Checks each shard path in parallel: PCollection[str] -> PCollection[ShardCheck].
-
-    The side data is configuration only (the DatasetFormat and the class names of
-    summary.json); no GroupByKey beyond the Reshuffle of the shard paths.
-    """
+    """Checks each shard path in parallel: PCollection[str] -> PCollection[ShardCheck]. No side
+    input (the format and class names are configuration), no group but the Reshuffle of paths."""
 
     def __init__(self, fmt: DatasetFormat, class_names: list[str], offset: int = 0, decode_all: bool = False):
         super().__init__()

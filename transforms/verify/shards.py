@@ -116,8 +116,13 @@ class _Checker:
                 raise RecordError(
                     offset, f"label ids {ids} outside the {len(self._names)} classes of summary.json"
                 )
-            if self._strict and not self._fmt.raw:
-                self._check_format(ex[self._schema.image_key], offset)
+            if self._strict and not self._fmt.raw:  # every record, without decoding
+                fmt = detect_format(ex[self._schema.image_key])
+                if decodes_4d(fmt):
+                    readers = " and ".join(self._strict)
+                    raise RecordError(
+                        offset, f"{fmt} image, which {readers} decode to 4-D (expand_animations=True)"
+                    )
             key = "|".join(self._names[int(x) - self._offset] for x in ids)  # the summary's class key
             self.counts[key] += 1
             self.sizes[key] += len(data)
@@ -144,31 +149,16 @@ class _Checker:
 
     def _parse(self, serialized: list[bytes]) -> list[dict]:
         """Parses a batch; returns per record the values of the keys the checks need."""
-        tf = self._tf
+        tf, schema = self._tf, self._schema
         parsed = tf.io.parse_example(serialized, self._spec)
         columns = {}
-        wanted = (
-            self._schema.image_key,
-            self._schema.label_key,
-            *self._shape_keys,
-            *self._info_keys.values(),
-        )
-        for key in dict.fromkeys(wanted):
+        for key in dict.fromkeys(
+            (schema.image_key, schema.label_key, *self._shape_keys, *self._info_keys.values())
+        ):
             value = parsed[key]
-            if isinstance(value, tf.SparseTensor):
-                columns[key] = tf.RaggedTensor.from_sparse(value).to_list()
-            else:
-                columns[key] = value.numpy().tolist()
+            sparse = isinstance(value, tf.SparseTensor)
+            columns[key] = tf.RaggedTensor.from_sparse(value).to_list() if sparse else value.numpy().tolist()
         return [{k: v[row] for k, v in columns.items()} for row in range(len(serialized))]
-
-    def _check_format(self, encoded: bytes, offset: int) -> None:
-        """Every record, without decoding: no stored format that a strict reader decodes 4-D."""
-        fmt = detect_format(encoded)
-        if decodes_4d(fmt):
-            raise RecordError(
-                offset,
-                f"{fmt} image, which {' and '.join(self._strict)} decode to 4-D (expand_animations=True)",
-            )
 
     def _decode(self, ex: dict, encoded: bytes, offset: int):
         """Decodes one image as the dataset's readers do; returns it (uint8, H x W x C)."""
