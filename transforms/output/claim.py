@@ -257,13 +257,9 @@ def claim_remote(output_dir: str, run_id: str, job: bool = False) -> RemoteClaim
 def claim_output(output_dir: str, overwrite: bool, run_id: str, job: bool = False) -> Claim:
     """Claims `output_dir` for run `run_id` and deletes what dead runs left there.
 
-    A folder holding a finished dataset (or shards of unknown origin) needs `overwrite`; a
-    dead run's leftovers do not, so a scheduler's retry succeeds. `job`: the job runs outside
-    this process and keeps the claim alive (fence.py).
-
-    Raises:
-      OutputBusy: a live run holds the folder, or it holds a dataset and not `overwrite`.
-      NotWritable: the folder cannot be written (nothing is left in it).
+    A folder holding a finished dataset (or shards of unknown origin) needs `overwrite`, else
+    OutputBusy; a dead run's leftovers do not, so a scheduler's retry succeeds. NotWritable
+    leaves nothing. `job`: the job runs outside this process and keeps the claim alive.
     """
     claim = (
         claim_remote(output_dir, run_id, job) if "://" in output_dir else claim_local(output_dir, run_id, job)

@@ -14,7 +14,9 @@ import contextlib
 import itertools
 import os
 import re
-from typing import TYPE_CHECKING
+from collections.abc import Callable
+from contextlib import AbstractContextManager
+from typing import Protocol
 
 from apache_beam.io.filesystems import FileSystems
 
@@ -23,9 +25,6 @@ from transforms.gcs import DELIMITER, split_gcs_path
 from transforms.paths import escape_glob
 from transforms.testhooks import pause_if_asked
 from transforms.writing.files import delete_paths
-
-if TYPE_CHECKING:
-    from transforms.output.fence import Fence  # which imports this module
 
 SUMMARY_FILE = "summary.json"
 LABELS_FILE = "labels.txt"
@@ -126,6 +125,14 @@ def rename_files(pairs: list[tuple[str, str]]) -> None:
     if local:
         FileSystems.rename([src for src, _ in local], [dst for _, dst in local])
     gcs.rename_batch(remote)
+
+
+class Fence(Protocol):
+    """What publishing needs of a claim's token (fence.py, which imports this module)."""
+
+    def held(self) -> AbstractContextManager[Callable[[], None]]: ...
+
+    def remove_marker(self) -> None: ...
 
 
 def _fenced(fence: Fence | None):

@@ -14,6 +14,7 @@ from __future__ import annotations
 
 import collections
 import dataclasses
+import io
 import json
 import zlib
 
@@ -199,8 +200,6 @@ class _Checker:
 
 def _png(image) -> bytes:
     """PNG bytes of a uint8 (H, W, C) image (raw samples for inspect's report)."""
-    import io
-
     import numpy as np
     from PIL import Image
 
