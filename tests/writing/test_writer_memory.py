@@ -75,14 +75,13 @@ def test_a_worker_gets_a_large_shard_in_parts_of_at_most_part_records(one_class,
         assert filecmp.cmp(whole / name, parts / name, shallow=False), name
 
 
-def test_parts_keep_the_order_and_only_the_large_ones_are_cut_further():
+def test_parts_keep_the_order_and_hold_at_most_part_records():
     task = ShardTask("train", 0, tuple(ImageRecord(f"/{i}", f"{i}", 1) for i in range(16)))
-    (cut,) = processes.split_shards([task], 3, most=4)  # the last shard in 3 parts: 5, 5, 6
-    assert [len(p.records) for p in cut] == [4, 1, 4, 1, 4, 2]
+    (cut,) = processes.split_shards([task], 3, most=4)  # 3 parts for the last shard, 4 for `most`
+    assert [len(p.records) for p in cut] == [4, 4, 4, 4]
     assert [r for p in cut for r in p.records] == list(task.records)
     assert [len(p) for p in processes.split_shards([task], 3, most=9)[0]] == [5, 5, 6]
-    with pytest.raises(ValueError):
-        processes.split_shards([task], 3, most=0)
+    assert [len(p) for p in processes.split_shards([task], 1, most=5)[0]] == [4, 4, 4, 4]
 
 
 def test_the_runners_records_are_sent_without_growing_a_dict_each(tmp_path):

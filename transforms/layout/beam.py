@@ -60,7 +60,7 @@ class AssignSplits(beam.PTransform):
         if not ratios:
             return hashed
         if self._stratify:
-            return hashed | "CutClasses" >> CutClasses(self._seed, ratios, f"{self.label}/CutClasses")
+            return hashed | "CutClasses" >> CutClasses(ratios, f"{self.label}/CutClasses")
         names = tuple(name for name, _ in ratios)
 
         def hash_split(batch: RecordBatch) -> RecordBatch:
@@ -114,7 +114,7 @@ class KeyShardsFn(beam.DoFn):
 
 
 class CutShardsFn(beam.DoFn):
-    """((split, shard), [RecordBatch]) -> ShardTask: one shard's records in shuffled order."""
+    """((split, shard), [RecordBatch]) -> ShardTask: one shard's records in hash order."""
 
     def __init__(self, step: str):
         self._sizes = group_size(step)
@@ -128,20 +128,17 @@ class CutShardsFn(beam.DoFn):
 
 class PlanShards(beam.PTransform):
     """Cuts each split into ShardTasks by ranges of its seeded shuffle hash, as TensorFlow
-    Datasets' BeamWriter does: the shard from the hash's range, the totals as a side input,
-    one group per shard.
+    Datasets' BeamWriter does: the totals as a side input, one group per shard.
 
-    One lifted combiner sums each split's record count and planning weight (estimated bytes)
-    per hash bucket: 65,536 buckets, a side input of 512 KB a split. Each record goes to the
-    shard whose range of the split's weight holds its place in the hash order, and one
-    GroupByKey gathers each (split, shard): the largest group is one shard's metadata.
-
-    With `target_bytes` every shard but the last is within part of a hash bucket's weight of
-    the target at each end (a record larger than the target makes a shard of its own); with
-    `max_records` too, a record weighs at least target // max_records + 1 bytes in the plan,
-    so a shard of tiny images holds about `max_records` of them. With `num_shards`, that many
-    equal parts of the weight (at most one a record). An empty range makes no shard; the
-    shards are numbered again when written.
+    A lifted combiner sums each split's record count and planning weight (estimated bytes) per
+    hash bucket (65,536 buckets: 512 KB a split); each record goes to the shard whose range of
+    the split's weight holds its place in hash order (plan.shard_indexes), and one GroupByKey
+    gathers each (split, shard): the largest group is one shard's metadata. Every shard but the
+    last is within part of a bucket's weight of `target_bytes` at each end (a bigger record is a
+    shard of its own); with `max_records`, a record weighs at least target // max_records + 1
+    bytes, so a shard of tiny images holds about `max_records`. `num_shards`: that many equal
+    parts of the weight (at most one a record). An empty range makes no shard (shards are
+    numbered again when written).
     """
 
     def __init__(

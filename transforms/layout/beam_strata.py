@@ -22,7 +22,7 @@ from apache_beam.transforms.window import GlobalWindows
 from transforms.batching import KeyedGather, SumPerKeyFn, group_size
 from transforms.coders import SideDict
 from transforms.layout import strata
-from transforms.layout.plan import SPLIT_HASH, cumulative, hash_columns, with_hashes
+from transforms.layout.plan import SPLIT_HASH, cumulative, hash_columns
 from transforms.records import BATCH_SIZE, RecordBatch
 
 # Records per hash bucket of a class above this size, and at most per pack of small classes.
@@ -45,8 +45,8 @@ class KeyClassesFn(beam.DoFn):
     (batching.KeyedGather: at most 50,000 records held); on _COUNTS, one partial bucket table
     a bundle ({(class, bucket): records} of the classes above the pack size)."""
 
-    def __init__(self, seed: int, bucket: int):
-        self._seed, self._bucket = seed, bucket
+    def __init__(self, bucket: int):
+        self._bucket = bucket
 
     def setup(self) -> None:
         self._totals: dict | None = None
@@ -59,14 +59,11 @@ class KeyClassesFn(beam.DoFn):
     def process(self, batch: RecordBatch, counts: dict) -> Iterator:
         if self._totals is not counts:  # the packs of a side input, once per worker
             self._packs, self._totals = strata.Packs(counts, self._bucket), counts
-        batch = with_hashes(batch, self._seed)
         hashes = hash_columns(batch.hashes)[SPLIT_HASH]
         codes, keys = strata.group_keys(batch.class_keys(), hashes, self._packs)
-        buckets = self._counts
-        if any(key[0] == strata._BUCKET for key in keys):
-            for key, n in zip(keys, np.bincount(codes, minlength=len(keys)).tolist()):
-                if key[0] == strata._BUCKET:
-                    buckets[key[1:]] = buckets.get(key[1:], 0) + n
+        for key, n in zip(keys, np.bincount(codes, minlength=len(keys)).tolist()):
+            if key[0] == strata._BUCKET:
+                self._counts[key[1:]] = self._counts.get(key[1:], 0) + n
         yield from self._gather.add_coded(batch, codes, keys)
 
     def finish_bundle(self) -> Iterator:
@@ -125,17 +122,12 @@ class ResolveClassesFn(beam.DoFn):
 
 
 class CutClasses(beam.PTransform):
-    """RecordBatches -> RecordBatches with each record's stratified split (of `ratios`); see
-    the module docstring. A group: a pack of small classes of at most `bucket` records, or one
-    hash bucket of a bigger class."""
+    """Hashed RecordBatches -> RecordBatches with each record's stratified split (of `ratios`)."""
 
-    def __init__(
-        self, seed: int, ratios: tuple[tuple[str, float], ...], name: str, bucket: int | None = None
-    ):
+    def __init__(self, ratios: tuple[tuple[str, float], ...], name: str):
         """name: the transform's full label, e.g. 'AssignSplits/CutClasses', for the group metric."""
         super().__init__()
-        self._seed, self._ratios, self._name = seed, ratios, name
-        self._bucket = bucket or _SPLIT_BUCKET
+        self._ratios, self._name = ratios, name
 
     def expand(self, records: beam.PCollection[RecordBatch]) -> beam.PCollection[RecordBatch]:
         counts = pvalue.AsSingleton(
@@ -144,21 +136,20 @@ class CutClasses(beam.PTransform):
             | "CountsSide" >> beam.Map(SideDict).with_output_types(SideDict),
             default_value={},
         )  # {class: records}: one small int a class
-        keyed = records | "KeyClasses" >> beam.ParDo(
-            KeyClassesFn(self._seed, self._bucket), counts
-        ).with_output_types(KeyedClasses).with_outputs(_COUNTS, main="groups")
+        keyed = records | "KeyClasses" >> beam.ParDo(KeyClassesFn(_SPLIT_BUCKET), counts).with_output_types(
+            KeyedClasses
+        ).with_outputs(_COUNTS, main="groups")
         table = pvalue.AsSingleton(
             keyed[_COUNTS]
             | "BucketTable" >> beam.CombineGlobally(SumPerKeyFn(dict.items)).without_defaults()
             | "BucketTableSide" >> beam.Map(SideDict).with_output_types(SideDict),
             default_value={},
-        )  # {(class, bucket): records}: the classes above `bucket` records only
+        )  # {(class, bucket): records}: the big classes only
         resolve = ResolveClassesFn(
             tuple(name for name, _ in self._ratios), cumulative(self._ratios), f"{self._name}/GroupClasses"
         )
         return (
             keyed.groups
-            | "GroupClasses"
-            >> beam.GroupByKey()  # (group key, [RecordBatch]): <= `bucket` records, or one bucket
+            | "GroupClasses" >> beam.GroupByKey()  # (group key, [RecordBatch]): <= 512 records, or one bucket
             | "ResolveClasses" >> beam.ParDo(resolve, counts, table).with_output_types(RecordBatch)
         )

@@ -120,8 +120,7 @@ class WriteShardFn(beam.DoFn):
             self._workers = ShardProcesses(self._processes, self._threads, self._progress)
         try:
             for outcome in self._workers.write(tasks, self._class_index, self._job):
-                self._count_shard(outcome)
-                yield from self._outputs(outcome)
+                yield from self._outputs(outcome, in_worker=True)
         except BaseException:
             self._stop_workers(cancel=True)
             raise
@@ -137,12 +136,10 @@ class WriteShardFn(beam.DoFn):
         if self._progress is not None:
             self._progress.add(written=1, nbytes=nbytes)
 
-    def _count_shard(self, outcome: ShardOutcome) -> None:  # written in a worker: counted per shard
-        if outcome.result is not None:
+    def _outputs(self, outcome: ShardOutcome, in_worker: bool = False) -> Iterable:
+        if in_worker and outcome.result is not None:  # counted per shard, not per image
             self._encoded.inc(outcome.result.records)
             self._bytes.inc(outcome.result.bytes)
-
-    def _outputs(self, outcome: ShardOutcome) -> Iterable:
         self._failed.inc(len(outcome.failures))
         for failure in outcome.failures:
             yield pvalue.TaggedOutput(FAILED, failure)

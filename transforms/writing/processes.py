@@ -82,35 +82,23 @@ def dump_task(task: ShardTask) -> bytes:
     return pickle.dumps(task, pickle.HIGHEST_PROTOCOL)
 
 
-def can_split(job: ShardJob) -> bool:
-    """True if a shard may be written in parts and joined: local and uncompressed (a TFRecord
-    file is its records one after the other; gzip members and bucket objects cannot be appended)."""
-    return job.compression == "none" and "://" not in job.temp_dir
-
-
 def split_shards(tasks: list[ShardTask], workers: int, most: int | None = None) -> list[list[ShardTask]]:
     """The order in which `workers` processes write `tasks`, each as a list of its parts.
 
     Largest shards first, so that the small ones fill in at the end; the last `workers` shards
-    are cut into `workers` parts each, so that no process idles while another writes a whole
-    last shard alone; with `most`, every part is cut further into runs of at most `most` records.
+    in `workers` parts each, so that no process idles while another writes a whole last shard
+    alone; with `most`, no part holds more than `most` records.
     """
-    plan = [[task] for task in sorted(tasks, key=lambda t: -t.sizes_sum())]
-    for i in range(max(0, len(plan) - workers), len(plan) if workers > 1 else 0):
-        task = plan[i][0]
-        bounds = [len(task) * k // workers for k in range(workers + 1)]
-        plan[i] = [p for p in (task.part(a, b) for a, b in zip(bounds, bounds[1:])) if len(p)] or [task]
-    if most is not None:
-        if most < 1:
-            raise ValueError("most must be positive")
-        plan = [[cut for part in parts for cut in _runs(part, most)] for parts in plan]
+    ordered = sorted(tasks, key=lambda t: -t.sizes_sum())
+    plan = []
+    for i, task in enumerate(ordered):
+        n = len(task)
+        parts = workers if i >= len(ordered) - workers else 1
+        parts = max(1, min(n, max(parts, -(-n // most) if most else 1)))  # none empty
+        plan.append(
+            [task.part(n * k // parts, n * (k + 1) // parts) for k in range(parts)] if parts > 1 else [task]
+        )
     return plan
-
-
-def _runs(part: ShardTask, most: int) -> list[ShardTask]:
-    if len(part) <= most:
-        return [part]
-    return [part.part(a, a + most) for a in range(0, len(part), most)]
 
 
 def join_parts(parts: list[ShardOutcome], job: ShardJob) -> ShardOutcome:
@@ -146,15 +134,15 @@ class ShardProcesses:
 
     Create it in the thread that waits for the results (the DoFn's), and close it there. It
     takes the workers `prestart` forked for (processes, threads) if any, else forks them.
-    The class index reaches the workers by a file each reads once (`_IndexFile`): pickled
-    with every shard it would cost each shard time in proportion to the class count.
+    The class index reaches the workers by a file each reads once (prestarted workers were
+    forked before it existed; pickled with every shard it would cost time per class).
     """
 
     def __init__(self, processes: int, threads: int = 0, progress: Progress | None = None):
         if processes < 1:
             raise ValueError("processes must be positive")
         self._progress, self._forwarded, self._processes = progress, (0, 0), processes
-        self._index_file: _IndexFile | None = None
+        self._index: tuple[ClassIndex, str] | None = None  # the class index and its file
         self._executor, self._counts = _take_prestarted(processes, threads) or _fork_pool(processes, threads)
 
     def write(self, tasks: list[ShardTask], class_index: ClassIndex, job: ShardJob) -> Iterator[ShardOutcome]:
@@ -165,7 +153,9 @@ class ShardProcesses:
         Raises whatever a worker raised (a bug: expected errors are Failures) and
         BrokenProcessPool if a worker died.
         """
-        splittable = can_split(job)
+        # A local uncompressed shard may be written in parts and joined (a TFRecord file is its
+        # records one after the other; gzip members and bucket objects cannot be appended).
+        splittable = job.compression == "none" and "://" not in job.temp_dir
         plan = split_shards(tasks, self._processes if splittable else 1, PART_RECORDS if splittable else None)
         tasks.clear()
         sizes = [len(parts) for parts in plan]
@@ -173,14 +163,17 @@ class ShardProcesses:
             (i, k, part) for i, parts in enumerate(plan) for k, part in enumerate(parts)
         )
         del plan
-        if self._index_file is None or self._index_file.index is not class_index:
+        if self._index is None or self._index[0] is not class_index:
             self.close_index()
-            self._index_file = _IndexFile.write(class_index)
+            fd, path = tempfile.mkstemp(prefix="img2tfrecord-classes-", suffix=".pickle")
+            with os.fdopen(fd, "wb") as f:
+                pickle.dump(class_index, f, pickle.HIGHEST_PROTOCOL)
+            self._index = (class_index, path)
         which: dict[futures.Future, tuple[int, int]] = {}
 
         def hand_over() -> futures.Future:
             i, k, part = queue.popleft()
-            args = (dump_task(part), self._index_file, job, sizes[i] == 1)
+            args = (dump_task(part), self._index[1], job, sizes[i] == 1)
             future = self._executor.submit(_write_in_worker, *args)
             which[future] = (i, k)
             return future
@@ -203,10 +196,10 @@ class ShardProcesses:
                     outcomes[i] = []
 
     def close_index(self) -> None:
-        if self._index_file is not None:
+        if self._index is not None:
             with contextlib.suppress(OSError):
-                os.remove(self._index_file.path)
-            self._index_file = None
+                os.remove(self._index[1])
+            self._index = None
 
     def close(self, cancel: bool = False) -> None:
         """Stops the workers: after their current shard if `cancel`, else after all submitted ones."""
@@ -222,27 +215,6 @@ class ShardProcesses:
         if (written, nbytes) != self._forwarded:
             self._progress.add(written=written - self._forwarded[0], nbytes=nbytes - self._forwarded[1])
             self._forwarded = (written, nbytes)
-
-
-@dataclasses.dataclass
-class _IndexFile:
-    """A ClassIndex pickled to a temporary file: pickled with a task, only the path travels."""
-
-    path: str
-    index: ClassIndex | None
-
-    @classmethod
-    def write(cls, index: ClassIndex) -> _IndexFile:
-        fd, path = tempfile.mkstemp(prefix="img2tfrecord-classes-", suffix=".pickle")
-        with os.fdopen(fd, "wb") as f:
-            pickle.dump(index, f, pickle.HIGHEST_PROTOCOL)
-        return cls(path, index)
-
-    def __getstate__(self) -> str:
-        return self.path
-
-    def __setstate__(self, path: str) -> None:
-        self.path, self.index = path, None
 
 
 @dataclasses.dataclass
@@ -308,7 +280,7 @@ _slots = None  # the pool's shared array of (images, bytes) slots
 _slot = 0  # where this worker's slot starts in it
 _threads = 0  # --read_threads
 _pool: ThreadPoolExecutor | None = None  # read-ahead threads of this worker, made when needed
-_class_index: tuple[str, ClassIndex] | None = None  # (_IndexFile path, the index read from it)
+_class_index: tuple[str, ClassIndex] | None = None  # (the index file, the index read from it)
 
 
 def _start_worker(counts: _Counts, threads: int, parent_pid: int) -> None:
@@ -333,7 +305,7 @@ def _count_written(nbytes: int) -> None:
     _slots[_slot + 1] += nbytes
 
 
-def _write_in_worker(pickled_task: bytes, index_file: _IndexFile, job: ShardJob, whole: bool) -> ShardOutcome:
+def _write_in_worker(pickled_task: bytes, index_file: str, job: ShardJob, whole: bool) -> ShardOutcome:
     """Writes a shard (or part), a pickled ShardTask, in this worker.
 
     With `--read_threads` 0 the worker itself checks, encodes and writes each image (a thread
@@ -344,9 +316,9 @@ def _write_in_worker(pickled_task: bytes, index_file: _IndexFile, job: ShardJob,
     global _pool, _class_index
     task: ShardTask = pickle.loads(pickled_task)
     del pickled_task
-    if _class_index is None or _class_index[0] != index_file.path:  # read once per worker and index
-        with open(index_file.path, "rb") as f:
-            _class_index = (index_file.path, pickle.load(f))
+    if _class_index is None or _class_index[0] != index_file:  # read once per worker and index
+        with open(index_file, "rb") as f:
+            _class_index = (index_file, pickle.load(f))
     remote = any("://" in path for path in task.batch.paths)
     threads = (REMOTE_READ_THREADS if remote else 1) if _threads == 0 else _threads
     if threads > 1 and _pool is None:
