@@ -25,6 +25,7 @@ import time
 import apache_beam as beam
 from apache_beam.options.pipeline_options import PipelineOptions
 
+from beam_pipeline.pipeline import register_coders
 from transforms.batching import CountImagesFn
 from transforms.labels.beam_table import JoinLabels, ReadLabels, WriteOrphans
 from transforms.labels.rows import ORPHANS, ORPHANS_FILE, STATS, JoinSettings, TableSpec
@@ -76,6 +77,7 @@ def main() -> None:
         options = PipelineOptions(
             runner="FnApiRunner", direct_num_workers=args.workers, direct_running_mode=args.mode
         )
+        register_coders()  # as build_pipeline does: our coders, not pickle
         start, cpu = time.perf_counter(), time.process_time()
         with beam.Pipeline(options=options) as p:
             rows = p | "ReadLabels" >> ReadLabels(spec)

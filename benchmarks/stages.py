@@ -36,7 +36,7 @@ def stage_costs(data: str, out: str) -> dict[str, float]:
     monotonic clock (single thread: wall ~ CPU on an idle core).
     """
     from transforms.encoding.encoder import check_image
-    from transforms.encoding.example import serialize_example
+    from transforms.encoding.example import serialize_example_chunks
     from transforms.encoding.schema import SLIM
     from transforms.labels.folders import folder_label
     from transforms.listing.local import walk_local
@@ -59,7 +59,7 @@ def stage_costs(data: str, out: str) -> dict[str, float]:
             t1 = clock()
             info = check_image(blob).info  # the writer's check
             t2 = clock()
-            example = serialize_example(SLIM.features(r, blob, info, classes), SLIM.kinds)  # with sha256
+            example = b"".join(serialize_example_chunks(SLIM.features(r, blob, info, classes), SLIM.kinds))
             t3 = clock()
             shard.write(example)
             t4 = clock()

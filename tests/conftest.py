@@ -31,9 +31,9 @@ METADATA_FILES = [
 
 def frame_record(data: bytes) -> bytes:
     """`data` framed as one TFRecord (what the writer appends for an uncompressed shard)."""
-    from transforms.encoding.tfrecord import frame_parts
+    from transforms.encoding.tfrecord import frame_chunks
 
-    header, footer = frame_parts(data)
+    header, footer = frame_chunks((data,), len(data))
     return header + data + footer
 
 

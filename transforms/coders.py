@@ -16,7 +16,7 @@ element of a short PCollection) is one record's size times the count instead of 
 encode. Registered with Beam where a pipeline is built (beam_pipeline/pipeline.py
 `register_coders`: CODERS here and in the stages' coder modules); a PCollection gets them when
 its element type is declared (`with_output_types`). The labels table's batches (LabelRows,
-KeyedFiles, HashedColumns) are coded the same way by transforms/labels/beam_coders.py (TupleCoder, tagged).
+JoinPart) are coded the same way by transforms/labels/beam_coders.py (TupleCoder, tagged).
 """
 
 from __future__ import annotations
@@ -124,7 +124,7 @@ _CODE_TYPES = {1: np.dtype("u1"), 2: np.dtype("<u2"), 4: np.dtype("<u4")}
 def dictionary_code(column: Sequence) -> tuple[Sequence, bytes | None]:
     """A column as (its distinct values, each value's index in them, as bytes): the one
     dictionary coding of a column (RecordBatches here, the labels join's columns in
-    labels/buckets.py, which cuts the codes by position: index_array).
+    labels/beam_coders.py).
 
     Codes b"": every value is the one distinct value (or the column is empty). Codes None:
     the table is the column itself (values that cannot be dict keys, or a column of mostly

@@ -1,9 +1,17 @@
-"""serialize_example must be byte-identical to TensorFlow's own deterministic serialization."""
+"""The serialized Example must be byte-identical to TensorFlow's own deterministic serialization."""
 
 import pytest
 import tensorflow as tf
 
-from transforms.encoding.example import make_example, serialize_example, serialize_example_chunks
+from transforms.encoding.example import serialize_example_chunks
+
+
+def serialize_example(features, kinds=None):
+    return b"".join(serialize_example_chunks(features, kinds))
+
+
+def make_example(features):
+    return tf.train.Example.FromString(serialize_example(features))
 
 
 def _tf_feature(value):

@@ -1,4 +1,4 @@
-"""inspect_image agrees with tf.io.decode_image, and rejects what TensorFlow cannot read."""
+"""The image check agrees with tf.io.decode_image, and rejects what TensorFlow cannot read."""
 
 import io
 
@@ -7,8 +7,17 @@ import tensorflow as tf
 from PIL import Image
 
 from tests.conftest import write_image
-from transforms.images.check import detect_format, inspect_image
-from transforms.images.types import ImageError
+from transforms.images.check import detect_format
+from transforms.images.convert import prepare_image
+from transforms.images.types import ImageError, ImageOptions
+
+
+def inspect_image(data, max_pixels=None):
+    """What the check says TensorFlow decodes `data` to, kept as it is."""
+    prepared = prepare_image(data, ImageOptions(max_pixels=max_pixels) if max_pixels else ImageOptions())
+    assert prepared.converted is None and prepared.data is data
+    return prepared.info
+
 
 SUPPORTED = [
     ("JPEG", "RGB"),

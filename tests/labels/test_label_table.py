@@ -3,6 +3,7 @@
 import io
 import re
 import unicodedata
+import zlib
 
 import apache_beam as beam
 import pytest
@@ -12,11 +13,10 @@ from apache_beam.testing.util import assert_that, equal_to
 
 from beam_pipeline.cli.options import ConvertOptions, is_job_label, route_labels_flag
 from transforms.batching import CountImagesFn, chunked
-from transforms.labels.beam_coders import KeyedFilesCoder, LabelRowsCoder
+from transforms.labels.beam_coders import JoinPartCoder, LabelRowsCoder
 from transforms.labels.beam_table import JoinLabels, ReadLabels
-from transforms.labels.buckets import bucket_count
 from transforms.labels.classes import class_index_for
-from transforms.labels.join import join_bucket, join_key, orphan_order, resolve_rows
+from transforms.labels.join import JoinResult, bucket_count, join_bucket, join_key, resolve_rows
 from transforms.labels.rows import (
     JoinPart,
     JoinSettings,
@@ -44,6 +44,34 @@ CSV = TableSpec(path="t.csv", format="csv")
 
 def _rows(text: bytes, spec: TableSpec = CSV) -> list[LabelRow]:
     return list(iter_table(io.BytesIO(text), spec, "t.csv"))
+
+
+def bucket_of(key: str, buckets: int) -> int:
+    """The join bucket of a key, as specified: the range of `buckets` equal ranges its crc32 falls in."""
+    return zlib.crc32(key.encode("utf-8", "surrogateescape")) * buckets >> 32
+
+
+def orphan_order(orphans) -> list[OrphanRow]:
+    """The orphans as one sorted list (OrphanRow.order; its reference: keys by their first
+    row, a key's rows together in file order)."""
+    orphans = sorted(orphans, key=lambda o: (o.source, o.line, o.key, o.reason))
+    first: dict[str, int] = {}
+    for i, o in enumerate(orphans):
+        first.setdefault(o.key, i)
+    return sorted(orphans, key=lambda o: first[o.key])
+
+
+def _merged(results: list[JoinResult]) -> JoinResult:
+    """The results of several buckets as one."""
+    out = JoinResult()
+    for result in results:
+        for mine, theirs in zip(out.columns, result.columns):
+            mine.extend(theirs)
+        out.failures += result.failures
+        out.orphans += result.orphans
+        for name, n in result.stats.items():
+            out.count(name, n)
+    return out
 
 
 def _part(images=(), rows=(), mode: str = "stem") -> JoinPart:
@@ -267,7 +295,7 @@ def test_read_and_join_thousands_of_rows(tmp_path):
             equal_to([BATCH_SIZE] * 5 + [500] * 2),
             label="CheckRowBatches",
         )
-        # Joined one image at a time, batched again: full batches and each bundle's remainder.
+        # Batched by bucket: up to BATCH_SIZE records a batch, not one a record.
         assert_that(
             joined.records | "BadSizes" >> beam.Filter(lambda b: not 0 < len(b) <= BATCH_SIZE),
             equal_to([]),
@@ -339,8 +367,6 @@ def _mixed_join_input() -> tuple[list[ImageFile], list[LabelRow]]:
 @pytest.mark.parametrize("unlabeled", ["fail", "keep", "skip"])
 def test_join_bucket_is_the_same_whatever_the_bucket_count(unlabeled):
     """join_bucket over 1 bucket and over 1..many: the same records, failures, orphans, stats."""
-    from transforms.labels.buckets import bucket_of
-
     images, rows = _mixed_join_input()
     settings = JoinSettings(unlabeled=unlabeled)
     whole = join_bucket([_part(images, rows)], settings)
@@ -362,10 +388,7 @@ def test_join_bucket_is_the_same_whatever_the_bucket_count(unlabeled):
             parts.setdefault(bucket_of(image_key(f.relpath, "stem"), buckets), []).append(_part(images=(f,)))
         for r in rows:
             parts.setdefault(bucket_of(r.key, buckets), []).append(_part(rows=(r,)))
-        results = [join_bucket(p, settings) for p in parts.values()]
-        merged = results[0]
-        for more in results[1:]:
-            merged.merge(more)
+        merged = _merged([join_bucket(p, settings) for p in parts.values()])
         assert len(parts) > 1
         assert canonical(merged) == canonical(whole), buckets
 
@@ -392,9 +415,11 @@ def test_label_rows_and_keyed_files_coders_round_trip():
     decoded = LabelRowsCoder().decode(LabelRowsCoder().encode(batch))
     assert decoded == batch and type(decoded.extras[0][0][1]) is float
     for files in (tuple(images[:3]), tuple(images)):  # the last image has an undecodable name
-        keyed = _part(files).files
-        assert KeyedFilesCoder().decode(KeyedFilesCoder().encode(keyed)) == keyed
-    assert KeyedFilesCoder().decode(KeyedFilesCoder().encode(KeyedFiles())) == KeyedFiles()
+        part = _part(files, rows[:5])
+        assert JoinPartCoder().decode(JoinPartCoder().encode(part)) == part
+    rooted = _part([ImageFile(f"/r/c/{i}.jpg", f"c/{i}.jpg", i) for i in range(3)])  # paths as their root
+    for part in (rooted, JoinPart()):
+        assert JoinPartCoder().decode(JoinPartCoder().encode(part)) == part
 
 
 @pytest.mark.parametrize("per_bucket", [1_000_000, 15])  # one bucket; 21 buckets
@@ -507,31 +532,22 @@ def test_join_labels_with_an_empty_table(tmp_path):
         )
 
 
-def _sorted_and_cut(batches, images: int, rows: int, per_bucket: int) -> list:
-    """HashSortFn over one bundle of `batches`, then BucketPartsFn: [(bucket, JoinPart)]."""
-    from transforms.labels.beam_table import BucketPartsFn, HashSortFn
-    from transforms.labels.buckets import join_part
+def _bucketed(batches, images: int, rows: int, per_bucket: int, mode: str | None = None) -> list:
+    """BucketFn over one bundle of `batches` (FileBatches with `mode`, else LabelRows): [(bucket, JoinPart)]."""
+    from transforms.labels.beam_table import BucketFn
 
-    sort = HashSortFn()
-    sort.start_bundle()
-    held = [out for batch in batches for out in sort.process(batch)]
-    held += [w.value for w in sort.finish_bundle()]
-    cut = BucketPartsFn(per_bucket)
-    cut.start_bundle()
-    sent = [out for batch in held for out in cut.process(batch, images, rows)]
-    sent += [w.value for w in cut.finish_bundle()]
-    return [(b, join_part(part)) for b, part in sent]
+    fn = BucketFn(per_bucket, mode)
+    fn.start_bundle()
+    sent = [out for batch in batches for out in fn.process(batch, images, rows)]
+    return sent + [w.value for w in fn.finish_bundle()]
 
 
 def test_bucket_parts_are_gathered_over_the_bundle():
     """Parts fill up to BATCH_SIZE across batches (not one tiny part per batch and bucket),
-    each item in the bucket of its key's hash range, none lost or decoded differently."""
-    from transforms.labels.beam_table import key_files
-    from transforms.labels.buckets import bucket_of
-
+    each item in the bucket of its key's hash range, none lost or changed."""
     images = [ImageFile(f"/d/img{i:05d}.jpg", f"img{i:05d}.jpg", i) for i in range(5 * BATCH_SIZE)]
-    batches = [key_files(FileBatch(chunk), "stem") for chunk in chunked(images)]
-    sent = _sorted_and_cut(batches, len(images), 10, per_bucket=2 * BATCH_SIZE)  # 3 buckets
+    batches = [FileBatch(chunk) for chunk in chunked(images)]
+    sent = _bucketed(batches, len(images), 10, 2 * BATCH_SIZE, "stem")  # 3 buckets
     # Parts fill up to BATCH_SIZE: the full parts, then one remainder per bucket.
     assert len(sent) <= 5 + 3 and all(0 < len(part.files) <= BATCH_SIZE for _, part in sent)
     assert len({b for b, _ in sent}) == 3
@@ -540,23 +556,22 @@ def test_bucket_parts_are_gathered_over_the_bundle():
     assert all(bucket_of(image_key(relpath), 3) == b for b, part in sent for relpath in part.files.relpaths)
     assert all(part.files.keys == tuple(map(image_key, part.files.relpaths)) for _, part in sent)
     batch = LabelRows.of(LabelRow(f"k{i}", (f"c{i % 3}",), line=i) for i in range(10))
-    parts = _sorted_and_cut([batch], 0, 10, per_bucket=1)  # 10 buckets for 10 rows
+    parts = _bucketed([batch], 0, 10, per_bucket=1)  # 10 buckets for 10 rows
     assert sorted(r for _, p in parts for r in p.rows.rows) == sorted(batch.rows)
     assert all(bucket_of(r.key, 10) == b for b, p in parts for r in p.rows.rows)
 
 
-def test_hash_sort_sends_what_it_holds_at_the_limit(monkeypatch):
-    """Past _MAX_HELD items held, they are sent as one sorted batch (bounds the DoFn's memory)."""
+def test_bucket_fn_sends_what_it_holds_at_the_limit(monkeypatch):
+    """Past _MAX_HELD items held, every part is sent (bounds the DoFn's memory)."""
     import transforms.labels.beam_table as label_table
-    from transforms.labels.beam_table import HashSortFn
 
     monkeypatch.setattr(label_table, "_MAX_HELD", 25)
-    fn = HashSortFn()
+    fn = label_table.BucketFn(per_bucket=BATCH_SIZE)
     fn.start_bundle()
     batch = LabelRows.of(LabelRow(f"k{i}", ("a",), line=i) for i in range(10))
-    assert list(fn.process(batch)) == [] and list(fn.process(batch)) == []
-    sent = list(fn.process(batch))
-    assert [len(b) for b in sent] == [30] and [w.value for w in fn.finish_bundle()] == []
+    assert list(fn.process(batch, 0, 10)) == [] and list(fn.process(batch, 0, 10)) == []
+    sent = list(fn.process(batch, 0, 10))
+    assert [len(p) for _, p in sent] == [30] and [w.value for w in fn.finish_bundle()] == []
 
 
 def test_write_orphans_in_parts_keeps_the_order_of_one_sorted_list(tmp_path, monkeypatch):
@@ -793,7 +808,7 @@ def test_orphan_line_is_json_dumps_of_its_fields(key, source):
 def test_flat_columns_round_trip(column, kind, how):
     """code_column/decode_column give back every column exactly (types too), each coded the
     flat way when it can be."""
-    from transforms.labels.buckets import code_column, decode_column
+    from transforms.labels.beam_coders import code_column, decode_column
 
     coded = code_column(column, kind)
     decoded = decode_column(coded, len(column))
@@ -801,26 +816,14 @@ def test_flat_columns_round_trip(column, kind, how):
     assert [type(v) for v in decoded] == [type(v) for v in column]
     if kind == "any" and column[0]:
         assert type(decoded[1][0][1]) is float
-    # Any range of positions cut from the coded column decodes to that slice of the column.
-    from transforms.labels.buckets import _cutter
-
-    cut = _cutter(coded, len(column))
-    for start, stop in (
-        (0, len(column)),
-        (0, 1),
-        (len(column) - 1, len(column)),
-        (1, max(2, len(column) // 2)),
-    ):
-        if start < stop <= len(column):
-            assert decode_column(cut(start, stop), stop - start) == column[start:stop], (start, stop)
 
 
 @pytest.mark.parametrize("key", ["키{}-{}", "id{:03d}{:04d}"])  # keys of many lengths; of one length
-def test_cut_parts_are_the_buckets_of_the_hash_sorted_items(key):
-    """hash_sorted + cut_parts: each bucket's items (a hash range), in hash order, up to the
-    part size, every column decoded as it was, for any bucket count."""
+def test_bucket_parts_are_the_buckets_of_the_keys(key):
+    """bucket_parts: each bucket's items (a hash range), buckets in order, items in their
+    order within, every column as it was, for any bucket count."""
     from transforms.labels.beam_table import key_files
-    from transforms.labels.buckets import bucket_of, cut_parts, hash_sorted, join_part
+    from transforms.labels.join import bucket_parts
 
     rows = [
         LabelRow(
@@ -834,34 +837,26 @@ def test_cut_parts_are_the_buckets_of_the_hash_sorted_items(key):
         for i in range(300)
     ]
     rows.append(LabelRow("bad\udcff" if "-" in key else "id9999999", error="bad", source="t.csv", line=999))
-    batch = hash_sorted(LabelRows.of(rows).columns(), True)
     for buckets in (1, 2, 7, 1000):
-        parts = list(cut_parts(batch, buckets, 40))
-        assert all(0 < len(p) <= 40 for _, p in parts)
-        got = [(b, r) for b, p in parts for r in join_part(p).rows.rows]
+        parts = list(bucket_parts(LabelRows.of(rows).columns(), buckets))
+        got = [(b, r) for b, columns in parts for r in LabelRows(*columns).rows]
+        assert [r for _, r in sorted(got, key=lambda br: br[0])] == [r for _, r in got]  # bucket order
         assert sorted(r for _, r in got) == sorted(rows)
         assert all(bucket_of(r.key, buckets) == b for b, r in got)
-        assert [b for b, _ in got] == sorted(b for b, _ in got)  # bucket order
+        for b, _ in parts:  # a bucket's rows in their order
+            assert [r for c, r in got if c == b] == [r for r in rows if bucket_of(r.key, buckets) == b]
     names = [key.format(i % 37, i) for i in range(99)]
     images = [ImageFile(f"/r/{i % 5}/{name}.jpg", f"{i % 5}/{name}.jpg", i) for i, name in enumerate(names)]
-    files = hash_sorted(key_files(FileBatch(images), "stem").columns(), False)
-    assert files.columns[1] == ("r", "/r/")  # each path is the root and its relpath
     for buckets in (1, 5):
-        got = [
-            (b, f)
-            for b, p in cut_parts(files, buckets, 10)
-            for f in map(join_part(p).files.file, range(len(p)))
-        ]
+        parts = bucket_parts(key_files(FileBatch(images), "stem").columns(), buckets)
+        got = [(b, f) for b, columns in parts for f in map(KeyedFiles(*columns).file, range(len(columns[0])))]
         assert sorted((f for _, f in got), key=str) == sorted(images, key=str)
         assert all(bucket_of(image_key(f.relpath), buckets) == b for b, f in got)
 
 
-def test_bucket_parts_join_the_cuts_of_several_batches():
-    """A bucket's cuts of the bundle's sorted batches go out as one part (up to BATCH_SIZE),
-    their columns joined whatever way each batch coded them (one value, few values, roots)."""
-    from transforms.labels.beam_table import BucketPartsFn, key_files
-    from transforms.labels.buckets import bucket_of, hash_sorted, join_part
-
+def test_bucket_parts_join_the_items_of_several_batches():
+    """A bucket's items of the bundle's batches go out as one part (up to BATCH_SIZE), and
+    cross the shuffle's coder intact whatever their columns hold (one value, few, roots)."""
     rows = [
         LabelRow(
             f"k{i}", (f"c{i % 3}",), None if i < 600 else f"s{i % 2}", (), "t.csv" if i < 900 else "u.csv", i
@@ -872,20 +867,15 @@ def test_bucket_parts_join_the_cuts_of_several_batches():
     images = [ImageFile(f"/{'ab'[i // 600]}/k{i}.jpg", f"k{i}.jpg", i) for i in range(1200)]
     for side in ("rows", "images"):
         if side == "rows":
-            batches = [
-                hash_sorted(LabelRows.of(rows[i : i + 300]).columns(), True) for i in range(0, 1200, 300)
-            ]
+            sent = _bucketed([LabelRows.of(rows[i : i + 300]) for i in range(0, 1200, 300)], 0, 1200, 600)
         else:
             chunks = [FileBatch(images[i : i + 300]) for i in range(0, 1200, 300)]
-            batches = [hash_sorted(key_files(chunk, "stem").columns(), False) for chunk in chunks]
-        fn = BucketPartsFn(per_bucket=600)  # 2 buckets
-        fn.start_bundle()
-        sent = [out for batch in batches for out in fn.process(batch, 0, 1200)]
-        sent += [w.value for w in fn.finish_bundle()]
+            sent = _bucketed(chunks, 0, 1200, 600, "stem")  # 2 buckets
         assert sorted(b for b, _ in sent) == [0, 1] and all(len(p) <= BATCH_SIZE for _, p in sent), side
-        parts = [(b, join_part(p)) for b, p in sent]
+        parts = [(b, JoinPartCoder().decode(JoinPartCoder().encode(p))) for b, p in sent]
         if side == "rows":
             assert sorted(r for _, p in parts for r in p.rows.rows) == sorted(rows)
+            assert type(next(r for _, p in parts for r in p.rows.rows if r.extras).extras[0][1]) is float
             assert all(bucket_of(r.key, 2) == b for b, p in parts for r in p.rows.rows)
         else:
             got = [(b, p.files.file(i)) for b, p in parts for i in range(len(p.files))]

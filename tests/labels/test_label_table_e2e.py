@@ -338,4 +338,4 @@ def test_label_map_table_errors(tmp_path):
     (tmp_path / "names.csv").write_text("name,id\nb,11\na,10\n")  # name,id order, from id 10
     label_map = load_label_map(str(tmp_path / "names.csv"))
     assert (label_map.names, label_map.first_id) == (("a", "b"), 10)
-    assert label_map.lookup() == {"a": "a", "b": "b", "10": "a", "11": "b"}
+    assert label_map.lookup == {"a": "a", "b": "b", "10": "a", "11": "b"}

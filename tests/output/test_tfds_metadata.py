@@ -16,7 +16,7 @@ from PIL import Image
 from beam_pipeline import load_dataset
 from beam_pipeline.readers.verify import verify
 from tests.conftest import frame_record
-from transforms.encoding.encoder import encode_image
+from transforms.encoding.encoder import encode_image_chunks
 from transforms.encoding.schema import SLIM, Schema
 from transforms.output.failure_log import FailureCounts
 from transforms.output.summary import build_summary
@@ -28,6 +28,11 @@ from transforms.output.tfds import (
     write_reader_metadata,
 )
 from transforms.records import ClassIndex, ImageRecord
+
+
+def encode_image(*args):
+    chunks, info = encode_image_chunks(*args)
+    return b"".join(chunks), info
 
 
 def _png(w: int, h: int, seed: int) -> bytes:

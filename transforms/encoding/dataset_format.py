@@ -1,10 +1,9 @@
 """What a finished dataset's records are, from its metadata: the one description every reader
 of ours (`load_dataset`, `parse_spec`, `verify`, `inspect`) starts from.
 
-In: summary.json (schema, `rename_keys`, store mode) and, when there is one, features.json
-(what TFDS was told the image is). Out: a DatasetFormat: the schema with its renames, the
-store mode, and which readers decode images with `expand_animations=True` (see
-transforms/images/decoding.py). Small and picklable, so Beam workers get it as configuration.
+In: summary.json (schema, `rename_keys`, store mode) and features.json if any. Out: a
+DatasetFormat (small and picklable: Beam workers get it as configuration): the schema with
+its renames, the store mode, which readers decode with `expand_animations=True` (decoding.py).
 """
 
 from __future__ import annotations

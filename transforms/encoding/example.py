@@ -1,10 +1,9 @@
 """tf.train.Example serialization without importing TensorFlow.
 
-`serialize_example` writes the protobuf wire format of `tf.train.Example` directly. Its
-output is byte-identical to `tf.train.Example(...).SerializeToString(deterministic=True)`
-(map keys sorted), which the tests check, so the hot path needs neither TensorFlow (seconds
-of import) nor a protobuf message per image. `make_example` returns the real message for
-callers that want one.
+In: a feature dict (name -> int, float, str or bytes, or a list of them; `kinds` for empty
+lists). Out: `serialize_example_chunks`, the protobuf wire format of `tf.train.Example`,
+byte-identical to `SerializeToString(deterministic=True)` (map keys sorted; the tests check
+it), so the hot path needs neither TensorFlow (seconds of import) nor a message per image.
 """
 
 from __future__ import annotations
@@ -72,11 +71,8 @@ _FIELD1, _FIELD2 = _varint(1 << 3 | 2), _varint(2 << 3 | 2)  # tags of length-de
 
 
 def _feature_parts(values: list, kind: str | None = None) -> tuple[list[bytes], int]:
-    """The serialized `tf.train.Feature` of one homogeneous list, as (chunks, total size).
-
-    Chunks, not one bytes object: a large value (the image) is then copied once, when the
-    whole Example is joined, instead of once per level of nesting.
-    """
+    """The serialized `tf.train.Feature` of one homogeneous list, as (chunks, total size):
+    a large value (the image) is then never copied per level of nesting."""
     kind = kind or _kind_of(values)
     if kind == "bytes":
         parts = []
@@ -118,10 +114,8 @@ def _entry_parts(name: str, value, kind: str | None) -> tuple[list[bytes], int]:
 
 @functools.lru_cache(maxsize=4096)
 def _small_entry(name: str, value, value_type: type, kind: str | None) -> bytes:
-    """A map entry for a scalar that repeats across images (format, label, size, ...).
-
-    `value_type` is part of the cache key because 1, 1.0 and True are equal keys.
-    """
+    """A map entry for a scalar that repeats across images (format, label, size, ...);
+    `value_type` is part of the cache key because 1, 1.0 and True are equal keys."""
     return b"".join(_entry_parts(name, value, kind)[0])
 
 
@@ -131,11 +125,8 @@ _CHUNK = 4096  # values at least this long are chunks of their own (not copied b
 
 @functools.lru_cache(maxsize=1024)
 def _one_bytes_head(name: str, n: int) -> bytes:
-    """All of the map entry of a one-value BytesList before its `n` value bytes.
-
-    What `_entry_parts(name, [value], "bytes")` gives before `value`, computed from the
-    length alone: the same for every image of a size (file names, hashes, ...).
-    """
+    """What `_entry_parts(name, [value], "bytes")` gives before `value`, from its length
+    `n` alone: the same for every image of a size (file names, hashes, ...)."""
     inner = 1 + len(_varint(n)) + n  # BytesList: field 1, length, value
     feature = 1 + len(_varint(inner)) + inner  # Feature: bytes_list (field 1)
     key = _key_field(name)
@@ -156,12 +147,9 @@ def _one_bytes_head(name: str, n: int) -> bytes:
 
 
 def serialize_example_chunks(features: Features, kinds: Mapping[str, str] | None = None) -> list[bytes]:
-    """`serialize_example`'s bytes as chunks, to be written one after the other.
-
-    Values of at least _CHUNK bytes (the image) are chunks of their own, not copied; the
-    small fields between them are joined. A writer can then checksum and write the
-    chunks without ever joining the Example into one object.
-    """
+    """The serialized Example as chunks: values of at least _CHUNK bytes (the image) are
+    chunks of their own, never copied; the small fields between them are joined. The shard
+    writer checksums and writes the chunks without joining the Example."""
     kinds = kinds or {}
     chunks: list[bytes] = []
     run: list[bytes] = []  # small pieces since the last chunk
@@ -206,23 +194,3 @@ def serialize_example_chunks(features: Features, kinds: Mapping[str, str] | None
 _SCALARS = (int, str, bytes)
 _BYTES_KINDS = frozenset((None, "bytes"))
 _INT_KINDS = frozenset((None, "int64"))
-
-
-def serialize_example(features: Features, kinds: Mapping[str, str] | None = None) -> bytes:
-    """Serializes a feature dict as a `tf.train.Example`, keys in sorted order.
-
-    Args:
-      features: feature name -> value or list of values (int, float, str or bytes).
-      kinds: optional name -> 'int64' | 'float' | 'bytes', needed for empty lists.
-
-    Returns:
-      The Example's wire bytes.
-    """
-    return b"".join(serialize_example_chunks(features, kinds))
-
-
-def make_example(features: Features, kinds: Mapping[str, str] | None = None):
-    """Returns the `tf.train.Example` message for `features` (imports TensorFlow)."""
-    import tensorflow as tf
-
-    return tf.train.Example.FromString(serialize_example(features, kinds))

@@ -1,7 +1,5 @@
-"""Schema presets: which feature keys a record carries, and the parse spec readers use.
-
-A preset turns (record, stored bytes, image info, class index) into a feature dict, and
-exports the matching `tf.io.parse_single_example` spec so readers never guess the keys:
+"""Schema presets: a preset turns (record, stored bytes, image info, class index) into a feature
+dict, and exports the matching `tf.io.parse_single_example` spec so readers never guess the keys:
 
 - `slim` (default): TF-slim / inception keys `image/encoded`, `image/class/label`, ...
 - `tutorial`: the TensorFlow TFRecord tutorial's `height, width, depth, label, image_raw`.
@@ -34,19 +32,6 @@ def label_ids(record: ImageRecord, class_index: ClassIndex) -> list[int]:
 
 
 SHA256_KEY = "image/key/sha256"
-# Roles a preset may fill; readers look keys up by role (`Schema.roles`).
-ROLES = (
-    "image",
-    "label",
-    "text",
-    "format",
-    "height",
-    "width",
-    "channels",
-    "colorspace",
-    "filename",
-    "sha256",
-)
 
 
 def content_key(data: bytes) -> str:
@@ -84,7 +69,8 @@ class Schema:
         (also used for empty lists and for the parse spec).
       image_key / label_key: where the encoded image and the class ids live.
       scalar: keys that always hold exactly one value (FixedLenFeature in the spec).
-      roles: role (see ROLES) -> feature key, for the roles the preset fills.
+      roles: role (image, label, text, format, height, width, channels, colorspace, filename,
+        sha256) -> feature key, for the roles the preset fills; readers look keys up by role.
       label_offset: the id of the first class this preset's consumer expects, or None
         when `--label_offset` decides (tfds: 0, odapi: 1).
       renames: custom key renames (old -> new) applied on top of the preset.

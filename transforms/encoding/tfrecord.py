@@ -1,9 +1,7 @@
-"""TFRecord framing read without TensorFlow: every record's offset, length and both CRCs.
-
-A record on disk is `uint64 length | uint32 masked_crc32c(length) | data | uint32
-masked_crc32c(data)` (little endian). `iter_records` walks a shard and raises
-`RecordError` with the byte offset of the first record that does not check out, which is
-what `verify` reports; the offsets are also those of the `.idx` files.
+"""TFRecord framing without TensorFlow: a record on disk is `uint64 length | uint32
+masked_crc32c(length) | data | uint32 masked_crc32c(data)` (little endian). `frame_chunks`
+frames a record for the shard writer; `iter_records` walks a shard and raises `RecordError`
+with the byte offset (as in the `.idx` files) of the first record that does not check out.
 """
 
 from __future__ import annotations
@@ -36,11 +34,6 @@ def masked_crc32c(data: bytes) -> int:
 
 def _mask(crc: int) -> int:
     return (((crc >> 15) | (crc << 17)) + _MASK_DELTA) & 0xFFFFFFFF
-
-
-def frame_parts(data: bytes) -> tuple[bytes, bytes]:
-    """The (header, footer) that frame `data` as one TFRecord: header + data + footer."""
-    return frame_chunks((data,), len(data))
 
 
 def frame_chunks(chunks: Sequence[bytes], size: int) -> tuple[bytes, bytes]:

@@ -1,28 +1,23 @@
-"""Image handling: detect the format from content, check, convert and resize.
+"""Is it an image, which format, and do TensorFlow's decoders read its bytes as they are.
 
 The guarantee: the bytes written as `image/encoded` decode with
-`tf.io.decode_image(..., expand_animations=False)` to exactly the height, width and
-channels written next to them. By default the original bytes are kept whenever TensorFlow
-(2.21) decodes them correctly; otherwise the image is converted losslessly to PNG, or
-rejected with a reason. What TensorFlow 2.21 does, verified by tests/images/test_image_modes.py:
+`tf.io.decode_image(..., expand_animations=False)` to exactly the height, width and channels
+written next to them. What TensorFlow 2.21 does (tests/images/test_image_modes.py):
 
 - JPEG L/RGB, PNG (every colour type and bit depth; 16-bit is scaled to uint8 by `>> 8`),
   GIF (always 3 channels, first frame), 24-bit BMP and single-frame WebP decode as stored.
 - CMYK/YCCK JPEG: TensorFlow's CMYK->RGB differs from other decoders -> PNG.
-- GIF: giflib reads every block of the file (transforms/images/gif.py). Damage before the first
-  frame is complete, or a first-frame colour index beyond its colour table -> rejected;
-  damage after it, or a later frame that does not decode -> PNG of the first frame. The
-  decoded size is the largest frame's, not the logical screen's.
+- GIF: giflib reads every block (gif.py). Damage before the first frame is complete, or a
+  first-frame colour index beyond its colour table -> rejected; damage after it, or a later
+  frame that does not decode -> PNG of the first frame. The decoded size is the largest frame's.
 - BMP other than 24-bit uncompressed: 32-bit gives a 4th channel from the padding byte,
   palette BMPs give palette indices, 1-bit fails -> PNG.
-- WebP: animated ones (even of one frame) corrupt TensorFlow's heap (a crash at training
-  time), and TensorFlow's libwebp refuses containers Pillow reads (transforms/images/webp.py) ->
-  PNG of frame 1. Sides TensorFlow refuses (PNG above 1,000,000, JPEG above 65,500 pixels)
-  -> rejected, kept or converted.
-- TIFF, PSD, ICO, TGA, PPM, ... (`_FALLBACK_FORMATS`) are not decodable by TensorFlow -> PNG.
-
-Re-encoding options (`ImageOptions`) resize, recolour, rotate by EXIF, re-encode as JPEG or
-PNG, or store raw uint8 pixels instead of encoded bytes.
+- WebP: animated ones corrupt TensorFlow's heap, and its libwebp refuses containers Pillow
+  reads (webp.py) -> PNG of frame 1.
+- PNG without IEND or with a bad critical-chunk CRC: Pillow decodes it, libpng refuses it
+  (`check_png_chunks`) -> rejected.
+- Sides TensorFlow refuses (PNG above 1,000,000, JPEG above JPEG_MAX_SIDE) -> rejected.
+- TIFF, PSD, ICO, TGA, PPM, ... (`_FALLBACK_FORMATS`) -> PNG.
 """
 
 from __future__ import annotations
@@ -30,6 +25,7 @@ from __future__ import annotations
 import io
 import struct
 import warnings
+import zlib
 
 from PIL import Image
 
@@ -48,36 +44,18 @@ _SIGNATURES: tuple[tuple[bytes, int, str], ...] = (
     (b"II*\x00", 0, "tiff"),
     (b"MM\x00*", 0, "tiff"),
 )
-
-
-# Pillow plugins tried for content without one of the signatures above; all are converted
-# to PNG. A short list on purpose: never EPS (Pillow runs Ghostscript on it).
+# The first bytes of formats Pillow identifies without a signature above (PSD, ICO, JPEG 2000,
+# SGI): a header cut from a large one is not unknown content (limits.check_header).
+OTHER_SIGNATURES = (b"8BPS", b"\x00\x00\x01\x00", b"\x00\x00\x00\x0cjP  ", b"\xff\x4f\xff\x51", b"\x01\xda")
+# Pillow plugins tried for content without a signature; all are converted to PNG. A short
+# list on purpose: never EPS (Pillow runs Ghostscript on it).
 _FALLBACK_FORMATS = ("PSD", "ICO", "TGA", "PPM", "PCX", "SGI", "JPEG2000")
-
-
-# Channels TensorFlow gives for a PNG colour type (IHDR byte 25); palette + tRNS gives 4.
-_PNG_CHANNELS = {0: 1, 2: 3, 3: 3, 4: 2, 6: 4}
-
-
+_PNG_CHANNELS = {0: 1, 2: 3, 3: 3, 4: 2, 6: 4}  # by IHDR colour type; palette + tRNS gives 4
 _MODE_CHANNELS = {"L": 1, "LA": 2, "RGB": 3, "RGBA": 4, "I;16": 1}
-
-
 _SIXTEEN_BIT = ("I;16", "I;16B", "I;16L", "I;16N")
-
-
 _EXIF_ORIENTATION = 0x0112
-
-
 _SWAPS_AXES = (5, 6, 7, 8)  # EXIF orientations that turn the image by 90 degrees
-
-
 _RESAMPLE = Image.Resampling.BICUBIC
-
-
-# Our own limit (checked from the header, before decoding) decides; Pillow's warning for
-# images above its MAX_IMAGE_PIXELS would only repeat it. Set once: catch_warnings is not
-# thread-safe.
-warnings.filterwarnings("ignore", category=Image.DecompressionBombWarning)
 
 
 def detect_format(data: bytes) -> str | None:
@@ -162,12 +140,8 @@ def _open(data: bytes, max_pixels: int) -> tuple[str, Image.Image]:
     if not data:
         raise ImageError("empty file")
     fmt = detect_format(data)
-    # Pillow refuses images above 2 * MAX_IMAGE_PIXELS at open; a larger configured limit
-    # must win. Our own check below runs before anything is decoded.
-    if Image.MAX_IMAGE_PIXELS is not None and Image.MAX_IMAGE_PIXELS < max_pixels:
-        Image.MAX_IMAGE_PIXELS = max_pixels
     try:
-        img = Image.open(io.BytesIO(data), formats=_FALLBACK_FORMATS if fmt is None else (fmt.upper(),))
+        img = pillow_open(data, fmt, max_pixels)
         fmt = fmt or img.format.lower()
     except Image.UnidentifiedImageError:
         if fmt is None:
@@ -181,6 +155,19 @@ def _open(data: bytes, max_pixels: int) -> tuple[str, Image.Image]:
     return fmt, img
 
 
+def pillow_open(data: bytes, fmt: str | None, max_pixels: int) -> Image.Image:
+    """`data` opened by Pillow's reader for `fmt` (None: `_FALLBACK_FORMATS`), header only.
+
+    Pillow refuses images above 2 * MAX_IMAGE_PIXELS at open: a larger `max_pixels` must
+    win (it is checked from the header, before anything is decoded), and Pillow's warning
+    above MAX_IMAGE_PIXELS would only repeat it. Both set here, at the first image, never at
+    import (a filter, not catch_warnings, which is not thread-safe)."""
+    if Image.MAX_IMAGE_PIXELS is not None and Image.MAX_IMAGE_PIXELS < max_pixels:
+        Image.MAX_IMAGE_PIXELS = max_pixels
+        warnings.filterwarnings("ignore", category=Image.DecompressionBombWarning)
+    return Image.open(io.BytesIO(data), formats=_FALLBACK_FORMATS if fmt is None else (fmt.upper(),))
+
+
 def check_size(width: int, height: int, max_pixels: int) -> None:
     """Refuses an empty or too large image from its header's size, before any decoding."""
     if width <= 0 or height <= 0:
@@ -191,10 +178,9 @@ def check_size(width: int, height: int, max_pixels: int) -> None:
 
 # libjpeg's JPEG_MAX_DIMENSION (jmorecfg.h: "a tad under 64K to prevent overflows"): the longest
 # side libjpeg-turbo encodes (Pillow) or decodes (TensorFlow), below the format's 16-bit 65,535.
+# The one JPEG side limit: jpeg.py's walk leaves larger frames to the check here.
 JPEG_MAX_SIDE = 65_500
-
-# The longest side TensorFlow's decoders accept: libpng's default user limit ("Invalid PNG.
-# Failed to initialize decoder" above it), and libjpeg's.
+# The longest side TensorFlow's decoders accept (libpng's default user limit, and libjpeg's).
 _MAX_SIDE = {"png": 1_000_000, "jpeg": JPEG_MAX_SIDE}
 
 
@@ -215,11 +201,8 @@ def _load(img: Image.Image, fmt: str) -> None:
 
 
 def _check_as_stored(data: bytes, fmt: str, img: Image.Image) -> ImageInfo:
-    """Decodes the whole image (JPEG at 1/8 scale) and returns what TensorFlow will see.
-
-    A 1/8-scale JPEG decode still reads every entropy-coded block, so truncated or
-    corrupt data fails here and not at training time, at a fraction of the cost.
-    """
+    """Decodes the whole image (JPEG at 1/8 scale: it still reads every entropy-coded
+    block) and returns what TensorFlow will see."""
     if fmt == "gif":
         return _check_gif(data, img)
     width, height = img.size
@@ -235,7 +218,6 @@ def _check_gif(data: bytes, img: Image.Image) -> ImageInfo:
     """A GIF kept as stored (its blocks and later frames passed `_gif_problem`): the first
     frame's LZW data and colour indices (TensorFlow refuses one beyond the colour table,
     unless it is the transparent one). The size is TensorFlow's: the largest frame's."""
-
     layout = gif_layout(data)
     first = layout.frames[0]
     _load(img, "gif")
@@ -259,11 +241,10 @@ def _check_gif(data: bytes, img: Image.Image) -> ImageInfo:
 def _gif_problem(data: bytes, img: Image.Image, max_pixels: int) -> str | None:
     """Why a GIF is not kept as stored although its first frame decodes, or None.
 
-    Damage after the first frame (transforms/images/gif.py), a later frame that does not decode
-    (giflib decodes every frame), or frames whose largest size, the size TensorFlow
-    allocates, is above the bomb limit. Damage in the first frame raises ImageError.
+    Damage after the first frame (gif.py), a later frame that does not decode (giflib
+    decodes every frame), or frames whose largest size, the size TensorFlow allocates, is
+    above the bomb limit. Damage in the first frame raises ImageError.
     """
-
     layout = gif_layout(data)
     if _tile_offset(img) != layout.frames[0].offset:
         # Pillow's first frame is not giflib's (an extension whose first sub-block is empty
@@ -300,20 +281,6 @@ def _tile_offset(img: Image.Image) -> int | None:
     return img.tile[0][2] if img.tile else None
 
 
-def inspect_image(data: bytes, max_pixels: int = DEFAULT_MAX_PIXELS) -> ImageInfo:
-    """Checks that `data` decodes as stored and returns its dimensions as TensorFlow sees them.
-
-    Raises:
-      ImageError: empty, unrecognised, too large, corrupt, or bytes that TensorFlow
-        cannot decode as stored (the reason says why).
-    """
-    fmt, img = _open(data, max_pixels)
-    problem = _tf_problem(fmt, data, img, max_pixels)
-    if problem:
-        raise ImageError(problem)
-    return _check_as_stored(data, fmt, img)
-
-
 def _is_animated(img: Image.Image) -> bool:
     try:
         return bool(getattr(img, "is_animated", False))
@@ -326,3 +293,29 @@ def _orientation(img: Image.Image) -> int:
         return int(img.getexif().get(_EXIF_ORIENTATION, 1))
     except (OSError, SyntaxError, ValueError, TypeError, struct.error):
         return 1  # unreadable EXIF: treat as upright
+
+
+def check_png_chunks(data: bytes) -> None:
+    """Walks the PNG chunks up to IEND as libpng does: each complete and named by four ASCII
+    letters, critical ones with a correct CRC (ancillary ones with a bad CRC pass, as in libpng).
+
+    Raises:
+      ImageError: the file is cut short or a critical chunk is corrupt.
+    """
+    pos = 8  # after the signature
+    while True:
+        if pos + 12 > len(data):
+            raise ImageError("truncated png: the file ends before its IEND chunk")
+        length = int.from_bytes(data[pos : pos + 4], "big")
+        kind = data[pos + 4 : pos + 8]
+        end = pos + 12 + length
+        if end > len(data):
+            raise ImageError(f"truncated png: the file ends inside a {kind.decode('latin-1')} chunk")
+        if not kind.isalpha():  # libpng: "invalid chunk type" (ASCII letters only)
+            raise ImageError(f"corrupt png: invalid chunk type {kind!r}")
+        critical = kind[:1].isupper()
+        if critical and zlib.crc32(data[pos + 4 : end - 4]) != int.from_bytes(data[end - 4 : end], "big"):
+            raise ImageError(f"corrupt png: bad checksum in a {kind.decode('latin-1')} chunk")
+        if kind == b"IEND":
+            return
+        pos = end

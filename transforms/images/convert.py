@@ -1,8 +1,6 @@
-"""Converting one image (pure): what to re-encode, and how.
-
-In: an image's bytes and ImageOptions. Out: PreparedImage, the bytes to store (kept as they
-are when TensorFlow decodes them right and no option changes them; else re-encoded) with the
-ImageInfo TensorFlow will decode; and the estimated stored size for shard planning.
+"""Converting one image (pure). In: an image's bytes and ImageOptions. Out: PreparedImage, the
+bytes to store (kept when TensorFlow decodes them right and no option changes them, else
+re-encoded) with the ImageInfo TensorFlow decodes; and the estimated stored size for planning.
 """
 
 from __future__ import annotations
@@ -26,6 +24,7 @@ from transforms.images.check import (
     _orientation,
     _tf_channels,
     _tf_problem,
+    check_png_chunks,
     colorspace_of,
 )
 from transforms.images.decoding import decodes_4d
@@ -169,11 +168,8 @@ def _convert(
 
 
 def prepare_image(data: bytes, options: ImageOptions = ImageOptions()) -> PreparedImage:
-    """Checks `data` and returns the bytes to store, converted when needed or asked for.
-
-    By default the original bytes are kept whenever TensorFlow decodes them as stored
-    (checked as cheaply as `inspect_image`); see the module docstring for what is
-    converted and why.
+    """Checks `data` and returns the bytes to store, converted when needed or asked for
+    (by default the original bytes whenever TensorFlow decodes them as stored: check.py).
 
     Raises:
       ImageError: empty, unrecognised, too large, corrupt, or impossible to store
@@ -183,17 +179,17 @@ def prepare_image(data: bytes, options: ImageOptions = ImageOptions()) -> Prepar
     problem = _tf_problem(fmt, data, img, options.max_pixels)
     change = None if problem else _needs_change(img, fmt, _tf_channels(fmt, data, img), options)
     if problem is None and change is None:
-        return PreparedImage(data, _check_as_stored(data, fmt, img))
-    return _convert(img, fmt, problem, problem or change or "converted", options)
+        prepared = PreparedImage(data, _check_as_stored(data, fmt, img))
+    else:
+        prepared = _convert(img, fmt, problem, problem or change or "converted", options)
+    if fmt == "png":
+        check_png_chunks(data)  # what Pillow forgives but libpng does not
+    return prepared
 
 
 # Bytes per pixel per channel of a re-encoded image, for shard planning only.
 _PNG_RATIO = 0.6  # photos; flat artwork compresses far better
-
-
 _CROSS_CODEC = 5.0  # at most this many times the source's own bytes per pixel
-
-
 _JPEG_BITS = {50: 1.0, 75: 1.6, 90: 2.8, 95: 3.8, 100: 8.0}  # bits per pixel, RGB photos
 
 

@@ -1,18 +1,7 @@
-"""How a dataset's readers decode its stored images: per stored format and store mode.
-
-In: a stored image (encoded bytes, or raw pixels with their stored height, width and
-channels). Out: what each reader gets from it. Every stage that must agree with the
-readers asks here, so they cannot drift apart:
-
-- the conversion (`transforms/images/check.py`): presets whose consumer decodes with
-  `expand_animations=True` store the formats of DECODED_4D_FORMATS as PNG (first frame);
-- the reader metadata (`transforms/output/tfds.py`): what `features.json` declares the
-  stored image as (`image_feature_kind`);
-- `load_dataset`, `verify` and `inspect`: `decode_stored` decodes a record the way
-  `load_dataset` does, raw pixels included; verify also checks the 4-D rule for the
-  readers that decode so.
-
-Pure functions; TensorFlow is imported only by the ones that decode.
+"""How a dataset's readers decode its stored images, per stored format and store mode: the one
+rule that the conversion (convert.py: DECODED_4D_FORMATS stored as PNG for presets that decode
+with `expand_animations=True`), the reader metadata (output/tfds.py: `image_feature_kind`) and
+`load_dataset`, `verify`, `inspect` (`decode_stored`) share. TensorFlow is imported only to decode.
 """
 
 from __future__ import annotations
@@ -50,15 +39,6 @@ def image_feature_kind(store: str, formats: set[str] | frozenset[str]) -> str:
 def raw_size(height: int, width: int, channels: int) -> int:
     """Bytes of raw uint8 pixels of that shape."""
     return height * width * channels
-
-
-def decode_raw_image(data, height, width, channels):
-    """Raw uint8 pixels (row-major H x W x C bytes) -> a uint8 (H, W, C) tensor."""
-    import tensorflow as tf
-
-    pixels = tf.io.decode_raw(data, tf.uint8)
-    shape = tf.stack([tf.cast(height, tf.int32), tf.cast(width, tf.int32), tf.cast(channels, tf.int32)])
-    return tf.reshape(pixels, shape)
 
 
 def to_channels(image, channels: int):
@@ -108,8 +88,8 @@ def decode_stored(data, store: str, shape=None, channels: int = 0):
     """
     import tensorflow as tf
 
-    if store == STORE_RAW:
-        image = decode_raw_image(data, *shape)
+    if store == STORE_RAW:  # row-major H x W x C bytes
+        image = tf.reshape(tf.io.decode_raw(data, tf.uint8), tf.stack([tf.cast(n, tf.int32) for n in shape]))
     else:
         image = tf.io.decode_image(data, channels=0, expand_animations=False)
     return to_channels(image, channels)

@@ -1,26 +1,23 @@
 """The block structure of a GIF, walked as giflib's DGifSlurp (behind `tf.io.decode_image`) walks it.
 
 Pillow reads a GIF's first frame and stops; giflib reads the whole file and fails on what
-Pillow never looks at: a byte after a frame that starts no block ("Wrong record type
-detected"), a file cut short before its trailer, a colour index beyond the frame's colour
-table. Such a file would pass a Pillow check, be written, and fail at training time. The
-walk reads only the block headers and lengths (the LZW data of the frames is decoded by
-Pillow, in transforms/images/check.py); it also gives the frame rectangles, from which TensorFlow
-takes the decoded size: the largest frame's width and height, not the logical screen's.
+Pillow never looks at (a byte after a frame that starts no block, a file cut before its
+trailer, a colour index beyond the frame's colour table): such a file would pass a Pillow
+check and fail at training time. The walk reads only block headers and lengths (check.py has
+Pillow decode the LZW data); it also gives the frame rectangles, from which TensorFlow takes
+the decoded size: the largest frame's, not the logical screen's.
 
-Extension blocks are read as giflib reads them, which is not as the GIF specification
-writes them: DGifGetExtension reads the label and the first sub-block, then DGifSlurp reads
-sub-blocks up to a zero-length one. An extension whose first sub-block is already the
-zero-length terminator (`21 FE 00`) therefore swallows the bytes after it as more
-sub-blocks (typically the next image descriptor: "Wrong record type detected"). A frame's
-graphic control is the first 0xF9 extension since the previous frame, and counts only with
-a 4-byte first sub-block (DGifSavedExtensionToGCB). Pillow reads such files differently, so
-the check compares where each reader finds each frame's data (transforms/images/check.py).
+Extensions are read as giflib reads them, not as the specification writes them:
+DGifGetExtension reads the label and the first sub-block, then DGifSlurp reads sub-blocks up
+to a zero-length one, so an extension whose first sub-block is already the terminator
+(`21 FE 00`) swallows the bytes after it. A frame's graphic control is the first 0xF9
+extension since the previous frame, and counts only with a 4-byte first sub-block. Pillow
+reads such files differently, so check.py compares where each reader finds each frame.
 
-TensorFlow 2.21 gives up on a file whose first frame is damaged, but decodes the frames
-read before a later error (measured with tools/fuzz_image_check.py): damage after the
-first frame is reported in `GifLayout.damage`, and such a file is converted to PNG rather
-than kept, since which later frames TensorFlow then counts is not knowable from outside.
+TensorFlow gives up on a file whose first frame is damaged, but decodes the frames read
+before a later error (tools/fuzz_image_check.py): damage after the first frame is reported
+in `GifLayout.damage`, and such a file is converted to PNG (which later frames TensorFlow
+counts is not knowable from outside).
 """
 
 from __future__ import annotations

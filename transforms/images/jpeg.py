@@ -1,28 +1,17 @@
 """A JPEG check that predicts TensorFlow's decoder from the file's structure, without decoding.
 
-What makes `tf.io.decode_jpeg` / `decode_image` (TensorFlow 2.21, libjpeg-turbo) fail is the
-structure of the file, not its pixels (measured; tests/images/test_jpeg_check.py keeps the cases):
+What makes `tf.io.decode_image` (TensorFlow 2.21, libjpeg-turbo) fail is the file's structure,
+not its pixels (measured; tests/images/test_jpeg_check.py keeps the cases): data that ends
+before the end-of-image marker; an unknown marker, a second SOI or a segment that cannot be
+parsed; tables it cannot use (an undefined quantisation table, an invalid Huffman table). Bit
+errors inside the entropy-coded data decode (to wrong pixels) in TensorFlow and Pillow alike.
 
-- the data ends before the end-of-image marker (a cut download or upload): TensorFlow fails,
-  while the same file with an EOI appended decodes;
-- an unknown marker (0xFF followed by a byte libjpeg does not know, e.g. from a flipped bit),
-  a second SOI, or a segment that cannot be parsed;
-- header tables it cannot use (an undefined quantisation table, an invalid Huffman table).
-
-Bit errors inside the entropy-coded data decode (to wrong pixels, with a warning) in
-TensorFlow and in Pillow alike, so a full decode would not reject them either. A 1/8-scale
-decode of every image costs ~380 us on the benchmark's 45 KB photos (Huffman decoding, which
-every full-stream check must do); this walk costs ~12 us: a parse of the header segments
-(~12 us more the first time a header is seen: a later file whose header is the same but for
-its size continues from its scan data, `_HeaderCache`), then a vectorised (numpy) search
-for the marker that ends a sequential scan's entropy-coded data (~7 us for 45 KB), or a
-regex search where markers follow closely (restarts, progressive scans).
-
-`check_jpeg` returns the layout when it is sure TensorFlow decodes the file to that shape,
-raises ImageError when it is sure TensorFlow rejects it, and returns None for what it does
-not model (12-bit, lossless or arithmetic coding, CMYK, DNL heights, odd sampling, ...):
-the caller then checks the file with Pillow as before. `tools/fuzz_image_check.py`
-compares it with TensorFlow on mutated files.
+So a walk of the header segments and a search for the marker that ends each scan stands in
+for a 1/8-scale decode, at a few percent of its cost (benchmarks/README.md). `check_jpeg`
+returns the layout when it is sure TensorFlow decodes the file to it, raises ImageError when
+it is sure TensorFlow rejects it, and returns None for what it does not model (12-bit,
+lossless or arithmetic coding, CMYK, DNL heights, odd sampling, ...): the caller then checks
+the file with Pillow. `tools/fuzz_image_check.py` compares it with TensorFlow on mutated files.
 """
 
 from __future__ import annotations
@@ -64,10 +53,8 @@ class JpegLayout:
 
 
 def prepare_kept_jpeg(data: bytes, options: ImageOptions) -> PreparedImage | None:
-    """`image.prepare_image` for a JPEG stored as it is, checked by `check_jpeg`; else None.
-
-    None means: not a JPEG, an option may change it, or `check_jpeg` does not model it; the
-    caller then runs `prepare_image`, which decodes with Pillow.
+    """`prepare_image` for a JPEG stored as it is, checked by `check_jpeg`; else None (not a
+    JPEG, an option may change it, or not modelled: `prepare_image` decodes it with Pillow).
 
     Raises:
       ImageError: TensorFlow rejects the file, or it has more than `options.max_pixels`.
@@ -117,22 +104,25 @@ class _State:
         self.scanned: set[int] = set()  # component ids seen in a sequential scan
         self.scans = 0
 
+    def copy(self, frame: tuple | None = None) -> _State:
+        """A copy with sets of its own (the walk changes them), and `frame` if given."""
+        new = _State()
+        new.frame, new.progressive, new.restarts = frame or self.frame, self.progressive, self.restarts
+        new.scans, new.quant = self.scans, set(self.quant)
+        new.huffman, new.scanned = set(self.huffman), set(self.scanned)
+        return new
+
 
 class _HeaderCache:
     """The walk's state after the headers (SOI to the end of the first SOS) of files seen before.
 
-    The files of a dataset mostly share their headers byte for byte (one encoder, one
-    quality: the same tables, layouts and scan) but for the frame's height and width. The
-    walk up to the first SOS depends on those bytes alone, and on the size only through
-    `_check_frame_size`: a file whose header equals a remembered one, size bytes aside,
-    gets the remembered state (copied, with its own size checked) and is walked on from its
-    scan data, ~10 us less than walking the ~9 header segments again. A header is found by
-    its first SOS marker; one that is not really the SOS (inside an APPn segment) matches
-    no remembered header, whose lengths are those of real walks, and is walked in full.
-    Only headers of up to MAX_BYTES are remembered and looked for (a camera's EXIF or ICC
-    segments make headers of tens of KB that differ from file to file: copying and hashing
-    them would cost more than walking them), and at most MAX of them (~0.6 KB each for
-    the benchmark's files; at most 1 MB); when full, the cache starts again.
+    A dataset's files mostly share their headers byte for byte but for the frame's height
+    and width, and the walk to the first SOS depends on the size only through
+    `_check_frame_size`: a file whose header equals a remembered one, size bytes aside, gets
+    the remembered state (its own size checked) and is walked on from its scan data. A
+    "SOS" inside an APPn segment matches no remembered header (their lengths are those of
+    real walks). Only headers of up to MAX_BYTES (camera EXIF/ICC headers differ from file
+    to file), at most MAX of them (<= 1 MB); when full, the cache starts again.
     """
 
     MAX = 256
@@ -141,7 +131,7 @@ class _HeaderCache:
     def __init__(self) -> None:
         # header end -> {offset of the size bytes}; (end, offset, header less size) -> state
         self._offsets: dict[int, tuple[int, ...]] = {}
-        self._states: dict[tuple[int, int, bytes], tuple] = {}
+        self._states: dict[tuple[int, int, bytes], _State] = {}  # copies no walk changes
 
     def add(self, data: bytes, end: int, size_at: int, state: _State) -> None:
         """Remembers the header `data[:end]` (size bytes at `size_at`), walked to `state`."""
@@ -150,16 +140,7 @@ class _HeaderCache:
         if len(self._states) >= self.MAX:
             self._offsets.clear()
             self._states.clear()
-        key = (end, size_at, data[:size_at] + data[size_at + 4 : end])
-        comps = state.frame[2]
-        self._states[key] = (
-            comps,
-            state.progressive,
-            frozenset(state.quant),
-            frozenset(state.huffman),
-            state.restarts,
-            frozenset(state.scanned),
-        )
+        self._states[(end, size_at, data[:size_at] + data[size_at + 4 : end])] = state.copy()
         offsets = self._offsets.get(end, ())
         if size_at not in offsets:  # a new tuple: a reader in another thread keeps its own
             self._offsets[end] = (*offsets, size_at)
@@ -178,14 +159,10 @@ class _HeaderCache:
             known = self._states.get((end, size_at, data[:size_at] + data[size_at + 4 : end]))
             if known is None:
                 continue
-            comps, progressive, quant, huffman, restarts, scanned = known
             height, width = data[size_at] << 8 | data[size_at + 1], data[size_at + 2] << 8 | data[size_at + 3]
+            comps = known.frame[2]
             _check_frame_size(height, width, comps)
-            state = _State()
-            state.frame, state.progressive = (height, width, comps), progressive
-            state.quant, state.huffman, state.restarts = set(quant), set(huffman), restarts
-            state.scanned, state.scans = set(scanned), 1
-            return state, end
+            return known.copy((height, width, comps)), end  # known.scans is 1: the header's SOS
         return None
 
 
@@ -286,12 +263,9 @@ def _layout(height: int, width: int, channels: int) -> JpegLayout:
 
 
 def _first_marker(data: bytes, pos: int) -> int:
-    """Where `_MARKER.search(data, pos)` matches, or -1.
-
-    Found with three vectorised passes over all of `data[pos:]`, ~40% less CPU than the
-    regex's byte-by-byte search over a scan's entropy-coded data (~15 us for 45 KB), but
-    without stopping at the match: only used where the next marker should end the data
-    (at most once per sequential scan), never where markers follow each other closely.
+    """Where `_MARKER.search(data, pos)` matches, or -1: three vectorised passes over all of
+    `data[pos:]`, ~40% less CPU than the regex over a scan's data but without stopping at
+    the match, so used only where the next marker should end the data (once per sequential scan).
     """
     if len(data) - pos < 2:
         return -1
@@ -304,11 +278,8 @@ def _first_marker(data: bytes, pos: int) -> int:
 
 def _frame(body: bytes) -> tuple[int, int, dict[int, tuple[int, int, int]]]:
     """SOF0/1/2: 8-bit samples, 1 or 3 components with sampling libjpeg-turbo supports.
-
-    Returns (height, width, component id -> (h, v, quantisation table)). Sizes vary from
-    file to file, component layouts hardly ever: only the layout is parsed once and cached
-    (`_components`), so its dict is shared by many files and never changed.
-    """
+    Returns (height, width, component id -> (h, v, quantisation table)); the components' dict
+    is cached (`_components`), shared by many files and never changed."""
     if len(body) < 6 or body[0] != 8:
         raise _Unmodelled
     height, width = body[1] << 8 | body[2], body[3] << 8 | body[4]

@@ -1,10 +1,9 @@
 """Ordered parallel map for the per-image work inside one shard.
 
-A shard is written in its planned order by one DoFn call, so Beam alone cannot spread one
-shard over cores. Reading a file and decoding a JPEG both release the GIL (file I/O, and
-Pillow's decoder runs outside it), so a few threads that read and check the next images while
-the DoFn writes the current one keep every core busy, even when a split has a single shard.
-At most `ahead` results are held at a time, so memory stays bounded whatever the shard size.
+A shard is written in its planned order by one DoFn call, so Beam alone cannot spread it over
+cores. Reading and decoding release the GIL, so threads that read and check the next images
+while the DoFn writes the current one keep every core busy. At most `ahead` results are held
+at a time (`Executor.map` would submit every item at once), so memory stays bounded.
 """
 
 from __future__ import annotations

@@ -1,14 +1,11 @@
 """Reading one image file: regular files only, transient errors retried with backoff.
 
-A path that is an archive member's address (`<archive>#<member>@<offset>+<size>`, see
-transforms/listing/archives.py) is read as that range of the archive file, never by extracting it.
-
-Every expected way a read can fail (missing file, broken symlink, FIFO or device,
-permission denied, a GCS 4xx, a transient error that outlived its retries or the file's
-deadline) becomes a ReadError whose message is the reason written to failures.jsonl. A
-store that answers nothing but transient errors for long stops the job
-(transforms/retry.py, StoreUnreachable). gs:// objects and members are read through
-transforms/gcs.py, one request per attempt of the one RetryPolicy. Anything else is a bug and propagates.
+In: a local, gs:// or other Beam filesystem path, or an archive member's address
+(`<archive>#<member>@<offset>+<size>`, listing/members.py), read as that range of the archive.
+Out: its bytes, or a ReadError whose message is the reason written to failures.jsonl (missing
+file, broken symlink, FIFO or device, permission denied, a GCS 4xx, a transient error past
+its retries). A store that answers nothing but transient errors for long stops the job
+(retry.py, StoreUnreachable). Anything else is a bug and propagates.
 """
 
 from __future__ import annotations
@@ -51,18 +48,9 @@ class ReadError(OSError):
     """The file could not be read; the message is the reason (one line)."""
 
 
-def read_local(path: str, check: HeaderCheck | None = None) -> bytes:
-    """Reads a local regular file. FIFOs, devices and directories are refused, never waited on.
-
-    The file is opened non-blocking and checked with fstat on the open descriptor, so a
-    file swapped for a FIFO between listing and reading cannot hang the worker. `check`:
-    see `read_open`.
-    """
-    return read_open(open_local(path), check)
-
-
 def open_local(path: str) -> int:
-    """A non-blocking descriptor of `path` for `read_open`. Raises ReadError (or a transient OSError)."""
+    """A non-blocking descriptor of `path` for `read_open`: a FIFO swapped in after listing is
+    refused by fstat, never waited on. Raises ReadError (or a transient OSError)."""
     try:
         return os.open(path, os.O_RDONLY | os.O_NONBLOCK)
     except FileNotFoundError:
@@ -94,10 +82,8 @@ def read_open(fd: int, check: HeaderCheck | None = None) -> bytes:
             raise ReadError(f"not a regular file ({kind})")
         if check is not None and info.st_size > CHECK_ABOVE:
             check(os.pread(fd, HEADER_BYTES, 0), info.st_size)
-        # O_NONBLOCK does not apply to regular files. One read of the known size + 1: if it
-        # returns exactly the size, that was the end of the file (4 system calls a file
-        # instead of ~11 through a buffered file object: fstat, ioctl, lseek, ...). A file
-        # that grew, or a short read, is read on to its end.
+        # One read of the known size + 1 (4 system calls a file instead of ~11 through a
+        # buffered file object); a file that grew, or a short read, is read on to its end.
         try:
             first = os.read(fd, info.st_size + 1)
             if len(first) == info.st_size:
@@ -163,7 +149,7 @@ def read_bytes(path: str, check: HeaderCheck | None = None) -> bytes:
         if check is not None and address.size > CHECK_ABOVE:
             check(_read_member(dataclasses.replace(address, size=HEADER_BYTES)), address.size)
         return _read_member(address)
-    return read_remote(path, check) if "://" in path else read_local(path, check)
+    return read_remote(path, check) if "://" in path else read_open(open_local(path), check)
 
 
 def _read_member(address: MemberAddress) -> bytes:
@@ -197,12 +183,8 @@ def read_gcs_checked(path: str, check: HeaderCheck) -> bytes:
 
 
 def open_source(path: str) -> BinaryIO:
-    """`path` open for a streaming read: local, any Beam filesystem, or an archive member's
-    bytes as a file.
-
-    A local path is opened non-blocking and must be a regular file, checked on the open
-    descriptor: a FIFO or a device named `*.jpg` is refused at once (ReadError), never
-    waited on or read without end.
+    """`path` open for a streaming read: local (a regular file, as `open_local` checks), any
+    Beam filesystem, or an archive member's bytes as a file.
 
     Raises:
       OSError: the file cannot be opened, or is not a regular file (ReadError).
@@ -250,17 +232,17 @@ CHANGED = "archive changed since it was listed"
 
 
 def read_member_local(address: MemberAddress) -> bytes:
-    """The member's bytes from a local archive (or its copy): one open, one positioned read,
-    which takes the member's own header with its data when the address is pinned.
+    """The member's bytes from a local archive: one positioned read, with the member's own
+    header when the address is pinned.
 
     Raises:
       ReadError (an OSError): the archive is gone, not a regular file, ends before the
         member does, or no longer holds the member's header there (CHANGED).
     """
-    if address.header is None:
-        return _checked(read_range(open_local(address.source), address.offset, address.size), address)
-    data = read_range(open_local(address.source), address.offset - BLOCK, address.size + BLOCK)
-    return _verified(data, address)
+    start = address.offset - (BLOCK if address.header is not None else 0)
+    return _member(
+        read_range(open_local(address.source), start, address.offset + address.size - start), address
+    )
 
 
 def read_member_remote(address: MemberAddress) -> bytes:
@@ -283,19 +265,18 @@ def read_member_remote(address: MemberAddress) -> bytes:
         with FileSystems.open(address.source, compression_type=CompressionTypes.UNCOMPRESSED) as f:
             f.seek(start)
             data = f.read(address.offset + address.size - start)
-    return _checked(data, address) if address.header is None else _verified(data, address)
+    return _member(data, address)
 
 
-def _verified(data: bytes, address: MemberAddress) -> bytes:
-    """The member's bytes out of its header block + its data, if the header is the one listed."""
-    if not header_holds(data[:BLOCK], address):
-        raise ReadError(
-            f"{CHANGED}: the member's header at byte {address.offset - BLOCK} is not the one listed"
-        )
-    return _checked(data[BLOCK:], address)
-
-
-def _checked(data: bytes, address: MemberAddress) -> bytes:
+def _member(data: bytes, address: MemberAddress) -> bytes:
+    """The member's bytes out of those read: its header block if pinned (and the one listed),
+    then all of its data."""
+    if address.header is not None:
+        if not header_holds(data[:BLOCK], address):
+            raise ReadError(
+                f"{CHANGED}: the member's header at byte {address.offset - BLOCK} is not the one listed"
+            )
+        data = data[BLOCK:]
     if len(data) != address.size:
         raise ReadError(
             f"archive truncated: {len(data)} of the member's {address.size} bytes at byte {address.offset}"

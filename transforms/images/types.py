@@ -1,37 +1,20 @@
-"""What the image stage takes and gives: options, check results, errors (pure records).
-
-ImageOptions (the --image_format, --resize, --color, --store ... settings) in; ImageInfo
-(format, height, width, channels as TensorFlow decodes them) and PreparedImage out;
-ImageError, the reason an image fails.
+"""What the image stage takes and gives (pure records): ImageOptions (--image_format, --resize,
+--color, --store ...) in; PreparedImage (bytes and ImageInfo, as TensorFlow decodes them) or
+ImageError (the reason an image fails) out.
 """
 
 from __future__ import annotations
 
 import dataclasses
 
-# Formats whose original bytes TensorFlow's decode_image reads (with the exceptions above).
-TF_FORMATS = ("jpeg", "png", "gif", "bmp", "webp")
-
-
+TF_FORMATS = ("jpeg", "png", "gif", "bmp", "webp")  # what decode_image reads (but see check.py)
 IMAGE_FORMATS = ("keep", "jpeg", "png")
-
-
 RESIZE_MODES = ("pad", "crop", "stretch")
-
-
 COLORS = ("keep", "rgb", "grayscale")
-
-
 STORES = ("encoded", "raw")
-
-
 RAW_FORMAT = "raw"  # `image/format` of records stored with --store raw
-
-
 # Above this many pixels an image is refused before it is decoded (decompression bombs).
 DEFAULT_MAX_PIXELS = 178_956_970  # Pillow's own bomb threshold (2 * 89,478,485).
-
-
 DEFAULT_JPEG_QUALITY = 95
 
 
@@ -66,10 +49,8 @@ class ImageOptions:
       color: 'keep', 'rgb' (3 channels; alpha dropped) or 'grayscale' (1 channel).
       exif_transpose: apply the EXIF orientation (re-encodes rotated images).
       store: 'encoded' or 'raw' (decoded uint8 pixels, row-major HWC).
-      single_frame: store the formats that `decode_image` with its default
-        `expand_animations=True` decodes 4-D (transforms.images.decoding.DECODED_4D_FORMATS: GIF
-        and WebP, animated or not) as their first frame (PNG), for readers that decode so
-        (TFDS, ODAPI).
+      single_frame: store the formats that `decode_image(expand_animations=True)` decodes
+        4-D (decoding.DECODED_4D_FORMATS) as their first frame (PNG), for TFDS and ODAPI.
     """
 
     max_pixels: int = DEFAULT_MAX_PIXELS
@@ -85,11 +66,8 @@ class ImageOptions:
 
     def changes_pixels(self) -> bool:
         """True if records may differ in size from the source files (re-encoding, raw...)."""
-        return bool(self.resize or self.max_side) or (self.store, self.image_format, self.color) != (
-            "encoded",
-            "keep",
-            "keep",
-        )
+        unchanged = ("encoded", "keep", "keep")
+        return bool(self.resize or self.max_side) or (self.store, self.image_format, self.color) != unchanged
 
 
 @dataclasses.dataclass(frozen=True)

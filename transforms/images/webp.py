@@ -1,20 +1,12 @@
 """The RIFF container of a WebP file, and whether TensorFlow's libwebp decodes it as stored.
 
-In: a WebP file's bytes. Out: None when the file is a still image in a container laid out
-as libwebp writes it, else the reason to convert it to PNG (transforms/images/check.py decodes
-it with Pillow, whose libwebp reads more leniently than TensorFlow's decoder).
-
-Pillow decodes WebP through libwebp's demuxer, which tolerates containers that
-TensorFlow 2.21 (`tf.io.decode_image`) refuses or crashes on, measured with
-tools/fuzz_image_check.py --family webp:
-
-- any animation (the VP8X animation flag, an ANIM or ANMF chunk), even of one frame:
-  TensorFlow's decoder corrupts its heap and the process dies;
-- an ALPH chunk that the VP8X flags do not announce (or one beside a VP8L bitstream);
-- a RIFF size or chunk size that does not match the file, a canvas that differs from the
-  bitstream's size, a missing or repeated bitstream.
-
-Only the chunk headers are read (a few dozen bytes): the pixels are Pillow's to check.
+In: a WebP file's bytes. Out: None for a still image in a container laid out as libwebp
+writes it, else the reason to convert it to PNG. Pillow decodes through libwebp's demuxer,
+which tolerates containers TensorFlow 2.21 refuses or crashes on (tools/fuzz_image_check.py
+--family webp): any animation (the VP8X flag, an ANIM or ANMF chunk), even of one frame,
+corrupts TensorFlow's heap; an ALPH chunk the VP8X flags do not announce (or beside VP8L);
+RIFF or chunk sizes that do not match the file, a canvas that differs from the bitstream's
+size, a missing or repeated bitstream. Only chunk headers are read: the pixels are Pillow's.
 """
 
 from __future__ import annotations
@@ -55,10 +47,7 @@ def _bitstream_size(fourcc: bytes, payload: bytes) -> tuple[int, int] | None:
 
 def webp_problem(data: bytes) -> str | None:
     """Why TensorFlow 2.21 may not decode these WebP bytes as stored, or None if it does.
-
-    Conservative: a layout not listed in the module docstring as safe is a reason to
-    convert, since a WebP that TensorFlow refuses would only fail at training time.
-    """
+    Conservative: a layout not known to be safe is converted (else it fails at training)."""
     chunks = _chunks(data)
     if isinstance(chunks, str):
         return f"WebP container off ({chunks})"

@@ -1,9 +1,5 @@
-"""The Beam shells of folder labels, the label map and the class index.
-
-In: FileBatch. Out: RecordBatch of ImageRecord labelled from its folders (.records) and
-Failure (.failed); the singleton LabelMap of --label_map (read on a worker); the singleton
-ClassIndex (a combiner, or the label map: bounded by the number of classes).
-"""
+"""The Beam shells of folder labels (FileBatch -> RecordBatch and Failure), the label map and
+the class index (singletons, bounded by the number of classes)."""
 
 from __future__ import annotations
 
@@ -45,10 +41,7 @@ class LabelFromFoldersFn(beam.DoFn):
                 self._failed.inc()
                 yield pvalue.TaggedOutput(FAILED, Failure(paths[i], str(e), "label"))
                 continue
-            label = one_label.get(name)
-            if label is None:
-                label = one_label[name] = (name,)
-            labels.append(label)
+            labels.append(one_label.setdefault(name, (name,)))
             splits.append(split)
             kept.append(i)
         if len(kept) < len(relpaths):
@@ -82,10 +75,7 @@ class ClassNamesFn(beam.CombineFn):
         return names
 
     def merge_accumulators(self, accumulators: Iterable[set[str]]) -> set[str]:
-        merged: set[str] = set()
-        for names in accumulators:
-            merged |= names
-        return merged
+        return set().union(*accumulators)
 
     def extract_output(self, names: set[str]) -> list[str]:
         return sorted(names)
@@ -93,7 +83,7 @@ class ClassNamesFn(beam.CombineFn):
 
 def split_class_counts(batch: RecordBatch) -> Iterable[tuple[tuple[str, str], int]]:
     """((split, class_key), records) per pair of `batch`: summed by batching.SumPerKeyFn into
-    labels.classes.ClassCounts (bounded by splits x classes)."""
+    {(split, class_key): images} (bounded by splits x classes)."""
     return collections.Counter(zip(batch.splits, batch.class_keys())).items()
 
 
@@ -105,12 +95,10 @@ def _label_map_or_user_error(path: str, offset: int) -> LabelMap:
 
 
 class ReadLabelMap(beam.PTransform):
-    """The --label_map file as a singleton LabelMap, read once on a worker.
-
-    Its names reach the steps that need them (JoinLabels, BuildClassIndex) as a side input,
-    never pickled into a step: the job graph is the same size for ten classes or GLDv2's
-    203,094 (issue 23: 9.5 MB when the map rode in three steps; Dataflow refuses 10 MB).
-    Bounds: one element, the map's names.
+    """The --label_map file as a singleton LabelMap, read once on a worker: its names reach
+    JoinLabels and BuildClassIndex as a side input, never pickled into a step, so the job
+    graph is the same size for ten classes or GLDv2's 203,094 (Dataflow refuses a graph of
+    10 MB). Bounds: one element, the map's names.
     """
 
     def __init__(self, path: str, offset: int = 0):
@@ -127,12 +115,8 @@ class ReadLabelMap(beam.PTransform):
 
 
 class BuildClassIndex(beam.PTransform):
-    """The singleton ClassIndex of every class name that appears in `records` (RecordBatches).
-
-    With `label_map` (ReadLabelMap's singleton) the index is exactly its names in its order,
-    from its first id. `label_type` is passed to class_index_for ('str' unless labels come
-    from a table).
-    """
+    """The singleton ClassIndex of every class name in `records` (RecordBatches), by
+    class_index_for; with `label_map` (ReadLabelMap's singleton), exactly its names and ids."""
 
     def __init__(
         self,

@@ -1,15 +1,8 @@
 """The Beam shells of the labels table: ReadLabels, JoinLabels, WriteOrphans.
 
 In: the table's files, FileBatches of images. Out: labelled RecordBatches, Failures,
-orphan_labels.jsonl (written in sorted parts, then concatenated) and the join's counts.
-Rows and images travel as column batches (LabelRows, KeyedFiles), are sorted by key hash
-and coded where they are parsed and listed (HashedColumns, buckets.py), and cross the
-shuffle as a bucket's parts cut from those by position: never one object per row or image;
-orphan rows leave the join as OrphanLines batches (a bucket's orphans of one chunk of table
-lines). Bounds: each JoinLabels group is one key bucket (~1,000 images and ~1,000 rows, the
-bucket count comes from lifted counts); a HashSortFn holds at most _MAX_HELD items (their
-columns), a BucketPartsFn at most _MAX_HELD coded items; each orphans group is one chunk of
-100,000 table lines (one OrphanLines element per join bucket).
+orphan_labels.jsonl and the join's counts. Rows, images and orphans travel as column
+batches, never one element per row or image. Bounds: see JoinLabels and WriteOrphans.
 """
 
 from __future__ import annotations
@@ -18,7 +11,6 @@ import dataclasses
 import zlib
 from collections.abc import Iterable, Iterator, Mapping
 from itertools import chain
-from operator import itemgetter
 
 import apache_beam as beam
 from apache_beam import pvalue
@@ -30,11 +22,12 @@ from apache_beam.transforms.window import GlobalWindows
 
 from transforms import gcs
 from transforms.batching import CountImagesFn, group_size
-from transforms.failures import FAILED
+from transforms.failures import FAILED, USER_ERROR_MARKER
 from transforms.gcs import literal_or_glob
 from transforms.labels.beam_coders import Listed
-from transforms.labels.buckets import bucket_count, concat_parts, cut_parts, hash_sorted, join_part
 from transforms.labels.join import (
+    bucket_count,
+    bucket_parts,
     join_bucket,
     label_summary,
     orphan_lines,
@@ -49,7 +42,7 @@ from transforms.labels.rows import (
     ORPHANS_FILE,
     STATS,
     UNLABELED_POLICIES,
-    HashedColumns,
+    JoinPart,
     JoinSettings,
     KeyedFiles,
     LabelMap,
@@ -63,8 +56,7 @@ from transforms.records import BATCH_SIZE, FileBatch, RecordBatch
 
 
 class ReadLabelsFn(beam.DoFn):
-    """A matched table file -> its LabelRows in LabelRows batches, parsed as a stream (never
-    loaded whole)."""
+    """A matched table file -> its LabelRows batches, parsed as a stream (never loaded whole)."""
 
     def __init__(self, spec: TableSpec):
         self._spec = spec
@@ -72,30 +64,21 @@ class ReadLabelsFn(beam.DoFn):
         self._invalid = Metrics.counter(self.__class__, "label_rows_invalid")
 
     def process(self, readable: fileio.ReadableFile) -> Iterator[LabelRows]:
-        from transforms.failures import USER_ERROR_MARKER
-
         source = readable.metadata.path
         try:
             check_regular_file(source)
-        except TableError as e:
-            raise ValueError(f"{USER_ERROR_MARKER} {e}") from None
-        with readable.open(mime_type="application/octet-stream") as f:
-            try:
+            with readable.open(mime_type="application/octet-stream") as f:
                 for batch in iter_row_batches(f, self._spec, source):
                     self._rows.inc(len(batch))
                     self._invalid.inc(len(batch) - batch.errors.count(None))
                     yield batch
-            except TableError as e:
-                raise ValueError(f"{USER_ERROR_MARKER} {e}") from None
+        except TableError as e:
+            raise ValueError(f"{USER_ERROR_MARKER} {e}") from None
 
 
 class ReadLabels(beam.PTransform):
-    """Reads the labels table (a file or a glob of files, local or gs://) into LabelRows
-    batches (up to BATCH_SIZE rows of one file, in file order).
-
-    Files are matched and read on the workers, each file as one stream (several files are
-    read in parallel). No reshuffle follows: the join's shuffle redistributes the rows.
-    """
+    """Reads the labels table (a file or a glob, local or gs://; matched and read on the
+    workers, a file a stream) into LabelRows batches (up to BATCH_SIZE rows of one file)."""
 
     def __init__(self, spec: TableSpec):
         super().__init__()
@@ -118,87 +101,45 @@ def key_files(batch: FileBatch, image_key_mode: str) -> KeyedFiles:
     return KeyedFiles(tuple(image_keys(relpaths, image_key_mode)), paths, relpaths, sizes)
 
 
-class HashSortFn(beam.DoFn):
-    """KeyedFiles or LabelRows -> HashedColumns: the bundle's items sorted by key hash and
-    coded (buckets.hash_sorted), a batch per _MAX_HELD items.
+class BucketFn(beam.DoFn):
+    """FileBatch (with `image_key_mode`) or LabelRows -> (bucket, JoinPart): the bundle's
+    items held, then split by key bucket at once (join.bucket_parts: parts stay large when
+    buckets are many), a bucket's items sent in parts of up to BATCH_SIZE. Bounds: it holds
+    at most _MAX_HELD items."""
 
-    It needs no count, so it runs fused with the parse or the listing: the items wait for
-    the join's counts as one coded batch per _MAX_HELD, not as column batches decoded again.
-
-    Bounds: its memory is _MAX_HELD items (their columns); a batch holds at most _MAX_HELD.
-    """
+    def __init__(self, per_bucket: int, image_key_mode: str | None = None):
+        self._per_bucket, self._mode = per_bucket, image_key_mode
 
     def start_bundle(self) -> None:
-        self._columns: list[list] | None = None  # the held batches' columns, concatenated
-        self._held = 0
-        self._rows = False  # the held batches are LabelRows (else KeyedFiles)
+        self._held: list[list] = []  # the held items' columns
+        self._buckets = 1
 
-    def process(self, batch: KeyedFiles | LabelRows) -> Iterator[HashedColumns]:
-        columns = batch.columns()
-        if self._columns is None:
-            self._columns, self._rows = [[] for _ in columns], type(batch) is LabelRows
-        for held, values in zip(self._columns, columns):
+    def process(self, batch: FileBatch | LabelRows, images: int, rows: int) -> Iterator[tuple[int, JoinPart]]:
+        columns = batch.columns() if self._mode is None else key_files(batch, self._mode).columns()
+        self._held = self._held or [[] for _ in columns]
+        for held, values in zip(self._held, columns):
             held.extend(values)
-        self._held += len(batch)
-        if self._held >= _MAX_HELD:
-            yield self._take()
-
-    def finish_bundle(self) -> Iterator:
-        if self._held:
-            yield GlobalWindows.windowed_value(self._take())
-
-    def _take(self) -> HashedColumns:
-        held, self._held = self._columns, 0
-        self._columns = [[] for _ in held]
-        return hash_sorted(held, self._rows)
-
-
-class BucketPartsFn(beam.DoFn):
-    """HashedColumns -> (bucket, part): each batch cut into each bucket's items by position
-    (buckets.cut_parts: a bucket is a range of hashes, so a hash-sorted batch holds each
-    bucket's items together; no item is decoded), a bucket's cuts of the bundle's batches
-    joined into parts of up to BATCH_SIZE (buckets.concat_parts, still coded). So the
-    shuffle moves about one element per BATCH_SIZE items, not one per bucket and batch.
-
-    Bounds: once it holds _MAX_HELD items (coded, a few dozen bytes each; at most one batch
-    more) it sends every part it has; a part holds at most BATCH_SIZE items.
-    """
-
-    def __init__(self, per_bucket: int):
-        self._per_bucket = per_bucket
-
-    def start_bundle(self) -> None:
-        self._pending: dict[int, list[HashedColumns]] = {}  # bucket -> its cuts not yet sent
-        self._counts: dict[int, int] = {}
-        self._held = 0
-
-    def process(self, batch: HashedColumns, images: int, rows: int) -> Iterator[tuple[int, HashedColumns]]:
-        pending, counts = self._pending, self._counts
-        for bucket, cut in cut_parts(batch, bucket_count(images, rows, self._per_bucket), BATCH_SIZE):
-            if counts.get(bucket, 0) + len(cut) > BATCH_SIZE:
-                yield bucket, concat_parts(pending.pop(bucket))
-                self._held -= counts.pop(bucket)
-            pending.setdefault(bucket, []).append(cut)
-            counts[bucket] = counts.get(bucket, 0) + len(cut)
-            self._held += len(cut)
-        if self._held >= _MAX_HELD:
+        self._buckets = bucket_count(images, rows, self._per_bucket)
+        if len(self._held[0]) >= _MAX_HELD:
             yield from self._take()
 
     def finish_bundle(self) -> Iterator:
         for part in self._take():
             yield GlobalWindows.windowed_value(part)
 
-    def _take(self) -> Iterator[tuple[int, HashedColumns]]:
-        pending, self._pending, self._counts, self._held = self._pending, {}, {}, 0
-        for bucket in sorted(pending):
-            yield bucket, concat_parts(pending[bucket])
+    def _take(self) -> Iterator[tuple[int, JoinPart]]:
+        held, self._held = self._held, []
+        side = LabelRows if self._mode is None else KeyedFiles
+        for bucket, columns in bucket_parts(held, self._buckets) if held else ():
+            for start in range(0, len(columns[0]), BATCH_SIZE):
+                items = side(*(column[start : start + BATCH_SIZE] for column in columns))
+                yield bucket, JoinPart(rows=items) if side is LabelRows else JoinPart(files=items)
 
 
 class JoinLabelsFn(beam.DoFn):
-    """(bucket, [HashedColumns]) -> RecordBatches of the labelled images (BATCH_SIZE each, and
-    the bundle's remainder at its end); FAILED, ORPHANS and STATS (summed over the bucket)
-    as tagged outputs, and LISTED: each RecordBatch and Failure again. The --label_map, if
-    any, comes as the side input `label_map` (not in the pickled settings)."""
+    """(bucket, [JoinPart]) -> RecordBatches of the bucket's labelled images; FAILED, ORPHANS,
+    STATS and LISTED (each RecordBatch and Failure again) as tagged outputs; --label_map as
+    the side input `label_map`."""
 
     def __init__(self, settings: JoinSettings, step: str = "GroupByBucket"):
         self._settings = settings
@@ -207,14 +148,8 @@ class JoinLabelsFn(beam.DoFn):
         self._failed = Metrics.counter(self.__class__, "images_without_label")
         self._orphans = Metrics.counter(self.__class__, "orphan_label_rows")
 
-    def start_bundle(self) -> None:
-        self._pending: list[list] = [[] for _ in range(6)]  # record columns not yet sent
-
-    def process(
-        self, element: tuple[int, Iterable[HashedColumns]], label_map: LabelMap | None = None
-    ) -> Iterator:
-        _, coded = element
-        parts = list(map(join_part, coded))
+    def process(self, element: tuple[int, Iterable[JoinPart]], label_map: LabelMap | None = None) -> Iterator:
+        parts = list(element[1])
         self._sizes.update(sum(map(len, parts)))
         settings = (
             self._settings if label_map is None else dataclasses.replace(self._settings, label_map=label_map)
@@ -224,17 +159,10 @@ class JoinLabelsFn(beam.DoFn):
         self._labeled.inc(labeled)
         self._failed.inc(len(result.failures))
         self._orphans.inc(len(result.orphans))
-        pending = self._pending
-        for column, values in zip(pending, result.columns):
-            column.extend(values)
-        if len(pending[0]) >= BATCH_SIZE:
-            done = len(pending[0]) // BATCH_SIZE * BATCH_SIZE
-            for start in range(0, done, BATCH_SIZE):
-                batch = RecordBatch.from_columns(*(tuple(c[start : start + BATCH_SIZE]) for c in pending))
-                yield batch
-                yield pvalue.TaggedOutput(LISTED, batch)
-            for column in pending:
-                del column[:done]
+        for start in range(0, labeled, BATCH_SIZE):
+            batch = RecordBatch.from_columns(*(tuple(c[start : start + BATCH_SIZE]) for c in result.columns))
+            yield batch
+            yield pvalue.TaggedOutput(LISTED, batch)
         for failure in result.failures:
             yield pvalue.TaggedOutput(FAILED, failure)
             yield pvalue.TaggedOutput(LISTED, failure)
@@ -243,26 +171,12 @@ class JoinLabelsFn(beam.DoFn):
         for item in result.stats.items():
             yield pvalue.TaggedOutput(STATS, item)
 
-    def finish_bundle(self) -> Iterator:
-        if self._pending[0]:
-            batch = RecordBatch.from_columns(*map(tuple, self._pending))
-            yield GlobalWindows.windowed_value(batch)
-            yield pvalue.TaggedOutput(LISTED, GlobalWindows.windowed_value(batch))
-
 
 @dataclasses.dataclass
 class JoinedLabels:
-    """The outputs of JoinLabels.
-
-    Attributes:
-      records: labelled ImageRecords, in RecordBatches.
-      failed: Failures of images without a usable label.
-      listed: every image taken into the conversion (all but those skipped as unlabeled):
-        the RecordBatches and the Failures (count them with batching.CountImagesFn).
-      orphans: OrphanLines (the orphan rows as orphan_labels.jsonl lines, a batch per bucket
-        and chunk of table lines).
-      stats: (count name, n) pairs, summed into summary.json's "labels" section.
-    """
+    """The outputs of JoinLabels: `records` (RecordBatches), `failed` (Failures), `listed`
+    (both again: every image but those skipped as unlabeled, for batching.CountImagesFn),
+    `orphans` (OrphanLines) and `stats` ((count name, n) pairs for summary.json)."""
 
     records: beam.PCollection
     failed: beam.PCollection
@@ -274,16 +188,14 @@ class JoinedLabels:
 class JoinLabels(beam.PTransform):
     """Joins listed images with table rows by image key (any table size).
 
-    Images and rows are sorted by the hash of their key where they are listed and parsed,
-    then shuffled in coded column parts by bucket (the range of the 32-bit hash, out of a
-    count that grows with the data: `per_bucket` images or rows a bucket, from counts taken
-    meanwhile), and each bucket is joined on its columns (join_bucket).
-
+    Images and rows are shuffled in column parts by key bucket (`per_bucket` images or rows a
+    bucket, from counts taken meanwhile), each bucket joined on its columns (join_bucket).
     `label_map` (ReadLabelMap's singleton, for --label_map) is a side input of the join.
 
-    Bounds: a GroupByBucket group holds one bucket's images and rows (~`per_bucket` of each
-    when keys are spread; all of a key's rows and images are in its bucket, so one key with
-    a million rows makes a group of a million). The side inputs are two counts (singletons)
+    Bounds: a GroupByBucket group holds one bucket's images and rows (~`per_bucket` of each,
+    10,000 so that a BucketFn's flush of _MAX_HELD makes parts of ~1,000, when keys are
+    spread; all of a key's rows and images are in its bucket, so one key with a million rows
+    makes a group of a million). The side inputs are two counts (singletons)
     and the label map (its class names).
     """
 
@@ -291,7 +203,7 @@ class JoinLabels(beam.PTransform):
         self,
         image_key_mode: str = "stem",
         settings: JoinSettings = JoinSettings(),
-        per_bucket: int = BATCH_SIZE,
+        per_bucket: int = 10 * BATCH_SIZE,
         label_map: beam.PCollection[LabelMap] | None = None,
     ):
         super().__init__()
@@ -318,65 +230,40 @@ class JoinLabels(beam.PTransform):
             | "CountRows" >> beam.CombineGlobally(sum).without_defaults(),
             default_value=0,
         )
-        # The images' keys are computed where they are listed, and images and rows are
-        # sorted by key hash and coded there (fused with the listing and the parse): they wait
-        # for the counts as a few coded batches, then are cut into parts by bucket.
-        # Both sides have the one element type (int, HashedColumns), coded by
-        # HashedColumnsCoder: the Flatten before the GroupByKey needs one coder on both inputs.
-        keyed_images = (
-            files
-            | "KeyImages" >> beam.Map(key_files, mode).with_output_types(KeyedFiles)
-            | "SortImages" >> beam.ParDo(HashSortFn()).with_output_types(HashedColumns)
-            | "BucketImages"
-            >> beam.ParDo(BucketPartsFn(per_bucket), images, table).with_output_types(
-                tuple[int, HashedColumns]
-            )
-        )
-        keyed_rows = (
-            rows
-            | "SortRows" >> beam.ParDo(HashSortFn()).with_output_types(HashedColumns)
-            | "BucketRows"
-            >> beam.ParDo(BucketPartsFn(per_bucket), images, table).with_output_types(
-                tuple[int, HashedColumns]
-            )
+        # Both sides have the one element type (bucket, JoinPart): the Flatten before the
+        # GroupByKey needs one coder on both inputs (JoinPartCoder).
+        keyed_images = files | "BucketImages" >> beam.ParDo(
+            BucketFn(per_bucket, mode), images, table
+        ).with_output_types(tuple[int, JoinPart])
+        keyed_rows = rows | "BucketRows" >> beam.ParDo(BucketFn(per_bucket), images, table).with_output_types(
+            tuple[int, JoinPart]
         )
         side = {} if self._label_map is None else {"label_map": pvalue.AsSingleton(self._label_map)}
         joined = (
             (keyed_images, keyed_rows)
             | "Parts" >> beam.Flatten()
-            | "GroupByBucket" >> beam.GroupByKey()  # (bucket, [HashedColumns])
+            | "GroupByBucket" >> beam.GroupByKey()  # (bucket, [JoinPart])
             | "Join"
             >> beam.ParDo(JoinLabelsFn(self._settings, f"{self.label}/GroupByBucket"), **side)
             .with_output_types(RecordBatch)
             .with_outputs(FAILED, ORPHANS, STATS, LISTED, main="records")
         )
         joined[ORPHANS].element_type = OrphanLines  # coded by OrphanLinesCoder, not pickled
-        # The records and failures again, as one output of the join (not a Flatten of the two,
-        # which the local runner materializes: every record coded and decoded once more).
-        # Coded by ListedCoder where it is materialized (a RecordBatch as tuples, not pickled).
-        listed = joined[LISTED]
-        listed.element_type = Listed
-        return JoinedLabels(
-            records=joined.records,
-            failed=joined[FAILED],
-            listed=listed,
-            orphans=joined[ORPHANS],
-            stats=joined[STATS],
-        )
+        # The records and failures again, as one output of the join (a Flatten of the two
+        # would be materialized by the local runner), coded by ListedCoder.
+        joined[LISTED].element_type = Listed
+        return JoinedLabels(joined.records, joined[FAILED], joined[LISTED], joined[ORPHANS], joined[STATS])
 
 
 class WriteOrphans(beam.PTransform):
     """Writes orphan rows to <output_dir>/orphan_labels.jsonl; returns the summary section.
 
-    Never one list of all orphans: they come in OrphanLines (a bucket's orphans of one chunk)
-    and are grouped by the chunk of table lines where their key's first row is (a file and
-    join._ORPHAN_CHUNK_LINES of its lines: a group holds at most the orphan rows of the keys
-    first seen there, in at most one element per join bucket), each group is sorted and written as a
-    part, and one step appends the parts, in order, into the file (streamed, a block at a
-    time; its side input is one path per chunk). The order is orphan_order's on every runner.
-
-    The returned singleton ({"labels": {...}}) is produced after the file is written, so
-    the metadata step that consumes it (summary.json is written last) waits for it.
+    Never one list of all orphans: OrphanLines are grouped by the chunk of table lines where
+    their key's first row is (join._ORPHAN_CHUNK_LINES of a file's lines: a group holds the
+    orphan rows of the keys first seen there, in at most one element per join bucket), each
+    group sorted (OrphanRow.order) and written as a part; one step appends the parts in order
+    (streamed; its side input is one path per chunk). The returned singleton
+    ({"labels": {...}}) comes after the file is written, so summary.json waits for it.
     """
 
     def __init__(self, output_dir: str, spec: TableSpec, settings: JoinSettings):
@@ -407,14 +294,11 @@ class WriteOrphans(beam.PTransform):
         )
 
 
-_FIRST = itemgetter(0)
-
-
 def write_orphan_part(chunk: tuple[str, int], lines: Iterable[tuple[tuple, str]], path: str) -> tuple:
     """Writes one chunk's orphan lines, sorted, beside `path`; returns (chunk, part path)."""
     digest = zlib.crc32(repr(chunk).encode("utf-8", "surrogateescape"))
     part = f"{path}.part-{digest:08x}-{chunk[1]:06d}"
-    text = "".join(line + "\n" for _, line in sorted(lines, key=_FIRST))  # orders are unique
+    text = "".join(line + "\n" for _, line in sorted(lines))  # by order (unique)
     with FileSystems.create(part) as f:
         f.write(text.encode("utf-8"))
     return chunk, part

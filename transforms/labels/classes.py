@@ -10,15 +10,6 @@ from collections.abc import Iterable
 
 from transforms.records import ClassIndex
 
-
-def _sorted_names(names: Iterable[str]) -> list[str]:
-    return sorted(set(names))
-
-
-# Images per (split, class_key).
-ClassCounts = dict[tuple[str, str], int]
-
-
 # Integer labels make labels.txt list every id up to the largest: refuse absurd ranges.
 MAX_INTEGER_CLASSES = 1_000_000
 
@@ -30,11 +21,9 @@ def class_index_for(names: Iterable[str], offset: int = 0, label_type: str = "st
     integer used as its own id; `names` of the index then run from min(offset, smallest id)
     to the largest id, so labels.txt line i is still the class of id i + offset. 'auto' is
     'int' when every name is a canonical integer ('0', '17', not '007'), else 'str'.
-
-    Raises:
-      ValueError: 'int' with a non-integer name, or ids beyond MAX_INTEGER_CLASSES.
+    ValueError: 'int' with a non-integer name, or ids beyond MAX_INTEGER_CLASSES.
     """
-    names = _sorted_names(names)
+    names = sorted(set(names))
     as_int = label_type == "int" or (
         label_type == "auto"
         and bool(names)

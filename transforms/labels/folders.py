@@ -1,9 +1,5 @@
-"""Labels from folder names (pure): one notion of a class folder and a class name.
-
-In: an image's path relative to the input. Out: its (split, class) from the folders above it,
-or why it has none. Class names (folders or table labels) holding a line break or another
-control character are refused here, for every source of labels.
-"""
+"""Labels from folder names (pure): an image's relpath -> its (split, class) from the folders
+above it, or why it has none; and the one rule of a class name, for every source of labels."""
 
 from __future__ import annotations
 
@@ -13,11 +9,7 @@ DEFAULT_SPLIT = "train"
 
 
 def folder_label(relpath: str, split_from_folders: bool) -> tuple[str, str]:
-    """Returns (split, class name) read from the folders of `relpath`.
-
-    Raises:
-      ValueError: the file is not inside a class folder.
-    """
+    """(split, class name) read from the folders of `relpath` (ValueError: not in a class folder)."""
     parts = relpath.split("/")
     depth = 3 if split_from_folders else 2
     if len(parts) < depth:
@@ -36,12 +28,9 @@ _NOT_IN_NAMES = frozenset([*map(chr, range(32)), *map(chr, range(127, 160)), "\u
 
 
 def class_name_problem(name: str) -> str | None:
-    """Why `name` cannot be a class (or split) name, or None if it can.
-
-    Class names go into labels.txt (one a line), summary.json, the TFDS metadata and the
-    records: they must be UTF-8 text without line breaks or other control characters. The
-    one rule for folder names and for labels read from a table.
-    """
+    """Why `name` cannot be a class (or split) name, or None: class names go into labels.txt
+    (one a line), summary.json, the TFDS metadata and the records, so they must be UTF-8 text
+    without line breaks or other control characters."""
     try:
         name.encode("utf-8")
     except UnicodeEncodeError:
@@ -53,11 +42,7 @@ def class_name_problem(name: str) -> str | None:
 
 @functools.lru_cache(maxsize=4096)  # a folder name is checked once, not once per image in it
 def check_folder_name(name: str) -> None:
-    """A class or split folder name must be a valid class name (class_name_problem).
-
-    Raises:
-      ValueError: undecodable bytes or a control character such as a line break.
-    """
+    """ValueError unless a class or split folder name is a valid class name."""
     problem = class_name_problem(name)
     if problem:
         raise ValueError(f"folder name {name!r} {problem}")

@@ -1,14 +1,19 @@
-"""The labels join's policy, key by key (pure).
+"""The labels join's buckets and its policy, key by key (pure).
 
-In: the images and table rows of one key bucket. Out: labelled ImageRecords, Failures,
-orphan rows and counts, under the --unlabeled and --duplicate_keys policies.
+A key's bucket is the range its hash falls in, `crc32(key) * buckets >> 32` (as TFDS assigns
+shards from hashed keys), out of a count that grows with the data (bucket_count). In: the
+images and table rows of one bucket. Out: labelled ImageRecords, Failures, orphan rows and
+counts, under the --unlabeled and --duplicate_keys policies.
 """
 
 from __future__ import annotations
 
-import collections
 import dataclasses
-from collections.abc import Iterable, Mapping, Sequence
+import zlib
+from collections.abc import Iterable, Iterator, Mapping, Sequence
+from operator import itemgetter, methodcaller
+
+import numpy as np
 
 from transforms.failures import Failure
 from transforms.labels.folders import DEFAULT_SPLIT
@@ -24,17 +29,15 @@ from transforms.labels.rows import (
     TableSpec,
     _new_row,
 )
-from transforms.labels.table import _CACHE_SIZE
-from transforms.records import ImageFile, ImageRecord
+from transforms.records import BATCH_SIZE, ImageFile, ImageRecord
+
+_KEY_BYTES = methodcaller("encode", "utf-8", "surrogateescape")  # a key as hashed
 
 
 @dataclasses.dataclass
 class JoinResult:
-    """Everything the keys of a join produce.
-
-    The labelled records are kept as six columns (path, relpath, size, labels, split, extras:
-    RecordBatch.from_columns takes them), not as one object each.
-    """
+    """Everything the keys of a join produce; the labelled records as the six columns
+    RecordBatch.from_columns takes (path, relpath, size, labels, split, extras)."""
 
     columns: tuple[list, ...] = dataclasses.field(default_factory=lambda: tuple([] for _ in range(6)))
     failures: list[Failure] = dataclasses.field(default_factory=list)
@@ -52,23 +55,14 @@ class JoinResult:
 
     @property
     def records(self) -> list[ImageRecord]:
-        """The labelled records as ImageRecords (for tests; the join emits the columns)."""
+        """The labelled records as ImageRecords (for tests)."""
         return list(map(ImageRecord, *self.columns))
-
-    def merge(self, other: JoinResult) -> None:
-        """Adds what `other` produced to this result."""
-        for mine, theirs in zip(self.columns, other.columns):
-            mine.extend(theirs)
-        self.failures += other.failures
-        self.orphans += other.orphans
-        for name, n in other.stats.items():
-            self.count(name, n)
 
 
 def _check_labels(labels: tuple[str, ...], settings: JoinSettings) -> tuple[tuple[str, ...], str | None]:
     """Labels canonicalized for --label_type int, or the reason they are not acceptable."""
     if settings.label_map is not None:
-        lookup, out = settings.label_map.lookup(), []
+        lookup, out = settings.label_map.lookup, []
         for name in labels:
             found = lookup.get(name)
             if found is None and name.isascii() and name.isdigit():
@@ -88,12 +82,8 @@ def _check_labels(labels: tuple[str, ...], settings: JoinSettings) -> tuple[tupl
 
 
 def resolve_rows(rows: list[LabelRow], policy: str) -> tuple[LabelRow | None, str | None, bool]:
-    """Merges the usable rows of one key into one.
-
-    Returns:
-      (row, problem, conflict): the merged row (None if the key fails), the failure reason,
-      and whether the rows disagreed.
-    """
+    """The usable rows of one key merged: (the row or None if the key fails, the failure
+    reason, whether the rows disagreed)."""
     if len(rows) == 1:  # the usual case, answered without sorting
         return rows[0], None, False
     rows = sorted(rows, key=lambda r: (r.source, r.line))
@@ -130,12 +120,9 @@ def join_key(
     settings: JoinSettings,
     into: JoinResult | None = None,
 ) -> JoinResult:
-    """Joins the images and table rows that share one key.
-
-    Every image ends up as a record, a failure, or (with --unlabeled skip) a counted skip;
-    every row either labels an image or is an orphan. The outcome is added to `into` (the
-    result of several keys) if given, else to a new JoinResult; either is returned.
-    """
+    """Joins the images and table rows of one key, into `into` (or a new JoinResult): every
+    image ends up a record, a failure or a counted skip; every row labels an image or is an
+    orphan."""
     images = sorted(images, key=lambda f: f.path)
     rows = list(rows)
     out = JoinResult() if into is None else into
@@ -207,6 +194,30 @@ def join_key(
     return out
 
 
+def bucket_count(images: int, rows: int, per_bucket: int = BATCH_SIZE) -> int:
+    """Buckets of the join: enough that each holds about `per_bucket` images or rows."""
+    return max(1, -(-max(images, rows) // per_bucket))
+
+
+def bucket_parts(columns: Sequence[Sequence], buckets: int) -> Iterator[tuple[int, tuple[tuple, ...]]]:
+    """(bucket, its items as columns) of the items given as columns (keys first), in bucket
+    order, items in their order: one crc32 a key, one stable sort, each column gathered once."""
+    n = len(columns[0])
+    if buckets == 1 or n == 1:
+        if n:
+            yield zlib.crc32(_KEY_BYTES(columns[0][0])) * buckets >> 32, tuple(map(tuple, columns))
+        return
+    hashes = np.fromiter(map(zlib.crc32, map(_KEY_BYTES, columns[0])), dtype=np.uint64, count=n)
+    of = (hashes * np.uint64(buckets)) >> np.uint64(32)
+    order = np.argsort(of, kind="stable")
+    of = of[order]
+    gather = itemgetter(*order.tolist())
+    gathered = [gather(column) for column in columns]
+    bounds = [0, *(np.flatnonzero(np.diff(of)) + 1).tolist(), n]
+    for start, end in zip(bounds, bounds[1:]):
+        yield int(of[start]), tuple(column[start:end] for column in gathered)
+
+
 def take(columns: Iterable[Sequence], indices: Sequence[int]) -> tuple[tuple, ...]:
     """The values at `indices` of each column."""
     return tuple(tuple(map(column.__getitem__, indices)) for column in columns)
@@ -215,60 +226,39 @@ def take(columns: Iterable[Sequence], indices: Sequence[int]) -> tuple[tuple, ..
 def join_bucket(parts: Iterable[JoinPart], settings: JoinSettings) -> JoinResult:
     """Joins one bucket: its images and rows matched by key, column by column.
 
-    The usual key (one image, one usable row) is joined for all such keys at once: a dict
-    from key to position on each side, the columns taken at those positions, the labels
-    checked once per distinct label tuple. Every other key (several rows or images, no
-    image, no row, a bad row, a label or split that fails) is joined by `join_key`, which
-    gives the same outcome for the usual key too. Labelled records come in key order, the
-    usual keys' first. The result is the same whatever the bucket count (each key is
-    joined whole, alone).
+    The usual keys (one image, one usable row) are joined all at once: the columns taken at
+    each key's positions, the labels checked once per distinct tuple. Every other key goes
+    to `join_key`, which gives the same outcome for a usual key too. Records come in key
+    order, the usual keys' first; the result is the same whatever the bucket count.
     """
     files, rows = _gather(parts)
-    file_keys, row_keys = files[0], rows[0]
-    images = dict(zip(file_keys, range(len(file_keys))))
-    table = dict(zip(row_keys, range(len(row_keys))))
-    several = _repeated(file_keys, images) | _repeated(row_keys, table)
+    (images, file_groups), (table, row_groups) = _positions(files[0]), _positions(rows[0])
+    several = file_groups.keys() | row_groups.keys()
     usual = images.keys() & table.keys()
     usual.difference_update(several)
     keys = sorted(usual)
     at_image, at_row = [images[k] for k in keys], [table[k] for k in keys]
     out = JoinResult()
-    fine = _usual_outcome(files, rows, at_image, at_row, settings)
-    if fine is not None:
-        ok, labels, splits = fine
-        if ok is not None:  # keys whose row or split fails go the general way
-            usual.difference_update(k for k, good in zip(keys, ok) if not good)
-            keep = [i for i, good in enumerate(ok) if good]
-            at_image, at_row = [at_image[i] for i in keep], [at_row[i] for i in keep]
-            labels, splits = [labels[i] for i in keep], [splits[i] for i in keep]
-        _, paths, relpaths, sizes = files
-        for column, values in zip(
-            out.columns,
-            (*take((paths, relpaths, sizes), at_image), labels, splits, take((rows[3],), at_row)[0]),
-        ):
-            column.extend(values)
-        out.count("rows", len(at_image))
-        out.count("matched_rows", len(at_image))
-    else:
-        usual.clear()
-    rest = (images.keys() | table.keys()) - usual
-    file_groups, row_groups = _groups(file_keys, several), _groups(row_keys, several)
-    for key in sorted(rest):
+    ok, labels, splits = _usual_outcome(files, rows, at_image, at_row, settings)
+    if ok is not None:  # keys whose row or split fails go the general way
+        usual.difference_update(k for k, good in zip(keys, ok) if not good)
+        keep = [i for i, good in enumerate(ok) if good]
+        at_image, at_row = [at_image[i] for i in keep], [at_row[i] for i in keep]
+        labels, splits = [labels[i] for i in keep], [splits[i] for i in keep]
+    _, paths, relpaths, sizes = files
+    for column, values in zip(
+        out.columns,
+        (*take((paths, relpaths, sizes), at_image), labels, splits, take((rows[3],), at_row)[0]),
+    ):
+        column.extend(values)
+    out.count("rows", len(at_image))
+    out.count("matched_rows", len(at_image))
+    for key in sorted((images.keys() | table.keys()) - usual):
         file_at = file_groups.get(key) or ([images[key]] if key in images else [])
         row_at = row_groups.get(key) or ([table[key]] if key in table else [])
-        if not file_at and len(row_at) == 1:  # a lone orphan row, as join_key reports it
-            source, line, error = rows[4][row_at[0]], rows[5][row_at[0]], rows[6][row_at[0]]
-            out.orphans.append(OrphanRow(key, source, line, error or _NO_IMAGE, (source, line)))
-            out.count("rows")
-            out.count("orphan_rows")
-            out.count("invalid_rows", error is not None)
-            continue
         found = [ImageFile(files[1][i], files[2][i], files[3][i]) for i in file_at]
         join_key(key, found, [_new_row(tuple(c[i] for c in rows)) for i in row_at], settings, into=out)
     return out
-
-
-_NO_IMAGE = "no image with this key"
 
 
 def _gather(parts: Iterable[JoinPart]) -> tuple[list[list], list[list]]:
@@ -284,46 +274,32 @@ def _gather(parts: Iterable[JoinPart]) -> tuple[list[list], list[list]]:
     return files, rows
 
 
-def _repeated(keys: list[str], first: dict[str, int]) -> set[str]:
-    """The keys that occur more than once (`first` maps each key to a position)."""
-    if len(first) == len(keys):
-        return set()
-    counts = collections.Counter(keys)
-    return {k for k, n in counts.items() if n > 1}
-
-
-def _groups(keys: list[str], several: set[str]) -> dict[str, list[int]]:
-    """The positions of each key of `several` among `keys`."""
+def _positions(keys: list[str]) -> tuple[dict[str, int], dict[str, list[int]]]:
+    """A position of each key, and the positions of each key that occurs more than once."""
+    at = dict(zip(keys, range(len(keys))))
     groups: dict[str, list[int]] = {}
-    if several:
+    if len(at) < len(keys):
         for i, key in enumerate(keys):
-            if key in several:
-                groups.setdefault(key, []).append(i)
-    return groups
+            groups.setdefault(key, []).append(i)
+        groups = {key: found for key, found in groups.items() if len(found) > 1}
+    return at, groups
 
 
 def _usual_outcome(
     files: list[list], rows: list[list], at_image: list[int], at_row: list[int], settings: JoinSettings
-) -> tuple[list[bool] | None, list, list] | None:
+) -> tuple[list[bool] | None, list, list]:
     """For the usual keys (image at_image[i], row at_row[i]): (ok, labels, splits), the
     checked labels and the split of each, `ok` None when every key is fine, else whether
-    each is; None when there is no usual key."""
-    if not at_image:
-        return None
+    each is."""
     errors, labels, splits = map(list, take((rows[6], rows[1], rows[2]), at_row))
-    checked = _LabelCheck(settings)
-    answers = {t: checked(t) for t in set(labels)}
+    answers = {t: _check_labels(t, settings) for t in set(labels)}  # a bucket has few distinct
     ok: list[bool] | None = None
     if errors.count(None) != len(errors) or () in answers or any(a[1] for a in answers.values()):
         ok = [e is None and bool(t) and answers[t][1] is None for e, t in zip(errors, labels)]
     if any(answers[t][0] is not t for t in answers):
         labels = [answers[t][0] for t in labels]
     if None in splits and not settings.split_from_folders:  # _split_of without a row's split
-        splits = (
-            [DEFAULT_SPLIT] * len(splits)
-            if splits.count(None) == len(splits)
-            else [DEFAULT_SPLIT if split is None else split for split in splits]
-        )
+        splits = [DEFAULT_SPLIT if split is None else split for split in splits]
     elif None in splits:
         relpaths = files[2]
         resolved = []
@@ -339,51 +315,17 @@ def _usual_outcome(
     return ok, labels, splits
 
 
-class _LabelCheck:
-    """_check_labels with its answer kept per distinct label tuple (a table has few)."""
-
-    def __init__(self, settings: JoinSettings):
-        self._settings = settings
-        self._answers: dict[tuple[str, ...], tuple[tuple[str, ...], str | None]] = {}
-
-    def __call__(self, labels: tuple[str, ...]) -> tuple[tuple[str, ...], str | None]:
-        answer = self._answers.get(labels)
-        if answer is None:
-            if len(self._answers) >= _CACHE_SIZE:
-                self._answers.clear()
-            answer = self._answers[labels] = _check_labels(labels, self._settings)
-        return answer
-
-
-def orphan_order(orphans: Iterable[OrphanRow]) -> list[OrphanRow]:
-    """Orphans in a stable order: keys by their first row, a key's rows together in file order.
-
-    The order the per-key join gave on the local runner before the join was bucketed; now
-    the same on every runner.
-    """
-    orphans = sorted(orphans, key=lambda o: (o.source, o.line, o.key, o.reason))
-    first: dict[str, int] = {}
-    for i, o in enumerate(orphans):
-        first.setdefault(o.key, i)
-    return sorted(orphans, key=lambda o: first[o.key])
-
-
 # Table lines per orphan part (bounds a WriteOrphans group and the file's parts per file).
 _ORPHAN_CHUNK_LINES = 100_000
 
 
-def orphan_chunk(orphan: OrphanRow) -> tuple[str, int]:
-    """The part of orphan_labels.jsonl an orphan row is written in: its key's first row's
-    file and chunk of _ORPHAN_CHUNK_LINES lines."""
-    source, line = orphan.order()[0]
-    return source, line // _ORPHAN_CHUNK_LINES
-
-
 def orphan_lines(orphans: Iterable[OrphanRow]) -> list[OrphanLines]:
-    """The orphans as OrphanLines, one per chunk they fall in (chunks in first-seen order)."""
+    """The orphans as OrphanLines, one per chunk they fall in (their key's first row's file
+    and chunk of _ORPHAN_CHUNK_LINES lines; chunks in first-seen order)."""
     chunks: dict[tuple[str, int], list[tuple[tuple, str]]] = {}
     for o in orphans:
-        chunks.setdefault(orphan_chunk(o), []).append((o.order(), o.to_json()))
+        order = o.order()
+        chunks.setdefault((order[0][0], order[0][1] // _ORPHAN_CHUNK_LINES), []).append((order, o.to_json()))
     return [OrphanLines(chunk, tuple(lines)) for chunk, lines in chunks.items()]
 
 

@@ -1,12 +1,7 @@
-"""Label maps (pure): class names in id order, or an id,name table such as GLDv2's category CSV.
-
-In: the file named by --label_map. Out: LabelMap (names by id, the first id).
-
-Lines are split at "\\n" (a "\\r\\n" ending is stripped with the name's spaces) and nowhere
-else, as TFDS reads a `names_file`: `str.splitlines` would also break at U+0085, U+2028,
-U+001C and the like inside a name and shift every later id by one. A name that still holds
-such a character (or any control character) is refused with its line number.
-"""
+"""Label maps (pure): the --label_map file (names in id order, or an id,name table) as a
+LabelMap. Lines split at "\\n" only, as TFDS reads a `names_file` (`str.splitlines` would also
+break inside a name at U+0085, U+2028..., shifting every later id); a name holding a control
+character is refused with its line number."""
 
 from __future__ import annotations
 
@@ -24,16 +19,12 @@ def load_label_map(path: str, offset: int = 0) -> LabelMap:
 
     - A names file (any name but .csv/.tsv): one class name a line, in id order from
       `offset` (blank lines ignored), as TFDS's `ClassLabel(names_file=...)` reads it.
-    - A table (.csv or .tsv, optionally compressed): two columns, an integer id and a name,
-      in either order, with or without a header row: e.g. GLDv2's
-      `train_label_to_category.csv` (`landmark_id,category`) or Dacon's `category.csv`.
-      The ids must run without gaps (from any first id, which becomes the label offset).
+    - A table (.csv or .tsv, optionally compressed): an integer id and a name, in either
+      order, with or without a header (GLDv2's `train_label_to_category.csv`); the ids run
+      without gaps from any first id, which becomes the label offset.
 
-    Either way a table label may be a class name or an integer id of the map.
-
-    Raises:
-      ValueError: unreadable, empty, not UTF-8, a name or id listed twice, a name that
-        cannot be a class name (named by its line), or a table that is not id,name pairs.
+    Raises ValueError: unreadable, empty, not UTF-8, a name or id listed twice, a name that
+    cannot be a class name (named by its line), or a table that is not id,name pairs.
     """
     try:
         with gcs.open_read(path) as f:

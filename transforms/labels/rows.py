@@ -1,8 +1,5 @@
-"""The labels table's records: the table's spec, its rows, join parts, orphans, label maps and join settings (pure).
-
-What flows between parsing (table.py), the join policy (join.py) and the Beam shells
-(beam_table.py), and the names of the flags' choices.
-"""
+"""The labels table's records (pure): its spec, rows, join parts, orphans, label maps, join
+settings, and the names of the flags' choices."""
 
 from __future__ import annotations
 
@@ -16,44 +13,18 @@ from typing import NamedTuple
 from transforms.records import BATCH_SIZE, ImageFile
 
 FORMATS = ("csv", "tsv", "jsonl")
-
-
 _FORMAT_OF_SUFFIX = {".csv": "csv", ".tsv": "tsv", ".tab": "tsv", ".jsonl": "jsonl", ".ndjson": "jsonl"}
-
-
 _COMPRESSED_SUFFIXES = (".gz", ".bz2", ".zst", ".deflate")
-
-
 IMAGE_KEYS = ("stem", "name", "relpath")
-
-
 UNLABELED_POLICIES = ("fail", "skip", "keep")
-
-
 DUPLICATE_POLICIES = ("fail", "first", "union")
-
-
 LABEL_TYPES = ("auto", "int", "str")
-
-
 EXTRA_TYPES = ("int", "float", "str")
-
-
 ORPHANS_FILE = "orphan_labels.jsonl"
-
-
 STAGE = "label"
 
-
 # Tagged outputs of JoinLabelsFn (FAILED comes from transforms.failures).
-ORPHANS = "orphans"
-
-
-STATS = "stats"
-
-
-LISTED = "listed"
-
+ORPHANS, STATS, LISTED = "orphans", "stats", "listed"
 
 # Counts reported under "labels" in summary.json (always present, 0 when nothing happened).
 STAT_NAMES = (
@@ -69,16 +40,9 @@ STAT_NAMES = (
     "unlabeled_kept",
 )
 
-
-# Items a HashSortFn (as columns) or a BucketPartsFn (coded) holds at most before it sends
-# them (bounds their memory).
+# Items a BucketFn holds at most before it sends them (bounds its memory).
 _MAX_HELD = 100 * BATCH_SIZE
-
-
 _SPLIT_NAME = re.compile(r"\w[\w.-]*")
-
-
-_CANONICAL_INT = re.compile(r"0|[1-9][0-9]*")
 
 
 class TableError(ValueError):
@@ -87,16 +51,9 @@ class TableError(ValueError):
 
 @dataclasses.dataclass(frozen=True)
 class TableSpec:
-    """Where the labels table is and which columns mean what.
-
-    Attributes:
-      path: file or glob, local or gs:// (several files are read in parallel).
-      format: one of FORMATS.
-      key_column / label_column: the image key and the label(s).
-      separator: splits one label cell into several labels ('' = never split).
-      split_column: column holding each image's split, or '' for none.
-      extra_columns: (column, type) pairs carried into the Example as features.
-    """
+    """Where the labels table is (a file or glob, local or gs://), its format (FORMATS), and
+    which columns mean what: `separator` splits a label cell ('' = never), `split_column`
+    ('' = none), `extra_columns` ((column, type) pairs carried into the Example)."""
 
     path: str
     format: str
@@ -107,19 +64,13 @@ class TableSpec:
     extra_columns: tuple[tuple[str, str], ...] = ()
 
     def required_columns(self) -> tuple[str, ...]:
-        columns = [self.key_column, self.label_column]
-        if self.split_column:
-            columns.append(self.split_column)
-        columns.extend(name for name, _ in self.extra_columns)
-        return tuple(columns)
+        split = (self.split_column,) if self.split_column else ()
+        return (self.key_column, self.label_column, *split, *(name for name, _ in self.extra_columns))
 
 
 class LabelRow(NamedTuple):
-    """One row of the table, parsed. A row that cannot be used carries `error` instead.
-
-    A named tuple, not a dataclass: millions are made while a table is parsed and again when
-    they are decoded after the shuffle, and a tuple is made in a fraction of the time.
-    """
+    """One row of the table, parsed (a row that cannot be used carries `error`); a named
+    tuple, made in a fraction of a dataclass's time."""
 
     key: str
     labels: tuple[str, ...] = ()
@@ -139,12 +90,8 @@ class LabelRow(NamedTuple):
 
 @dataclasses.dataclass(frozen=True)
 class LabelRows:
-    """Table rows travelling as one element, column by column (up to BATCH_SIZE, in file order).
-
-    Column i holds field i of LabelRow for every row: no per-row object is made while a
-    table is parsed, bucketed, shuffled (beam_coders.py codes the columns) and joined. A
-    LabelRow of one row is made only where a key needs the general join (join.join_key).
-    """
+    """Table rows as one element, column i holding field i of LabelRow for every row (up to
+    BATCH_SIZE, in file order): no object is made per row from the parse to the join."""
 
     keys: tuple[str, ...] = ()
     labels: tuple[tuple[str, ...], ...] = ()
@@ -165,11 +112,8 @@ class LabelRows:
 
     @property
     def rows(self) -> tuple[LabelRow, ...]:
-        """The rows as LabelRows (one object a row: for tests and the general join)."""
+        """The rows as LabelRow tuples (one object a row: for tests)."""
         return tuple(map(_new_row, zip(*self.columns()))) if self.keys else ()
-
-    def row(self, i: int) -> LabelRow:
-        return _new_row(tuple(column[i] for column in self.columns()))
 
     def columns(self) -> tuple[tuple, ...]:
         """The seven columns, in LabelRow's field order."""
@@ -178,11 +122,7 @@ class LabelRows:
 
 @dataclasses.dataclass(frozen=True)
 class KeyedFiles:
-    """Listed files with their join keys, column by column: the images side of the join.
-
-    Made from a FileBatch (FileBatch.columns) before the shuffle, so the key of each image
-    is computed once, where the image is listed.
-    """
+    """Listed files with their join keys, column by column: the images side of the join."""
 
     keys: tuple[str, ...] = ()
     paths: tuple[str, ...] = ()
@@ -201,44 +141,13 @@ class KeyedFiles:
 
 @dataclasses.dataclass(frozen=True)
 class JoinPart:
-    """Images and table rows of one join bucket, as join_bucket takes them (decoded from
-    the shuffle's HashedColumns by buckets.join_part)."""
+    """Images or table rows of one join bucket (what crosses its shuffle, one side filled)."""
 
     files: KeyedFiles = KeyedFiles()
     rows: LabelRows = LabelRows()
 
     def __len__(self) -> int:
         return len(self.files) + len(self.rows)
-
-
-@dataclasses.dataclass(frozen=True)
-class HashedColumns:
-    """Rows or images of the join as coded columns, in the order of their keys' hashes.
-
-    Made where the rows are parsed and the images listed (buckets.hash_sorted), so they wait
-    for the join's counts, and cross its shuffle, as a few flat values (bytes, an index
-    array) a batch; cut into a bucket's parts by position (buckets.cut_parts) and decoded
-    only in the join (buckets.join_part).
-
-    Attributes:
-      rows: the columns are LabelRows' (else KeyedFiles').
-      count: the number of rows or images.
-      columns: each column coded by buckets.code_column, in LabelRows' or KeyedFiles' order.
-      hashes: the crc32 of each item's key (buckets.key_hash), ascending, as little-endian uint32 bytes (b"" in
-        a part cut for one bucket, which needs them no more).
-    """
-
-    rows: bool
-    count: int
-    columns: tuple
-    hashes: bytes = b""
-
-    def __len__(self) -> int:
-        return self.count
-
-
-_ORPHAN_JSON = '{"key": %s, "line": %d, "reason": %s, "source": %s}'
-_json_str = json.encoder.encode_basestring  # json.dumps of a str, ensure_ascii=False
 
 
 @dataclasses.dataclass(frozen=True)
@@ -250,35 +159,31 @@ class OrphanRow:
     line: int
     reason: str
     # (source, line) of the first row of this key: a key's orphan rows are written together,
-    # where its first row is (orphan_order). Not written out, not compared.
+    # where its first row is (order). Not written out, not compared.
     first: tuple[str, int] = dataclasses.field(default=("", 0), compare=False, repr=False)
 
     def to_json(self) -> str:
-        """The row's line of orphan_labels.jsonl: json.dumps of its fields, keys sorted (the
-        strings encoded by json's own encoder, without building a dict per row)."""
-        text = _ORPHAN_JSON % (_json_str(self.key), self.line, _json_str(self.reason), _json_str(self.source))
+        """The row's line of orphan_labels.jsonl: its fields as JSON, keys sorted."""
+        fields = {"key": self.key, "line": self.line, "reason": self.reason, "source": self.source}
+        text = json.dumps(fields, ensure_ascii=False)
         try:
             text.encode("utf-8")
         except UnicodeEncodeError:  # undecodable bytes of a file name: escaped
-            fields = {"key": self.key, "line": self.line, "reason": self.reason, "source": self.source}
-            text = json.dumps(fields, sort_keys=True)
+            text = json.dumps(fields)
         return text
 
     def order(self) -> tuple:
-        """Where the row goes in orphan_labels.jsonl (the order of orphan_order)."""
+        """Where the row goes in orphan_labels.jsonl: keys by their first row, a key's rows
+        together in file order (the same on every runner)."""
         first = self.first if self.first[0] else (self.source, self.line)
         return first, self.source, self.line, self.key, self.reason
 
 
 @dataclasses.dataclass(frozen=True)
 class OrphanLines:
-    """Orphan rows of one join bucket whose keys start in one chunk of table lines, as lines
-    of orphan_labels.jsonl: the orphans travel a batch a bucket, not one element a row.
-
-    Attributes:
-      chunk: (file, chunk of lines) of the keys' first rows (join.orphan_chunk).
-      lines: (OrphanRow.order(), OrphanRow.to_json()) of each row.
-    """
+    """Orphan rows of one join bucket whose keys start in one `chunk` of table lines
+    (join.orphan_lines), as `lines` (OrphanRow.order(), OrphanRow.to_json()): the orphans
+    travel a batch a bucket, not one element a row."""
 
     chunk: tuple[str, int]
     lines: tuple[tuple[tuple, str], ...]
@@ -286,40 +191,29 @@ class OrphanLines:
 
 @dataclasses.dataclass(frozen=True)
 class LabelMap:
-    """The classes of --label_map: names in id order, `names[i]` having id `first_id + i`.
-
-    Attributes:
-      names: the class names (labels.txt and the TFDS ClassLabel names, in this order).
-      first_id: the id of names[0]: the smallest id of an id,name table (the ids are the
-        file's, so they fix the label offset), else --label_offset.
-    """
+    """The classes of --label_map: names in id order (labels.txt and the TFDS ClassLabel
+    names), `names[i]` having id `first_id + i` (the smallest id of an id,name table, else
+    --label_offset)."""
 
     names: tuple[str, ...]
     first_id: int = 0
 
+    @functools.cached_property
     def lookup(self) -> dict[str, str]:
         """Label text -> class name: each name stands for itself, and each id (as text) for its
-        name unless that text is itself a name. Kept on the instance once made."""
-        found = self.__dict__.get("_lookup")
-        if found is None:
-            found = {name: name for name in self.names}
-            for i, name in enumerate(self.names):
-                found.setdefault(str(self.first_id + i), name)
-            object.__setattr__(self, "_lookup", found)
+        name unless that text is itself a name."""
+        found = {name: name for name in self.names}
+        for i, name in enumerate(self.names):
+            found.setdefault(str(self.first_id + i), name)
         return found
 
 
 @dataclasses.dataclass(frozen=True)
 class JoinSettings:
-    """How JoinLabels turns rows into labelled records.
-
-    Attributes:
-      unlabeled: what happens to an image without a label row: 'fail', 'skip' or 'keep'.
-      duplicates: how rows of one key that disagree are resolved: 'fail', 'first' or 'union'.
-      label_type: 'int' makes non-integer labels failures; 'auto' and 'str' accept any.
-      label_map: the classes of --label_map; other labels are failures (see LabelMap.lookup).
-      split_from_folders: the split is the first folder of the image's path.
-    """
+    """How JoinLabels turns rows into labelled records: --unlabeled (an image without a
+    label row), --duplicate_keys (rows of one key that disagree), --label_type ('int' makes
+    non-integer labels failures), --label_map (other labels fail), and whether the split is
+    the first folder of the image's path."""
 
     unlabeled: str = "fail"
     duplicates: str = "fail"

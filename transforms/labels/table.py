@@ -1,13 +1,12 @@
 """Parsing a labels table (CSV, TSV, JSON Lines; plain or compressed) into LabelRows (pure).
 
-In: a table file (a binary file object, read as a stream). Out: LabelRows, batches of rows
-as columns (key, labels, split, extra columns, where) with the reason a row is invalid.
-CSV and TSV are parsed by pyarrow.csv, a block of ~4 MB at a time, and each column is
-checked and converted for the block at once; JSON Lines by the json module, a line at a time.
+In: a table file (read as a stream). Out: LabelRows, each row's reason if it is invalid.
+CSV and TSV by pyarrow.csv, a block of ~4 MB at a time, each column checked for the block at
+once; JSON Lines by the json module, a line at a time.
 
-Over 500 lines: the rules of each cell (keys, labels, splits, extra columns) and of the
-records pyarrow hands over or rejects (their lines, bad UTF-8, blank records, a quote never
-closed) are one table's rules, tested together in tests/labels/test_label_table.py.
+Over 500 lines: the rules of each cell and of the records pyarrow hands over or rejects
+(their lines, bad UTF-8, blank records, a quote never closed) are one table's rules, tested
+together in tests/labels/test_label_table.py.
 """
 
 from __future__ import annotations
@@ -51,11 +50,7 @@ from transforms.records import BATCH_SIZE
 
 
 def detect_format(path: str, fmt: str = "auto") -> str:
-    """The table format: `fmt` if given, else from the file suffix (.csv, .tsv, .jsonl, +.gz).
-
-    Raises:
-      ValueError: unknown format or a suffix that does not say.
-    """
+    """The table format: `fmt` if given, else from the suffix (.csv, .tsv, .jsonl, +.gz); ValueError if unknown."""
     if fmt != "auto":
         if fmt not in FORMATS:
             raise ValueError(f"--labels_format must be one of auto, {', '.join(FORMATS)}")
@@ -73,11 +68,7 @@ def detect_format(path: str, fmt: str = "auto") -> str:
 
 
 def parse_extra_columns(spec: str) -> tuple[tuple[str, str], ...]:
-    """Parses 'weight:float,source:str' into (('weight', 'float'), ('source', 'str')).
-
-    Raises:
-      ValueError: malformed entry, unknown type or a column named twice.
-    """
+    """'weight:float,source:str' as (('weight', 'float'), ('source', 'str')); ValueError if malformed."""
     if not spec.strip():
         return ()
     out: list[tuple[str, str]] = []
@@ -96,11 +87,8 @@ def parse_extra_columns(spec: str) -> tuple[tuple[str, str], ...]:
 
 
 def normalize_key(text: str) -> str:
-    """A key as both sides of the join see it: NFC Unicode, '/'-separated, no outer blanks.
-
-    NFC matters for Korean (and any composed script): macOS writes file names decomposed
-    (NFD) while tables are usually composed.
-    """
+    """A key as both sides of the join see it: NFC Unicode (macOS writes file names
+    decomposed, tables are usually composed), '/'-separated, no outer blanks."""
     key = unicodedata.normalize("NFC", text.strip()).replace("\\", "/")
     while key.startswith("./"):
         key = key[2:]
@@ -125,8 +113,7 @@ _FIRST = itemgetter(0)
 
 
 def normalize_keys(keys: Sequence[str]) -> list[str]:
-    """normalize_key of each key: the keys as they are when none needs a change (checked on
-    the whole column at once: no outer blanks, NFC, no backslash, no leading './' or '/')."""
+    """normalize_key of each key (the keys as they are when the whole column needs no change)."""
     keys = list(keys)
     joined = "\n".join(keys)  # "\n" composes with nothing: NFC of the whole is NFC of each
     if (
@@ -155,23 +142,16 @@ def image_keys(relpaths: Sequence[str], mode: str = "stem") -> list[str]:
 
 
 def split_labels(value: object, separator: str = "|") -> tuple[str, ...]:
-    """The labels of one cell: a JSON list, an int, or text split at `separator`.
-
-    Blank parts are dropped and repeats removed (first occurrence kept).
-
-    Raises:
-      ValueError: a value that is neither text, an integer nor a list of those, or a label
-        that cannot be a class name (a line break or other control character inside it).
-    """
+    """The labels of one cell: a JSON list, an int, or text split at `separator`; blank
+    parts dropped, repeats removed. ValueError: neither text, an integer nor a list of
+    those, or a label that cannot be a class name (folders.class_name_problem)."""
     if value is None:
         return ()
     if isinstance(value, list):
         parts: list[str] = []
         for v in value:
             parts.extend(split_labels(v, ""))
-    elif isinstance(value, bool) or isinstance(value, float):
-        raise ValueError(f"label {value!r} is neither text nor an integer")
-    elif isinstance(value, int):
+    elif isinstance(value, int) and not isinstance(value, bool):
         parts = [str(value)]
     elif isinstance(value, str):
         parts = value.split(separator) if separator else [value]
@@ -187,21 +167,15 @@ def split_labels(value: object, separator: str = "|") -> tuple[str, ...]:
 
 
 def convert_extra(name: str, kind: str, value: object) -> object:
-    """One extra column's value as an int, float or str feature.
-
-    Raises:
-      ValueError: empty, or not of the declared type.
-    """
+    """One extra column's value as an int, float or str feature (ValueError: empty, or not of the type)."""
     if value is None or (isinstance(value, str) and not value.strip() and kind != "str"):
         raise ValueError(f"column {name!r} is empty")
     if kind == "str":
         return "" if value is None else str(value)
-    if isinstance(value, bool):
-        raise ValueError(f"column {name!r}: {value!r} is not {'an int' if kind == 'int' else 'a float'}")
     try:
+        if isinstance(value, bool) or (kind == "int" and isinstance(value, float) and not value.is_integer()):
+            raise ValueError
         if kind == "int":
-            if isinstance(value, float) and not value.is_integer():
-                raise ValueError
             return int(value.strip()) if isinstance(value, str) else int(value)
         return float(value)
     except (TypeError, ValueError):
@@ -211,10 +185,7 @@ def convert_extra(name: str, kind: str, value: object) -> object:
 
 
 def parse_row(fields: Mapping[str, object], spec: TableSpec, source: str = "", line: int = 0) -> LabelRow:
-    """A LabelRow from one record of the table (a CSV row as a dict, or a JSON object).
-
-    Never raises for bad values: the row carries an `error` naming the problem instead.
-    """
+    """A LabelRow from one JSON object of the table; a bad value makes the row's `error`."""
     raw_key = fields.get(spec.key_column)
     key = normalize_key(str(raw_key)) if raw_key is not None and not isinstance(raw_key, (dict, list)) else ""
 
@@ -242,32 +213,22 @@ def parse_row(fields: Mapping[str, object], spec: TableSpec, source: str = "", l
 
 # Bytes pyarrow parses at a time: a record (with its quoted line breaks) must fit in one.
 _BLOCK_BYTES = 4 << 20
-
-
 # The csv module's field size limit (131,072 characters), kept: a longer field is an error.
 _FIELD_LIMIT = 131_072
-
-
 # Label and split cells parsed once per distinct value (tables repeat a few labels many times).
 _CACHE_SIZE = 100_000
-
-
-# Given to pyarrow after the table's bytes: read as a record of its own unless a quoted
-# field was never closed (that field then takes it in).
+# Given to pyarrow after the table's bytes: a record of its own unless a quote is never closed.
 _END = "\x00end of the table\x00"
-
-
-# What pyarrow is given for bytes that are not UTF-8: a noncharacter (never in interchanged
-# text), so a row holding one is known to have had bytes that are not UTF-8.
+# What pyarrow is given for bytes that are not UTF-8: a noncharacter (never in interchanged text).
 _NOT_UTF8 = "\ufdd0"
 _UNDECODED = re.compile("[\udc80-\udcff]+")
 _LONE_CR = re.compile("\r(?!\n)")
 
 
 class _Text:
-    """A table file's bytes as pyarrow reads them (`read`): UTF-8 (each undecodable run of
-    bytes replaced by _NOT_UTF8), then _END. Counts the lone carriage returns (pyarrow ends
-    a line at one, the csv module refuses one outside quotes) and notes the first one's line."""
+    """A table file's bytes as pyarrow reads them: UTF-8 (undecodable runs as _NOT_UTF8),
+    then _END. Counts the lone carriage returns (pyarrow ends a line at one, the csv module
+    refuses one outside quotes) and notes the first one's line."""
 
     closed = False
 
@@ -322,8 +283,8 @@ def _first_errors(first: list | None, then: list | None) -> list | None:
 
 class _Columns:
     """LabelRows' columns from the cells of CSV/TSV records, as parse_row makes them from a
-    dict of the record (the last of same-named columns wins): keys normalized for the column
-    at once, label and split cells parsed once per distinct value."""
+    dict of the record: keys normalized for the column at once, label and split cells
+    parsed once per distinct value."""
 
     def __init__(self, header: list[str], spec: TableSpec, source: str):
         self._spec, self._source, self._width = spec, source, len(header)
@@ -336,12 +297,8 @@ class _Columns:
         self._splits: dict = {}  # cell -> (split, error)
 
     def rows(self, columns: list[pa.Array], lines: list[int], not_utf8: bool) -> list[tuple]:
-        """The seven columns of a batch's records (their first lines `lines`), and each
-        record's position (a blank record is left out).
-
-        Raises:
-          TableError: a field longer than _FIELD_LIMIT.
-        """
+        """The seven columns of a batch's records (first lines `lines`), and each record's
+        position (blank records left out). TableError: a field longer than _FIELD_LIMIT."""
         n, source = len(lines), self._source
         for column in columns:
             lengths = pc.utf8_length(column)
@@ -404,8 +361,7 @@ class _Columns:
 
     @staticmethod
     def _parsed(column: pa.Array, cache: dict, parse: Callable) -> tuple[list, list | None]:
-        """parse(cell) -> (value, error) of each cell, once per distinct cell (kept in
-        `cache`): the values, and the errors (None if no cell has one)."""
+        """parse(cell) -> (value, error), once per distinct cell: the values, and the errors (None if none)."""
         coded = column.dictionary_encode()
         distinct = coded.dictionary.to_pylist()
         if len(cache) + len(distinct) > _CACHE_SIZE:
@@ -433,12 +389,8 @@ class _Columns:
 
 
 def _first_record(f: BinaryIO, spec: TableSpec, source: str) -> tuple[list[str], int]:
-    """The first record of a CSV/TSV file (its header: the csv module parses it, a quoted
-    cell may span lines), and the lines it takes; the file is left after it.
-
-    Raises:
-      TableError: the file is empty, or its header is not UTF-8 text or not CSV.
-    """
+    """The header of a CSV/TSV file (by the csv module: a quoted cell may span lines) and
+    the lines it takes; the file is left after it. TableError: empty, not UTF-8, not CSV."""
     raw = [f.readline()]
     if not raw[0]:
         raise TableError(f"labels table {source} is empty")
@@ -454,14 +406,10 @@ def _first_record(f: BinaryIO, spec: TableSpec, source: str) -> tuple[list[str],
 
 
 def _csv_columns(f: BinaryIO, spec: TableSpec, source: str) -> Iterator[list]:
-    """The records of a CSV/TSV file after its header, a pyarrow batch (~_BLOCK_BYTES) at a
-    time, as [seven columns] (in file order).
-
-    pyarrow parses (serially: its numbers of the records it rejects then count from the
-    first record) and hands over a batch of well-formed records; a record with a wrong
-    number of fields goes to its handler, and is put back in place by that number. A record's
-    line is its number plus the line breaks inside the fields before it.
-    """
+    """The records of a CSV/TSV file after its header, a pyarrow batch at a time, as seven
+    columns, in file order: pyarrow parses serially and hands over well-formed records; one
+    with a wrong number of fields goes to the handler and is put back in place by its number.
+    A record's line is its number plus the line breaks inside the fields before it."""
     header, line = _first_record(f, spec, source)
     header = [h.strip() for h in header]
     check_header(header, spec, source)
@@ -548,12 +496,9 @@ def _csv_columns(f: BinaryIO, spec: TableSpec, source: str) -> Iterator[list]:
 
 
 def _jsonl_columns(f: BinaryIO, spec: TableSpec, source: str) -> Iterator[tuple]:
-    """The rows of a JSON Lines file, as seven columns a BATCH_SIZE of lines.
-
-    Parsed a line at a time by the json module: pyarrow.json refuses a field whose type
-    changes from row to row (a label as text in one, a list in the next) and stops at the
-    first line that is not JSON instead of naming it.
-    """
+    """The rows of a JSON Lines file, as seven columns a BATCH_SIZE of lines, by the json
+    module: pyarrow.json refuses a field whose type changes from row to row (a label as text,
+    then a list) and stops at the first line that is not JSON instead of naming it."""
     rows: list[LabelRow] = []
     for line, raw in enumerate(iter(f.readline, b""), 1):  # (Beam's CompressedFile.readline takes no limit)
         try:
@@ -583,18 +528,15 @@ def _jsonl_columns(f: BinaryIO, spec: TableSpec, source: str) -> Iterator[tuple]
 def iter_row_batches(
     f: BinaryIO, spec: TableSpec, source: str = "", size: int = BATCH_SIZE
 ) -> Iterator[LabelRows]:
-    """The rows of a table file (a binary file object, read as a stream) in LabelRows of up
-    to `size` rows, in file order.
+    """The rows of a table file (read as a stream) in LabelRows of up to `size`, in file order.
 
-    CSV and TSV (parsed by pyarrow.csv): a header row, RFC 4180 quoting (quoted fields may
-    hold the delimiter, quotes and line breaks), UTF-8 with or without BOM, CRLF or LF line
-    ends. JSON Lines: one object a line. Lines are numbered from 1 (split at '\\n'); a row's
-    line is the line its record starts on.
+    CSV and TSV: a header row, RFC 4180 quoting (fields may hold the delimiter, quotes and
+    line breaks), UTF-8 with or without BOM, CRLF or LF. JSON Lines: one object a line. A
+    row's line is the line (from 1, split at '\\n') its record starts on.
 
-    Raises:
-      TableError: the header lacks a required column, or the text is not CSV: a field over
-        _FIELD_LIMIT characters, a lone carriage return outside quotes, a quoted field never
-        closed (it would take in every line to the end), a record over _BLOCK_BYTES.
+    Raises TableError: the header lacks a required column, or the text is not CSV (a field
+    over _FIELD_LIMIT characters, a lone carriage return outside quotes, a quoted field never
+    closed, a record over _BLOCK_BYTES).
     """
     parts = _jsonl_columns(f, spec, source) if spec.format == "jsonl" else _csv_columns(f, spec, source)
     pending: list[list] = [[] for _ in range(7)]
@@ -612,7 +554,7 @@ def iter_row_batches(
 
 
 def iter_table(f: BinaryIO, spec: TableSpec, source: str = "") -> Iterator[LabelRow]:
-    """The rows of a table file one LabelRow each (iter_row_batches; for tests and small tables)."""
+    """The rows of a table file one LabelRow each (for tests)."""
     for batch in iter_row_batches(f, spec, source):
         yield from batch.rows
 
@@ -652,10 +594,8 @@ def _column_fix(column: str, present: list[str], spec: TableSpec) -> str:
 
 
 def read_header(path: str, spec: TableSpec) -> list[str]:
-    """The column names of one table file: the CSV header, or the keys of the first JSON line.
-
-    Reads only the beginning of the file. Raises TableError (or OSError if unreadable).
-    """
+    """The column names of a table file: the CSV header, or the keys of the first JSON line
+    (TableError, or OSError if unreadable)."""
     with gcs.open_read(path) as f:
         if spec.format != "jsonl":
             return _first_record(f, spec, path)[0]
@@ -674,12 +614,8 @@ def read_header(path: str, spec: TableSpec) -> list[str]:
 
 
 def check_regular_file(path: str) -> None:
-    """A local table must be a regular file: a pipe (`<(zcat t.csv.gz)`, a FIFO) or a device
-    would hang the open, or be read up by the header check before the pipeline reads it.
-
-    Raises:
-      TableError: a local path that is not a regular file.
-    """
+    """TableError unless a local table is a regular file: a pipe (`<(zcat t.csv.gz)`) or a
+    device would hang the open, or be read up by the header check before the pipeline."""
     if "://" in path:
         return
     try:
@@ -693,14 +629,8 @@ def check_regular_file(path: str) -> None:
 
 
 def check_table(spec: TableSpec) -> list[str]:
-    """Cheap checks on the submitting machine: the table exists and has the columns.
-
-    Reads only the first line of each matched file (a glob may match several). Returns the
-    matched paths.
-
-    Raises:
-      TableError: no such file, not a regular file, or a required column is missing.
-    """
+    """The matched paths, after cheap checks on the submitting machine (the first line of
+    each): TableError for no such file, not a regular file, or a missing column."""
     try:
         found = FileSystems.match([literal_or_glob(spec.path)])[0].metadata_list
     except Exception:  # noqa: BLE001 - Beam raises BeamIOError/OSError/ValueError per filesystem
