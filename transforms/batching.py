@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import functools
 import itertools
 from collections.abc import Callable, Iterable, Iterator, Sequence
 from typing import Any, TypeVar
@@ -9,14 +10,15 @@ from typing import Any, TypeVar
 import apache_beam as beam
 import numpy as np
 from apache_beam.metrics import Metrics
+from apache_beam.transforms.combiners import CountCombineFn
 from apache_beam.transforms.window import GlobalWindows
 
 from transforms.records import BATCH_SIZE, FileBatch, RecordBatch
 
 T = TypeVar("T")
 
-# Beam distribution metrics named after our GroupByKeys: the records (images, rows) of each
-# group, so a run can report the largest group any of them saw (benchmarks/scale.py, tests).
+# Distribution metrics of the records (images, rows) in each group of our GroupByKeys, named
+# after the step: a run reports the largest group (benchmarks/scale.py, tests).
 GROUP_SIZE_NAMESPACE = "img2tfrecord.group_size"
 
 
@@ -37,20 +39,14 @@ def images_in(element: object) -> int:
     return len(element) if isinstance(element, (FileBatch, RecordBatch)) else 1
 
 
-class CountImagesFn(beam.CombineFn):
-    """Counts images in batches and single elements (images_in): a lifted count, as CountCombineFn."""
-
-    def create_accumulator(self) -> int:
-        return 0
+class CountImagesFn(CountCombineFn):
+    """Counts images in batches and single elements (images_in): a lifted count."""
 
     def add_input(self, count: int, element: object) -> int:
         return count + images_in(element)
 
-    def merge_accumulators(self, counts: Iterable[int]) -> int:
-        return sum(counts)
-
-    def extract_output(self, count: int) -> int:
-        return count
+    def add_inputs(self, count: int, elements: Iterable[object]) -> int:
+        return count + sum(map(images_in, elements))
 
 
 class SumPerKeyFn(beam.CombineFn):
@@ -64,32 +60,28 @@ class SumPerKeyFn(beam.CombineFn):
     def create_accumulator(self) -> dict:
         return {}
 
-    def add_input(self, acc: dict, element: Any) -> dict:
+    @staticmethod
+    def _summed(acc: dict, pairs: Iterable[tuple[Any, Any]]) -> dict:
         get = acc.get
-        for key, n in self._pairs(element, *self._args):
+        for key, n in pairs:
             acc[key] = get(key, 0) + n
         return acc
 
+    def add_input(self, acc: dict, element: Any) -> dict:
+        return self._summed(acc, self._pairs(element, *self._args))
+
     def merge_accumulators(self, accs: Iterable[dict]) -> dict:
         it = iter(accs)
-        merged = next(it, {})
-        get = merged.get
-        for acc in it:
-            for key, n in acc.items():
-                merged[key] = get(key, 0) + n
-        return merged
+        return functools.reduce(lambda merged, acc: self._summed(merged, acc.items()), it, next(it, {}))
 
     def extract_output(self, acc: dict) -> dict:
         return acc
 
 
 class RebatchFn(beam.DoFn):
-    """Base of DoFns whose main output is batched again after per-image work.
-
-    `process` passes each output item to `self.batched(item)` and yields what it returns:
-    a full batch every `BATCH_SIZE` items. The bundle's remainder is emitted in
-    `finish_bundle` (global window: the whole pipeline is batch). Subclasses that define
-    `start_bundle` or `finish_bundle` call these.
+    """Base of DoFns whose main output is batched again after per-image work: `process` yields
+    what `self.batched(item)` returns for each item (a full batch every BATCH_SIZE items), and
+    `finish_bundle` the rest (subclasses that define start_bundle or finish_bundle call these).
     """
 
     make_batch: Callable[[tuple], Any] = RecordBatch
@@ -117,10 +109,9 @@ class KeyedGather:
 
     A flush (when `max_held` records are held, and at the end of the bundle: `drain`) joins
     the held batches once, orders their records by key with one stable numpy sort of int
-    codes, and cuts that into one RecordBatch per key: the work per record is a few C
-    gathers, whatever the number of keys, and the shuffle moves one element per key a
-    flush. A DoFn holds at most `max_held` records (plus the batch being added); a part is
-    at most that many records, and a key's records keep their order of arrival.
+    codes, and cuts that into one RecordBatch per key: a few C gathers a record, whatever the
+    number of keys, and one shuffled element per key a flush. A DoFn holds at most `max_held`
+    records (plus the batch being added); a key's records keep their order of arrival.
     """
 
     def __init__(self, max_held: int = 50 * BATCH_SIZE):
@@ -130,27 +121,17 @@ class KeyedGather:
         self._held = 0
         self._max_held = max_held
 
-    def add(self, batch: RecordBatch, keys: Iterable[Any]) -> Iterator[tuple[Any, RecordBatch]]:
-        """Holds `batch`, whose record i goes under keys[i]; yields the parts of a flush when one is due."""
-        code = self._keys.setdefault
-        yield from self._held_codes(
-            batch, np.fromiter((code(k, len(self._keys)) for k in keys), np.int64, len(batch))
-        )
-
     def add_coded(
         self, batch: RecordBatch, codes: np.ndarray, keys: Sequence[Any]
     ) -> Iterator[tuple[Any, RecordBatch]]:
-        """`add` with the keys as int codes: record i goes under keys[codes[i]].
+        """Holds `batch`, whose record i goes under keys[codes[i]]; yields a flush's parts when one is due.
 
         The keys are looked up once per distinct key of the batch, not once per record (a
         dict lookup of a tuple key a record cost about as much as the rest of the keying).
         """
         code = self._keys.setdefault
         mapping = np.fromiter((code(k, len(self._keys)) for k in keys), np.int64, len(keys))
-        yield from self._held_codes(batch, mapping[codes] if len(codes) else codes.astype(np.int64))
-
-    def _held_codes(self, batch: RecordBatch, codes: np.ndarray) -> Iterator[tuple[Any, RecordBatch]]:
-        self._codes.append(codes)
+        self._codes.append(mapping[codes] if len(codes) else codes.astype(np.int64))
         self._batches.append(batch)
         self._held += len(batch)
         if self._held >= self._max_held:

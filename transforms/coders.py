@@ -1,22 +1,14 @@
 """Cheap, deterministic Beam coders for the records that go through shuffles.
 
-Without them Beam codes a dataclass with pickle (FastPrimitivesCoder's fallback): about
-2 us per record for each encode, size estimate and decode, with the class path in every
-encoded record. Here a record is coded as the tuple of its fields by Beam's compiled
-FastPrimitivesCoder (~0.3 us). A record it cannot code that way (a path with undecodable
-bytes, kept as surrogates) is pickled instead, behind a tag byte, so every record
-round-trips exactly. A batch (FileBatch, RecordBatch) is one coder call on the tuple of
-its columns with their repeats taken out (the paths as one root when each is root +
-relpath; labels, splits and extras as a table of distinct values and a byte or two a
-record, or as they are when most values are distinct; a RecordBatch's seeded hashes as one
-bytes value), decoded without building one object per image (a RecordBatch's paths are
-built from its root only when read: RecordBatch.from_root); so is a ShardTask (its batch's columns,
-the split column left out when every record is in the task's split). A size estimate (Beam samples element sizes for its counters, about every
-element of a short PCollection) is one record's size times the count instead of a full
-encode. Registered with Beam where a pipeline is built (beam_pipeline/pipeline.py
-`register_coders`: CODERS here and in the stages' coder modules); a PCollection gets them when
-its element type is declared (`with_output_types`). The labels table's batches (LabelRows,
-JoinPart) are coded the same way by transforms/labels/beam_coders.py (TupleCoder, tagged).
+Without them Beam pickles a record: ~2 us per encode, size estimate and decode, with the class
+path in every element. Here a record is the tuple of its fields, coded by Beam's compiled
+FastPrimitivesCoder (~0.3 us), or pickled behind a tag byte when it cannot be (a path with
+undecodable bytes, kept as surrogates), so every record round-trips exactly. A batch is one
+coder call on its columns with the repeats taken out: paths as one root when each is root +
+relpath, a RecordBatch's labels, splits and extras as a table and a byte or two a record
+(`dictionary_code`), a ShardTask's splits left out when all are the task's. A size estimate
+(Beam samples element sizes) is one row's size times the count. Registered in one place:
+beam_pipeline/pipeline.py `register_coders` (CODERS here and in labels/beam_coders.py).
 """
 
 from __future__ import annotations
@@ -29,27 +21,11 @@ import numpy as np
 from apache_beam import coders
 
 from transforms.beam_internals import CacheAware
-from transforms.records import (
-    FileBatch,
-    ImageFile,
-    ImageRecord,
-    RecordBatch,
-    ShardTask,
-    root_of,
-    rooted_paths,
-)
+from transforms.records import FileBatch, ImageRecord, RecordBatch, ShardTask, root_of, rooted_paths
 
 _FIELDS = coders.FastPrimitivesCoder().get_impl()
 _AS_TUPLE = b"\x00"
 _AS_PICKLE = b"\x01"
-
-
-def _record_fields(r: ImageRecord) -> tuple:
-    return r.path, r.relpath, r.size, r.labels, r.split, r.extras
-
-
-def file_fields(f: ImageFile) -> tuple:
-    return f.path, f.relpath, f.size
 
 
 def tagged(fields: Any, value: Any) -> bytes:
@@ -61,50 +37,21 @@ def tagged(fields: Any, value: Any) -> bytes:
 
 
 def untagged(data: bytes, build: Any) -> Any:
+    """The value `tagged` coded: unpickled, or `build(fields)`."""
     if data[:1] == _AS_PICKLE:
         return pickle.loads(data[1:])
     return build(_FIELDS.decode(data[1:]))
 
 
-def encode_image_file(f: ImageFile) -> bytes:
-    return tagged(file_fields(f), f)
-
-
-def decode_image_file(data: bytes) -> ImageFile:
-    return untagged(data, lambda t: ImageFile(*t))
-
-
-def encode_image_record(r: ImageRecord) -> bytes:
-    return tagged(_record_fields(r), r)
-
-
-def decode_image_record(data: bytes) -> ImageRecord:
-    return untagged(data, lambda t: ImageRecord(*t))
-
-
-def shard_task_fields(task: ShardTask) -> tuple:
-    """What a ShardTask is coded as: (split, index, paths, relpaths, sizes, labels, splits, extras).
-
-    `splits` is None when every record is in the task's split (always, from PlanShards).
-    """
-    paths, relpaths, sizes, labels, splits, extras = task.batch.columns()
-    if all(s == task.split for s in splits):
-        splits = None
-    return task.split, task.index, paths, relpaths, sizes, labels, splits, extras
-
-
-def _shard_task(fields: tuple) -> ShardTask:
-    split, index, paths, relpaths, sizes, labels, splits, extras = fields
-    splits = (split,) * len(paths) if splits is None else splits
-    return ShardTask(split, index, RecordBatch.from_columns(paths, relpaths, sizes, labels, splits, extras))
-
-
-def encode_shard_task(task: ShardTask) -> bytes:
-    return tagged(shard_task_fields(task), task)
-
-
-def decode_shard_task(data: bytes) -> ShardTask:
-    return untagged(data, _shard_task)
+def _estimate(n: int, columns: Sequence[Sequence]) -> int:
+    """Coded size of `n` rows like the first of `columns` (no full encode)."""
+    if not n:
+        return 16
+    first = tuple(column[0] for column in columns)
+    try:
+        return 16 + n * len(_FIELDS.encode(first))
+    except UnicodeEncodeError:  # surrogates: coded by pickle, about as long
+        return 16 + n * len(pickle.dumps(first, protocol=4))
 
 
 def _paths_fields(paths: Sequence[str], relpaths: Sequence[str]) -> tuple[str, Sequence[str] | None]:
@@ -113,28 +60,21 @@ def _paths_fields(paths: Sequence[str], relpaths: Sequence[str]) -> tuple[str, S
     return ("", paths) if root is None else (root, None)
 
 
-def _paths(root: str, paths: Sequence[str] | None, relpaths: Sequence[str]) -> Sequence[str]:
-    return rooted_paths(root, relpaths) if paths is None else paths
-
-
 # Width in bytes of a dictionary code -> its numpy type (little-endian on every machine).
 _CODE_TYPES = {1: np.dtype("u1"), 2: np.dtype("<u2"), 4: np.dtype("<u4")}
 
 
 def dictionary_code(column: Sequence) -> tuple[Sequence, bytes | None]:
-    """A column as (its distinct values, each value's index in them, as bytes): the one
-    dictionary coding of a column (RecordBatches here, the labels join's columns in
-    labels/beam_coders.py).
-
-    Codes b"": every value is the one distinct value (or the column is empty). Codes None:
-    the table is the column itself (values that cannot be dict keys, or a column of mostly
-    distinct values, such as the labels of a batch of GLDv2's 203,094 classes, where a table
-    saves no bytes and costs a dict entry a record to build and a lookup to read).
+    """A column as (its distinct values, each value's index in them as bytes): the one dictionary
+    coding (RecordBatches, and the labels join's columns: labels/beam_coders.py). Codes b"": every
+    value is the one distinct value (or none). Codes None: the table is the column itself
+    (unhashable values, or mostly distinct ones such as a batch of GLDv2's 203,094 classes'
+    labels, where a table saves no bytes and costs a dict entry a record).
     """
     if not column or column.count(column[0]) == len(column):
         return tuple(column[:1]), b""
     try:
-        if len(set(column)) > len(column) // 2:  # mostly distinct: the column as it is
+        if len(set(column)) > len(column) // 2:
             return column, None
     except TypeError:  # an unhashable value (extras are free-form)
         return column, None
@@ -163,78 +103,78 @@ def dictionary_decode(table: Sequence, codes: bytes | None, n: int) -> Sequence:
     return tuple(map(table.__getitem__, index_array(codes, n).tolist()))
 
 
-def file_batch_fields(batch: FileBatch) -> tuple:
-    """What a FileBatch is coded as: (root, paths or None, relpaths, sizes), see record_batch_fields."""
-    paths, relpaths, sizes = batch.columns()
-    return (*_paths_fields(paths, relpaths), relpaths, sizes)
+def encode_image_record(r: ImageRecord) -> bytes:
+    return tagged((r.path, r.relpath, r.size, r.labels, r.split, r.extras), r)
+
+
+def decode_image_record(data: bytes) -> ImageRecord:
+    return untagged(data, lambda t: ImageRecord(*t))
+
+
+def encode_shard_task(task: ShardTask) -> bytes:
+    """(split, index, paths, relpaths, sizes, labels, splits or None, extras): splits None when
+    every record is in the task's split (always, from PlanShards)."""
+    paths, relpaths, sizes, labels, splits, extras = task.batch.columns()
+    if all(s == task.split for s in splits):
+        splits = None
+    return tagged((task.split, task.index, paths, relpaths, sizes, labels, splits, extras), task)
+
+
+def _shard_task(fields: tuple) -> ShardTask:
+    split, index, paths, relpaths, sizes, labels, splits, extras = fields
+    splits = (split,) * len(paths) if splits is None else splits
+    return ShardTask(split, index, RecordBatch.from_columns(paths, relpaths, sizes, labels, splits, extras))
+
+
+def decode_shard_task(data: bytes) -> ShardTask:
+    return untagged(data, _shard_task)
 
 
 def encode_file_batch(batch: FileBatch) -> bytes:
-    return tagged(file_batch_fields(batch), batch)
+    """(root, paths or None, relpaths, sizes): the paths as their root, as a RecordBatch's."""
+    paths, relpaths, sizes = batch.columns()
+    return tagged((*_paths_fields(paths, relpaths), relpaths, sizes), batch)
 
 
 def decode_file_batch(data: bytes) -> FileBatch:
-    return untagged(data, lambda t: FileBatch.from_columns(_paths(*t[:3]), t[2], t[3]))
+    return untagged(data, lambda t: FileBatch.from_columns(t[1] or rooted_paths(t[0], t[2]), t[2], t[3]))
 
 
 def record_batch_fields(batch: RecordBatch) -> tuple:
     """What a RecordBatch is coded as: its columns with the repeats taken out, hashes and seed.
 
-    A batch's paths are mostly its root plus each relpath (coded as the root alone), and its
-    labels, splits and extras repeat a few values (coded as a table of the distinct values and
-    a byte or two a record; a column of mostly distinct values as it is). A batch decoded
-    from a root (RecordBatch.from_root) is coded as that root again, with no check. Tiny images' records are ~47 bytes coded instead of ~140 (72 of
-    them the path): every copy of an encoded PCollection that a runner holds (the local
-    runner holds 3-4 of a stage's input and output while the stage runs) is that much
-    smaller. Read back by `record_batch_from_fields`.
+    Tiny images' records are ~47 bytes coded instead of ~140 (72 of them the path), in every
+    copy of a PCollection a runner holds (the local runner holds 3-4 of a stage's input and
+    output). A batch decoded from a root (RecordBatch.from_root) is coded as that root again.
     """
-    relpaths, sizes, labels, splits, extras = (
+    root = batch.root
+    return (
+        *((root, None) if root is not None else _paths_fields(batch.paths, batch.relpaths)),
         batch.relpaths,
         batch.sizes,
-        batch.labels,
-        batch.splits,
-        batch.extras,
-    )
-    root = batch.root  # known when the batch was decoded from a root: no check, no paths built
-    return (
-        *((root, None) if root is not None else _paths_fields(batch.paths, relpaths)),
-        relpaths,
-        sizes,
-        *dictionary_code(labels),
-        *dictionary_code(splits),
-        *dictionary_code(extras),
+        *dictionary_code(batch.labels),
+        *dictionary_code(batch.splits),
+        *dictionary_code(batch.extras),
         batch.hashes,
         batch.hash_seed,
     )
 
 
-def record_batch_from_fields(fields: Sequence) -> RecordBatch:
-    """The RecordBatch of `record_batch_fields`."""
-    (
-        root,
-        paths,
-        relpaths,
-        sizes,
-        labels,
-        label_codes,
-        splits,
-        split_codes,
-        extras,
-        extra_codes,
-        hashes,
-        seed,
-    ) = fields
+def _record_batch(fields: Sequence) -> RecordBatch:
+    root, paths, relpaths, sizes, labels, label_codes, splits, split_codes, extras, extra_codes, *hashes = (
+        fields
+    )
     n = len(relpaths)
-    make = RecordBatch.from_root if paths is None else RecordBatch.from_columns
-    return make(
-        root if paths is None else paths,
+    columns = (
         relpaths,
         sizes,
         dictionary_decode(labels, label_codes, n),
         dictionary_decode(splits, split_codes, n),
         dictionary_decode(extras, extra_codes, n),
-        hashes,
-        seed,
+        *hashes,
+    )
+    return (
+        RecordBatch.from_root(root, *columns) if paths is None else RecordBatch.from_columns(paths, *columns)
     )
 
 
@@ -243,37 +183,16 @@ def encode_record_batch(batch: RecordBatch) -> bytes:
 
 
 def decode_record_batch(data: bytes) -> RecordBatch:
-    return untagged(data, record_batch_from_fields)
-
-
-def estimate_shard_task(task: ShardTask) -> int:
-    return _estimated_columns(len(task.batch), _first_row(task.batch.columns()))
-
-
-def _first_row(columns: tuple) -> tuple:
-    """The first value of each column (empty for an empty batch)."""
-    return tuple(column[0] for column in columns) if columns[0] else ()
-
-
-def _estimated_columns(n: int, first_row: tuple) -> int:
-    """Coded size of `n` rows like `first_row` (for Beam's size counters; no full encode)."""
-    try:
-        return 16 + n * len(_FIELDS.encode(first_row)) if n else 16
-    except UnicodeEncodeError:  # surrogates: coded by pickle, about as long
-        return 16 + n * len(pickle.dumps(first_row, protocol=4))
-
-
-def estimate_file_batch(batch: FileBatch) -> int:
-    return _estimated_columns(len(batch), _first_row(batch.columns()))
+    return untagged(data, _record_batch)
 
 
 def estimate_record_batch(batch: RecordBatch) -> int:
-    hashes = len(batch.hashes) if batch.hashes else 0
-    return _estimated_columns(len(batch), _first_row(batch.columns())) + hashes
+    return _estimate(len(batch), batch.columns()) + (len(batch.hashes) if batch.hashes else 0)
 
 
 class TupleCoder(coders.Coder):
-    """Base: a record coded by the functions `_encode` and `_decode` (set per subclass)."""
+    """Base: a record coded by the functions `_encode` and `_decode` (set per subclass); equal to
+    any coder of its class (Beam's Coder.__eq__: no state but its impl)."""
 
     _type: type
     _encode: Any
@@ -296,43 +215,38 @@ class TupleCoder(coders.Coder):
     def to_type_hint(self) -> type:
         return self._type
 
-    def __eq__(self, other: object) -> bool:
-        return type(self) is type(other)
-
-    def __hash__(self) -> int:
-        return hash(type(self))
-
-
-class ImageFileCoder(TupleCoder):
-    _type, _encode, _decode = ImageFile, encode_image_file, decode_image_file
-
 
 class ImageRecordCoder(TupleCoder):
     _type, _encode, _decode = ImageRecord, encode_image_record, decode_image_record
 
 
 class ShardTaskCoder(TupleCoder):
-    _type, _encode, _decode, _estimate = ShardTask, encode_shard_task, decode_shard_task, estimate_shard_task
+    _type, _encode, _decode = ShardTask, encode_shard_task, decode_shard_task
+
+    def estimate_size(self, task: ShardTask) -> int:
+        return _estimate(len(task), task.batch.columns())
 
 
 class FileBatchCoder(TupleCoder):
-    _type, _encode, _decode, _estimate = FileBatch, encode_file_batch, decode_file_batch, estimate_file_batch
+    _type, _encode, _decode = FileBatch, encode_file_batch, decode_file_batch
+
+    def estimate_size(self, batch: FileBatch) -> int:
+        return _estimate(len(batch), batch.columns())
 
 
 class RecordBatchCoder(TupleCoder):
-    _type, _encode, _decode = RecordBatch, encode_record_batch, decode_record_batch
-    _estimate = estimate_record_batch
+    _type, _encode, _decode, _estimate = (
+        RecordBatch,
+        encode_record_batch,
+        decode_record_batch,
+        estimate_record_batch,
+    )
 
 
 class SideDict(dict, CacheAware):
-    """A dict made to be a side input (totals, bucket tables, per-class counts).
-
-    Beam's state cache sizes every side input it loads by walking all its objects (objsize:
-    ~1 us an object, a 200,000-class table of [count, weight] lists is ~600,000 of them)
-    for each stage that reads it. A SideDict is sized by its own table only (its keys and
-    values are small strings and ints, about as many bytes again), and is coded as a plain
-    dict by the compiled primitive coder.
-    """
+    """A dict made to be a side input (totals, bucket tables, per-class counts), sized by Beam's
+    state cache without a walk of its objects (transforms/beam_internals.py: its keys and values
+    are small strings and ints) and coded as a plain dict by the primitive coder."""
 
     def get_referents_for_cache(self) -> list:
         return []
@@ -345,38 +259,27 @@ class SideList(list, CacheAware):
         return []
 
 
-class SideDictCoder(coders.Coder):
+class SideDictCoder(TupleCoder):
     """SideDict (or SideList) as the primitive coder's dict (list), not pickled."""
 
-    _plain: type = dict
-    _side: type = SideDict
+    _type, _plain = SideDict, dict
 
     def encode(self, value: Any) -> bytes:
         return _FIELDS.encode(self._plain(value))
 
     def decode(self, encoded: bytes) -> Any:
-        return self._side(_FIELDS.decode(encoded))
+        return self._type(_FIELDS.decode(encoded))
 
     def is_deterministic(self) -> bool:
         return False
 
-    def to_type_hint(self) -> type:
-        return self._side
-
-    def __eq__(self, other: object) -> bool:
-        return type(self) is type(other)
-
-    def __hash__(self) -> int:
-        return hash(type(self))
-
 
 class SideListCoder(SideDictCoder):
-    _plain, _side = list, SideList
+    _type, _plain = SideList, list
 
 
 # Record type -> its coder (registered by beam_pipeline/pipeline.py `register_coders`).
 CODERS = {
-    ImageFile: ImageFileCoder,
     ImageRecord: ImageRecordCoder,
     ShardTask: ShardTaskCoder,
     FileBatch: FileBatchCoder,

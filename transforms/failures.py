@@ -2,11 +2,10 @@
 
 from __future__ import annotations
 
-import collections
 import dataclasses
 import json
 import re
-from collections.abc import Iterable, Mapping
+from collections.abc import Mapping
 
 from transforms.paths import listed_name
 
@@ -21,12 +20,8 @@ _STEP_SUFFIX = re.compile(r"\s*\[while running '[^']*'\]")
 
 
 def user_error_text(message: str) -> str | None:
-    """The one line to show for a user error marked with USER_ERROR_MARKER, or None.
-
-    `message` is the text of an error as the runner re-raised it (wrapped, with
-    tracebacks, quotes and the step name around it) or of a log record about it; the
-    line that follows the marker is the message the stage wrote.
-    """
+    """The line after USER_ERROR_MARKER in `message` (an error as the runner re-raised it, with
+    tracebacks, quotes and the step name around it, or a log record about it), or None."""
     if USER_ERROR_MARKER not in message:
         return None
     line = message.split(USER_ERROR_MARKER, 1)[1].splitlines()[0]
@@ -38,9 +33,8 @@ class Failure:
     """An input that was listed but not written, and why.
 
     Attributes:
-      path: the image path as listed (or the label row's key for orphan rows); an archive
-        member's pin is dropped here (transforms.paths.listed_name), so every failure names
-        it the same way on every run.
+      path: the image path as listed (or the label row's key for orphan rows), without an
+        archive member's pin (transforms.paths.listed_name): the same on every run.
       reason: one line a person can act on.
       stage: the pipeline stage that rejected it ('list', 'label', 'read', 'decode').
       split: the split the image was assigned to, if it got that far.
@@ -111,17 +105,10 @@ def top_kinds(counts: Mapping[str, int], n: int = 3) -> list[tuple[str, int]]:
     return sorted(counts.items(), key=lambda kv: (-kv[1], kv[0]))[:n]
 
 
-def diagnosis(reasons: Iterable[str], n: int = 3) -> str:
-    """One line for the exit-3 message: the top reasons with counts and the top one's fix.
-
-    E.g. "top reasons: 3 × label missing: no row for key … in the labels table; likely fix:
-    the table's keys must be the images' keys: ...". Empty without reasons.
-    """
-    return diagnosis_of_kinds(collections.Counter(reason_kind(r) for r in reasons), n)
-
-
 def diagnosis_of_kinds(counts: Mapping[str, int], n: int = 3) -> str:
-    """`diagnosis` from counts per reason kind (reason_kind), as a combiner gathers them."""
+    """One line for the exit-3 message from counts per reason kind (reason_kind): the top kinds
+    with counts and the top one's fix, e.g. "top reasons: 3 × label missing: no row for key …
+    in the labels table; likely fix: ...". Empty without failures."""
     top = top_kinds(counts, n)
     if not top:
         return ""

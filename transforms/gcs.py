@@ -1,33 +1,27 @@
 """gs:// for every stage: one storage client, one request per call, the one retry policy.
 
-In: gs:// paths. Out: object bytes (whole or a range, optionally pinned to a generation),
-(size, generation), existence, listings (with the delimiter, page by page), uploads (whole
-objects, or streamed with `create`), streamed reads (`open_read`), batch renames and deletes.
-`create`, `open_read`, `exists` and `literal_or_glob` take any path: other schemes and local
-paths go to Beam's FileSystems (or os), so callers need not branch. Everything on gs:// goes
-through google-cloud-storage with Beam's credentials (GcsIO's client), one client per process
-and endpoint (a batch uses one of its own: an open batch defers every call of its client).
+In: gs:// paths. Out: object bytes (whole or a range, optionally of one generation), (size,
+generation), existence, listings (page by page), whole and streamed uploads (`create`),
+streamed reads (`open_read`), batch renames and deletes. `create`, `open_read`, `exists` and
+`literal_or_glob` take any path (others go to Beam's FileSystems, or os). gs:// goes through
+google-cloud-storage with Beam's credentials (GcsIO's client), one client per process and
+endpoint, not through Beam's gs:// filesystem, which hides a 120 s retry in every request.
 
-Retries (transforms/retry.py): `read`, `stat` and each list page make one request and do not
-retry (`retry=None`), with REQUEST_TIMEOUT on connecting and on each read, so the caller's
-`RetryPolicy` is the whole budget (`call` wraps a request in it). Writes, batches and the
-streamed reads/uploads apply it themselves (streams as the same policy in google.api_core
-Retry form, per chunk); one that still fails when the budget is spent stops the job with one
-line (StoreUnreachable, exit 2): a write or a table has no image to fail instead. Beam's own gs://
-filesystem hides a 120 s retry inside every request (the storage client's default); nothing
-here goes through it. The local emulator ignores list paging; pages are followed by their token,
-so an endpoint that answers everything in one page is read the same way.
+Retries (transforms/retry.py): `read`, `stat` and each list page make one request with no
+retry of the client's and REQUEST_TIMEOUT, so the caller's RetryPolicy is the whole budget
+(`call`). Writes, batches and streams apply the policy themselves (streams as its
+google.api_core Retry, per chunk); a write that still fails stops the job with one line
+(StoreUnreachable, exit 2): it has no image to fail instead.
 
-Bounds: a listing page (at most 1,000 entries) is held at a time; a batch sends 100 operations.
+Bounds: one listing page (at most 1,000 entries) is held at a time; a batch sends 100 operations.
 """
 
 from __future__ import annotations
 
-import contextlib
 import functools
 import io
+import operator
 import os
-import threading
 from collections.abc import Callable, Iterable, Iterator
 from typing import TypeVar
 
@@ -51,38 +45,29 @@ CHUNK = 16 << 20
 # What a request may raise once its retries are spent (requests' errors are OSErrors).
 ERRORS = (GoogleAPIError, GoogleAuthError, OSError)
 
-# (object name, size) or (prefix, None): one entry of a listing with the delimiter.
-Entry = tuple[str, "int | None"]
-# Lists `prefix` of a bucket: with the delimiter (objects and prefixes of one level) or,
-# delimiter None, every object below it. Yields Entries.
-Lister = Callable[[str, "str | None"], Iterable[Entry]]
+# Lists `prefix` of a bucket, with the delimiter (one level) or, delimiter None, every object
+# below it: yields (object name, size) and, with the delimiter, (prefix, None).
+Lister = Callable[[str, "str | None"], Iterable[tuple[str, "int | None"]]]
 
 T = TypeVar("T")
 
-# One storage client per process (a forked worker makes its own) and endpoint (tests point
-# STORAGE_EMULATOR_HOST at local servers one after another in one process).
-_clients: dict[tuple[int, str | None], object] = {}
-_clients_lock = threading.Lock()
-
 
 def client():
-    """This process's google.cloud.storage Client, with Beam's credentials and settings."""
-    key = (os.getpid(), os.environ.get("STORAGE_EMULATOR_HOST"))
-    with _clients_lock:
-        if key not in _clients:
-            from apache_beam.io.gcp.gcsio import GcsIO
+    """This process's google.cloud.storage Client, with Beam's credentials and settings: one per
+    process (a forked worker makes its own) and endpoint (tests point STORAGE_EMULATOR_HOST at
+    local servers one after another in one process)."""
+    return _client(os.getpid(), os.environ.get("STORAGE_EMULATOR_HOST"))
 
-            _clients.clear()
-            _clients[key] = GcsIO().client
-        return _clients[key]
+
+@functools.lru_cache(maxsize=1)
+def _client(pid: int, endpoint: str | None):
+    from apache_beam.io.gcp.gcsio import GcsIO
+
+    return GcsIO().client
 
 
 def split_gcs_path(path: str) -> tuple[str, str]:
-    """('bucket', 'prefix/') of a gs:// root; the prefix is '' for the whole bucket.
-
-    Raises:
-      ValueError: not a gs:// path, or no bucket name.
-    """
+    """('bucket', 'prefix/') of a gs:// root ('' for the whole bucket); ValueError if it has no bucket."""
     if not path.startswith(GCS_SCHEME):
         raise ValueError(f"not a gs:// path: {path}")
     bucket, _, name = path[len(GCS_SCHEME) :].partition("/")
@@ -114,13 +99,8 @@ def read(
     timeout: float = REQUEST_TIMEOUT,
 ) -> bytes:
     """The bytes of gs:// object `path` as stored (no transcoding), in one request, no retry:
-    all of them, or the range `start`..`end` (inclusive, either open). With `generation`,
-    that generation of the object only (a newer one answers 404).
-
-    Raises:
-      google.api_core.exceptions.GoogleAPICallError: the answer was an HTTP error.
-      requests.exceptions.RequestException: no answer (refused, reset, timed out).
-    """
+    all, or the range `start`..`end` (inclusive, either open), of `generation` if given (a
+    newer one answers 404). Raises the client's errors (HTTP, or requests' for no answer)."""
     whole = start is None and end is None  # the client checks a whole object's checksum
     return blob(path, generation).download_as_bytes(
         raw_download=True,
@@ -161,13 +141,10 @@ def literal_or_glob(path: str) -> str:
 
 
 def lister(bucket: str) -> Lister:
-    """A Lister of `bucket`: paged, streamed page by page, each page one request under DEFAULT_RETRY.
+    """A Lister of `bucket`: page by page (each one request under DEFAULT_RETRY), followed by
+    token; an endpoint that ignores paging (the local emulator) answers in one page."""
 
-    Pages are followed by their token; an endpoint that ignores paging (the local emulator)
-    answers everything in one page, which is read the same way.
-    """
-
-    def list_prefix(prefix: str, delimiter: str | None) -> Iterator[Entry]:
+    def list_prefix(prefix: str, delimiter: str | None) -> Iterator[tuple[str, int | None]]:
         token = None
         while True:
             objects, prefixes, token = call(
@@ -182,11 +159,9 @@ def lister(bucket: str) -> Lister:
 
 
 def _page(bucket: str, prefix: str, delimiter: str | None, token: str | None, limit: int | None = None):
-    """One list request: ([(name, size)...], [prefix...], next page token or None).
-
-    A page is asked for by its token on a fresh iterator, so a failed request is simply made
-    again (a page iterator that raised is finished: retrying it would end the listing early).
-    """
+    """One list request: ([(name, size)...], [prefix...], next page token or None), on a fresh
+    iterator, so a failed one is made again (an iterator that raised is finished: retrying it
+    would end the listing early)."""
     blobs = client().list_blobs(
         bucket,
         prefix=prefix or None,
@@ -199,17 +174,12 @@ def _page(bucket: str, prefix: str, delimiter: str | None, token: str | None, li
     page = next(blobs.pages, None)
     if page is None:
         return [], [], None
-    # An object's size is never None; a prefix's is.
-    objects = [(b.name, b.size or 0) for b in page]
-    return objects, list(getattr(page, "prefixes", ())), blobs.next_page_token
+    return [(b.name, b.size or 0) for b in page], list(getattr(page, "prefixes", ())), blobs.next_page_token
 
 
 def first_page(root: str, limit: int) -> list[str]:
-    """Names of up to `limit` objects below gs:// `root`, from a single list request.
-
-    Raises:
-      ERRORS: the root cannot be listed (missing bucket, no permission).
-    """
+    """Names of up to `limit` objects below gs:// `root`, from one list request (raises ERRORS
+    if the root cannot be listed: missing bucket, no permission)."""
     bucket, prefix = split_gcs_path(root)
     objects, _, _ = call(lambda: _page(bucket, prefix, None, None, limit), root)
     return [name for name, _ in objects][:limit]
@@ -225,34 +195,35 @@ def cannot_write(path: str, error: BaseException) -> StoreUnreachable:
     )
 
 
+def cannot_read(path: str, error: BaseException) -> StoreUnreachable:
+    """The one-line error (exit 2) of a read of a file the job needs whole (a table, metadata)."""
+    if isinstance(error, StoreUnreachable):
+        return error
+    return StoreUnreachable(
+        f"{USER_ERROR_MARKER} cannot read {path}: {describe(error)}; rerun when it is reachable"
+    )
+
+
 def upload(
     path: str,
     data: bytes,
     content_type: str = "application/octet-stream",
     policy: RetryPolicy = DEFAULT_RETRY,
 ) -> None:
-    """Writes gs:// object `path` whole, one request per attempt under `policy`.
-
-    Raises:
-      StoreUnreachable: the write failed for good (one line).
-    """
-    b = blob(path)
+    """Writes gs:// object `path` whole, one request per attempt under `policy`; raises
+    StoreUnreachable (one line) if the write failed for good."""
+    send = functools.partial(
+        blob(path).upload_from_string, data, content_type=content_type, timeout=REQUEST_TIMEOUT, retry=None
+    )
     try:
-        call(
-            lambda: b.upload_from_string(
-                data, content_type=content_type, timeout=REQUEST_TIMEOUT, retry=None
-            ),
-            path,
-            policy,
-        )
+        call(send, path, policy)
     except ERRORS as e:
         raise cannot_write(path, e) from None
 
 
 class _Stream(io.RawIOBase):
-    """A streamed read or upload (google-cloud-storage's BlobReader / BlobWriter: ranged
-    requests / resumable chunks, each retried by the client under the policy as a google.api_core
-    Retry) whose failures are one-line errors."""
+    """google-cloud-storage's BlobReader / BlobWriter (ranged requests / resumable chunks, each
+    retried by the client under the policy's google.api_core Retry) with one-line failures."""
 
     def __init__(self, path: str, mode: str, policy: RetryPolicy, **kwargs):
         self.path, self.mode = path, mode  # mode: for Beam's CompressedFile
@@ -260,10 +231,9 @@ class _Stream(io.RawIOBase):
             mode, chunk_size=CHUNK, timeout=REQUEST_TIMEOUT, retry=policy.as_api_retry(), **kwargs
         )
 
-    @contextlib.contextmanager
-    def _one_line(self) -> Iterator[None]:
+    def _do(self, method: str, *args):
         try:
-            yield
+            return getattr(self._file, method)(*args)
         except NotFound:
             if self.mode == "wb":
                 raise cannot_write(self.path, OSError("no such bucket")) from None
@@ -274,31 +244,21 @@ class _Stream(io.RawIOBase):
     def readable(self) -> bool:
         return self.mode == "rb"
 
+    seekable = readable
+
     def writable(self) -> bool:
         return self.mode == "wb"
 
-    def seekable(self) -> bool:
-        return self.readable()
-
-    def read(self, size: int = -1) -> bytes:
-        with self._one_line():
-            return self._file.read(size)
-
-    def readall(self) -> bytes:
-        return self.read(-1)
-
-    def readinto(self, buffer) -> int:
-        data = self.read(len(buffer))
+    def readinto(self, buffer) -> int:  # RawIOBase builds read() and readall() on it
+        data = self._do("read", len(buffer))
         buffer[: len(data)] = data
         return len(data)
 
     def write(self, data) -> int:
-        with self._one_line():
-            return self._file.write(data)
+        return self._do("write", data)
 
     def seek(self, offset: int, whence: int = io.SEEK_SET) -> int:
-        with self._one_line():
-            return self._file.seek(offset, whence)
+        return self._do("seek", offset, whence)
 
     def tell(self) -> int:
         return self._file.tell()
@@ -306,19 +266,19 @@ class _Stream(io.RawIOBase):
     def close(self) -> None:
         if not self.closed:
             try:
-                with self._one_line():
-                    self._file.close()
+                self._do("close")
             finally:
                 super().close()
 
 
-def cannot_read(path: str, error: BaseException) -> StoreUnreachable:
-    """The one-line error (exit 2) of a read of a file the job needs whole (a table, metadata)."""
-    if isinstance(error, StoreUnreachable):
-        return error
-    return StoreUnreachable(
-        f"{USER_ERROR_MARKER} cannot read {path}: {describe(error)}; rerun when it is reachable"
-    )
+def _open(path: str, mode: str, compression_type: str, policy: RetryPolicy, **kwargs):
+    """gs:// `path` open in `mode` through `policy`, compressed as `compression_type` (AUTO: by extension)."""
+    if compression_type == CompressionTypes.AUTO:
+        compression_type = CompressionTypes.detect_compression_type(path)
+    raw = _Stream(path, mode, policy, **kwargs)
+    if compression_type != CompressionTypes.UNCOMPRESSED:
+        return CompressedFile(raw, compression_type=compression_type)
+    return io.BufferedReader(raw, buffer_size=1 << 20) if mode == "rb" else raw
 
 
 def open_read(
@@ -331,12 +291,7 @@ def open_read(
     through Beam's FileSystems. `compression_type` as FileSystems.open's (AUTO: by extension)."""
     if not path.startswith(GCS_SCHEME):
         return FileSystems.open(path, mime_type=mime_type, compression_type=compression_type)
-    if compression_type == CompressionTypes.AUTO:
-        compression_type = CompressionTypes.detect_compression_type(path)
-    raw = _Stream(path, "rb", policy, raw_download=True)
-    if compression_type == CompressionTypes.UNCOMPRESSED:
-        return io.BufferedReader(raw, buffer_size=1 << 20)
-    return CompressedFile(raw, compression_type=compression_type)
+    return _open(path, "rb", compression_type, policy, raw_download=True)
 
 
 def create(
@@ -349,35 +304,7 @@ def create(
     any other path through Beam's FileSystems. `compression_type` as FileSystems.create's."""
     if not path.startswith(GCS_SCHEME):
         return FileSystems.create(path, mime_type=mime_type, compression_type=compression_type)
-    if compression_type == CompressionTypes.AUTO:
-        compression_type = CompressionTypes.detect_compression_type(path)
-    raw = _Stream(path, "wb", policy, content_type=mime_type, ignore_flush=True)
-    if compression_type == CompressionTypes.UNCOMPRESSED:
-        return raw
-    return CompressedFile(raw, compression_type=compression_type)
-
-
-def _batch(add: Callable[[object, object], None], items: list, path: str, policy: RetryPolicy) -> list[int]:
-    """HTTP status of each deferred request `add(client, item)`, in batches of BATCH_SIZE; transient
-    statuses are sent again under `policy` (one batch request per attempt)."""
-    statuses = [0] * len(items)
-    for first in range(0, len(items), BATCH_SIZE):
-        pending = list(range(first, min(first + BATCH_SIZE, len(items))))
-
-        def attempt() -> None:
-            nonlocal pending
-            responses = _send(add, [items[i] for i in pending])
-            for i, response in zip(pending, responses, strict=True):
-                statuses[i] = response.status_code
-            pending = [i for i in pending if statuses[i] in (408, 429) or statuses[i] >= 500]
-            if pending:
-                raise _BatchStatus(statuses[pending[0]])
-
-        try:
-            call(attempt, path, policy)
-        except ERRORS as e:
-            raise cannot_write(path, e) from None
-    return statuses
+    return _open(path, "wb", compression_type, policy, content_type=mime_type, ignore_flush=True)
 
 
 class _BatchStatus(Exception):
@@ -389,65 +316,71 @@ class _BatchStatus(Exception):
 
 
 class _Sent(Exception):
-    """Leaves a batch's `with` block once it was sent (so it is not sent again)."""
+    """Leaves a batch's `with` block once it was sent (so that its exit does not send it again)."""
 
 
-def _send(add: Callable[[object, object], None], items: list) -> list:
-    """One batch request of `add(client, item)` for each item: the HTTP answers, in order.
+def _batch(
+    add: Callable, items: list, name: Callable, store: str, policy: RetryPolicy, missing_ok: bool
+) -> None:
+    """Sends `add(client, item)` for each item deferred, BATCH_SIZE a batch request; transient
+    statuses are sent again under `policy` (one batch request per attempt). Raises StoreUnreachable
+    (one line, naming `name(item)`) if one failed for good (a 404 too unless `missing_ok`).
 
-    On a client of its own: while a batch is open, its client defers every JSON API call made
-    through it, so the shared client (other threads' reads) must not hold one.
+    On a client of its own: while a batch is open its client defers every call made through
+    it, so the shared client (other threads' reads) must not hold one.
     """
     from apache_beam.io.gcp.gcsio import GcsIO
 
-    responses: list = []
-    own = GcsIO().client
-    try:
-        with own.batch(raise_exception=False) as batch:
-            for item in items:
-                add(own, item)
-            responses = batch.finish(raise_exception=False)
-            raise _Sent
-    except _Sent:
-        pass
-    return responses
+    statuses = [0] * len(items)
+    for first in range(0, len(items), BATCH_SIZE):
+        pending = list(range(first, min(first + BATCH_SIZE, len(items))))
+
+        def attempt() -> None:
+            nonlocal pending
+            own = GcsIO().client
+            try:
+                with own.batch(raise_exception=False) as batch:
+                    for i in pending:
+                        add(own, items[i])
+                    responses = batch.finish(raise_exception=False)
+                    raise _Sent
+            except _Sent:
+                pass
+            for i, response in zip(pending, responses, strict=True):
+                statuses[i] = response.status_code
+            pending = [i for i in pending if statuses[i] in (408, 429) or statuses[i] >= 500]
+            if pending:
+                raise _BatchStatus(statuses[pending[0]])
+
+        try:
+            call(attempt, store, policy)
+        except ERRORS as e:
+            raise cannot_write(store, e) from None
+    failed = [(item, s) for item, s in zip(items, statuses) if s >= 400 and not (missing_ok and s == 404)]
+    if failed:
+        error = OSError(f"could not {add.__name__} {len(failed)} objects (HTTP {failed[0][1]})")
+        raise cannot_write(name(failed[0][0]), error)
 
 
 def delete_batch(paths: list[str], policy: RetryPolicy = DEFAULT_RETRY) -> None:
-    """Deletes gs:// objects (missing ones are fine), in batch requests under `policy`.
+    """Deletes gs:// objects (missing ones are fine), in batch requests under `policy`; raises
+    StoreUnreachable (one line) if one could not be deleted."""
 
-    Raises:
-      StoreUnreachable: an object could not be deleted (one line).
-    """
-
-    def add(own, path: str) -> None:
+    def delete(own, path: str) -> None:
         blob(path, on=own).delete(timeout=REQUEST_TIMEOUT, retry=None)
 
-    statuses = _batch(add, paths, paths[0] if paths else "", policy) if paths else []
-    failed = [(p, s) for p, s in zip(paths, statuses, strict=True) if s >= 400 and s != 404]
-    if failed:
-        raise cannot_write(
-            failed[0][0], OSError(f"could not delete {len(failed)} objects (HTTP {failed[0][1]})")
-        )
+    if paths:
+        _batch(delete, paths, str, paths[0], policy, missing_ok=True)
 
 
 def rename_batch(pairs: list[tuple[str, str]], policy: RetryPolicy = DEFAULT_RETRY) -> None:
-    """Renames gs:// objects (copy, then delete the sources), in batch requests under `policy`.
+    """Renames gs:// objects (copy, then delete the sources), in batch requests under `policy`;
+    raises StoreUnreachable (one line) if one could not be copied or deleted."""
 
-    Raises:
-      StoreUnreachable: an object could not be copied or deleted (one line).
-    """
-
-    def add(own, pair: tuple[str, str]) -> None:
+    def copy(own, pair: tuple[str, str]) -> None:
         src, dst = blob(pair[0], on=own), blob(pair[1], on=own)
         src.bucket.copy_blob(src, dst.bucket, dst.name, timeout=REQUEST_TIMEOUT, retry=None)
 
-    if not pairs:
-        return
-    statuses = _batch(add, pairs, pairs[0][1], policy)
-    failed = [(src, s) for (src, _), s in zip(pairs, statuses, strict=True) if s >= 400]
-    if failed:
-        raise cannot_write(
-            failed[0][0], OSError(f"could not copy {len(failed)} objects (HTTP {failed[0][1]})")
-        )
-    delete_batch([src for src, _ in pairs], policy)
+    if pairs:
+        _batch(copy, pairs, operator.itemgetter(0), pairs[0][1], policy, missing_ok=False)
+        delete_batch([src for src, _ in pairs], policy)

@@ -1,7 +1,5 @@
-"""Paths as the job sees them: image extensions, roots, relative paths, literal globs.
-
-Pure functions every stage may use (local paths and any Beam filesystem's URLs).
-"""
+"""Paths as the job sees them (local, or any Beam filesystem's URLs): image extensions, roots,
+relative paths, literal globs. Pure functions every stage may use."""
 
 from __future__ import annotations
 
@@ -22,8 +20,6 @@ def normalize_root(root: str) -> str:
     """The input root without a trailing separator; local roots made absolute."""
     if "://" in root:
         return root.rstrip("/")
-    import os
-
     return os.path.abspath(root)
 
 

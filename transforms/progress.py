@@ -1,10 +1,9 @@
 """Live progress of a local run: a process-local tally that the pipeline's DoFns update.
 
-`main.run` registers a Progress under the run id and polls it from a thread (see
-beam_pipeline/cli/progress.py). DoFns look the tally up by that id where they run: with the
-in-process runner they find it; in a worker process of another runner (Dataflow, or the
-local runner's multi_processing mode) they find nothing and only the Beam counters count,
-which is what the Dataflow UI shows.
+`main.run` registers a Progress under the run id and polls it (beam_pipeline/cli/progress.py).
+DoFns look the tally up by that id where they run: in-process they find it; in a worker
+process of another runner (Dataflow, multi_processing) they find nothing and only the Beam
+counters count, which is what the Dataflow UI shows.
 """
 
 from __future__ import annotations
@@ -18,11 +17,8 @@ from apache_beam.metrics import Metrics
 
 
 class Progress:
-    """Thread-safe counts of one run: listed, written and failed images, bytes written.
-
-    `first_done` is when the first image was written or failed (rates start there, not at
-    start-up or listing).
-    """
+    """Thread-safe counts of one run: listed, written and failed images, bytes written;
+    `first_done`: when the first image was written or failed (rates start there)."""
 
     def __init__(self) -> None:
         self._lock = threading.Lock()
@@ -44,44 +40,35 @@ class Progress:
             return self.listed, self.written, self.failed, self.bytes, self.first_done
 
 
-_REGISTRY: dict[str, Progress] = {}
-_REGISTRY_LOCK = threading.Lock()
+_REGISTRY: dict[str, Progress] = {}  # run id -> its tally (one dict call each: thread-safe)
 
 
 def register(key: str) -> Progress:
     """Creates and registers the tally of run `key` in this process."""
-    with _REGISTRY_LOCK:
-        progress = _REGISTRY[key] = Progress()
+    progress = _REGISTRY[key] = Progress()
     return progress
 
 
 def unregister(key: str) -> None:
-    with _REGISTRY_LOCK:
-        _REGISTRY.pop(key, None)
+    _REGISTRY.pop(key, None)
 
 
 def lookup(key: str | None) -> Progress | None:
     """The tally of run `key` if it lives in this process, else None."""
-    if not key:
-        return None
-    with _REGISTRY_LOCK:
-        return _REGISTRY.get(key)
+    return _REGISTRY.get(key) if key else None
 
 
-# What CountProgressFn counts.
+# What CountProgress counts.
 LISTED = "listed"
 FAILED_ANYWHERE = "failed"
 
 
 class CountProgressFn(beam.DoFn):
-    """Counts elements (listed files, or failures of any stage) for progress and the Beam UI."""
+    """Counts elements as `what` in this run's tally (if it lives here) and a Beam counter."""
 
     def __init__(self, key: str | None, what: str):
-        if what not in (LISTED, FAILED_ANYWHERE):
-            raise ValueError(f"cannot count {what!r}")
         self._key, self._what = key, what
         self._counter = Metrics.counter(self.__class__, f"images_{what}")
-        self._progress: Progress | None = None
 
     def setup(self) -> None:
         self._progress = lookup(self._key)
@@ -98,6 +85,8 @@ class CountProgress(beam.PTransform):
 
     def __init__(self, key: str | None, what: str):
         super().__init__()
+        if what not in (LISTED, FAILED_ANYWHERE):
+            raise ValueError(f"cannot count {what!r}")
         self._fn = CountProgressFn(key, what)
 
     def expand(self, pcoll: beam.PCollection) -> beam.PCollection[None]:

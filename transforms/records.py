@@ -1,30 +1,25 @@
-"""Small metadata records that travel through the pipeline.
+"""Small metadata records that travel through the pipeline (image bytes never do).
 
-Image bytes never travel in a PCollection: only these records do, so every shuffle
-(join, split assignment, shard planning) moves a few hundred bytes per image.
-
-Between listing and shard planning the records travel in batches (FileBatch, RecordBatch:
-up to BATCH_SIZE images an element), because Beam's cost per element (DoFn calls, coders,
-counters) is many times the plain work per image there. A batch holds *columns*: one tuple
-per field (paths, relpaths, sizes, ...), so Beam's compiled FastPrimitivesCoder codes it as
-a handful of tuples of strings and ints (transforms/coders.py) and a consumer reads the
-columns it needs without one Python object being built per image. `batch.records` /
-`batch.files` build those objects on demand, for code that wants them. Steps that are per
-image by nature (dedupe) take single records inside and batch them again on the way out
-(transforms/batching.py); the labels join shuffles batches by key bucket
-(transforms/labels/beam_table.py).
-
-A RecordBatch may also carry its records' seeded hashes (`hashes`: 16 bytes a record, made
-once by the layout stage, transforms/layout/plan.py `record_hashes`), so split assignment,
-the shard plan, keying and the order inside a shard all read one stored value.
+Every shuffle (join, split assignment, shard planning) moves a few hundred bytes an image.
+Between listing and shard planning records travel in batches (FileBatch, RecordBatch: up to
+BATCH_SIZE images an element), because Beam's cost per element (DoFn calls, coders,
+counters) is many times the plain work per image there. A batch holds *columns*, one tuple
+per field, so Beam's compiled FastPrimitivesCoder codes it as a handful of tuples
+(transforms/coders.py) and a consumer reads the columns it needs without one Python object
+per image (`batch.records` / `batch.files` build them on demand). Per-image steps (dedupe)
+batch again on the way out (transforms/batching.py). A RecordBatch may also carry its
+records' seeded hashes (`hashes`, HASH_BYTES a record, made once by the layout stage:
+transforms/layout/plan.py `record_hashes`), read by split assignment, shard planning and
+the order inside a shard.
 """
 
 from __future__ import annotations
 
 import dataclasses
+import functools
 import itertools
 import operator
-from collections.abc import Iterable, Iterator, Sequence
+from collections.abc import Callable, Iterable, Iterator, Sequence
 from typing import Any
 
 import numpy as np
@@ -48,17 +43,10 @@ class ImageFile:
 
 @dataclasses.dataclass(frozen=True)
 class ImageRecord:
-    """A listed image with everything known before its bytes are read.
-
-    Attributes:
-      path: full path (local or gs://).
-      relpath: path relative to the input root; written as `image/filename`.
-      size: file size in bytes (used to plan shard sizes).
-      labels: class names of the image (one for single-label data; may be empty
-        for unlabeled inference sets).
-      split: name of the split the image is written to.
-      extras: further (name, value) features carried into the Example.
-    """
+    """A listed image with everything known before its bytes are read: its full path, its path
+    relative to the input root (written as `image/filename`), file size (plans shard sizes),
+    class names (one for single-label data, none for unlabeled sets), split, and further
+    (name, value) features carried into the Example."""
 
     path: str
     relpath: str
@@ -78,11 +66,8 @@ _PATH_SEP = "\x00"
 
 
 def root_of(paths: Sequence[str], relpaths: Sequence[str]) -> str | None:
-    """The root that every path is, followed by its relpath (a listing's files), or None.
-
-    Checked on the whole column at once (two joins and one comparison), so a coder can send
-    the paths as that root alone (`rooted_paths` rebuilds them).
-    """
+    """The root that every path is, followed by its relpath (a listing's files), or None: checked
+    on the whole column at once (two joins, one comparison), so that a coder sends the root alone."""
     if not paths or not relpaths[0] or type(paths[0]) is not str or not paths[0].endswith(relpaths[0]):
         return None
     root = paths[0][: len(paths[0]) - len(relpaths[0])]
@@ -100,36 +85,42 @@ def rooted_paths(root: str, relpaths: Sequence[str]) -> tuple[str, ...]:
     return tuple(map(root.__add__, relpaths))
 
 
-def _pick(column: Sequence, indices: Sequence[int]) -> tuple:
-    if len(indices) > 1:
-        return operator.itemgetter(*indices)(column)  # a tuple, gathered in C
-    return (column[indices[0]],) if indices else ()
+class _Columns:
+    """Equality, hash and repr of a batch of columns (`columns()`), shared by FileBatch and RecordBatch."""
+
+    __slots__ = ()
+
+    def __len__(self) -> int:
+        return len(self.relpaths)  # not the paths: a RecordBatch's may be unbuilt (from_root)
+
+    def __eq__(self, other: object) -> bool:
+        return type(other) is type(self) and self.columns() == other.columns()
+
+    def __hash__(self) -> int:
+        return hash(self.columns())
+
+    def __repr__(self) -> str:
+        return f"{type(self).__name__}({len(self)}: {self.relpaths[:3]!r}...)"
 
 
-class FileBatch:
-    """Listed files travelling as one element, as columns (see the module docstring).
+class FileBatch(_Columns):
+    """Listed files travelling as one element, as columns (paths, relpaths, sizes): from
+    ImageFiles, or `from_columns` (no ImageFile built). Immutable by convention."""
 
-    `FileBatch(files)` takes a tuple of ImageFile; `FileBatch.from_columns(paths, relpaths,
-    sizes)` equal-length tuples (no ImageFile is built). Immutable by convention.
-    """
-
-    __slots__ = ("paths", "relpaths", "sizes", "_files")
+    __slots__ = ("paths", "relpaths", "sizes")
 
     def __init__(self, files: Iterable[ImageFile] = ()):
         files = tuple(files)
         self.paths = tuple([f.path for f in files])
         self.relpaths = tuple([f.relpath for f in files])
         self.sizes = tuple([f.size for f in files])
-        self._files: tuple[ImageFile, ...] | None = files
 
     @classmethod
     def from_columns(cls, paths: Sequence[str], relpaths: Sequence[str], sizes: Sequence[int]) -> FileBatch:
-        """A batch of equal-length columns."""
         if not len(paths) == len(relpaths) == len(sizes):
             raise ValueError("FileBatch columns of different lengths")
         batch = cls.__new__(cls)
         batch.paths, batch.relpaths, batch.sizes = tuple(paths), tuple(relpaths), tuple(sizes)
-        batch._files = None
         return batch
 
     def columns(self) -> tuple[tuple[str, ...], tuple[str, ...], tuple[int, ...]]:
@@ -138,54 +129,27 @@ class FileBatch:
 
     @property
     def files(self) -> tuple[ImageFile, ...]:
-        """The files as ImageFile objects (built on first use)."""
-        if self._files is None:
-            self._files = tuple(itertools.starmap(ImageFile, zip(self.paths, self.relpaths, self.sizes)))
-        return self._files
-
-    def __len__(self) -> int:
-        return len(self.paths)
-
-    def __eq__(self, other: object) -> bool:
-        return type(other) is FileBatch and self.columns() == other.columns()
-
-    def __hash__(self) -> int:
-        return hash(self.columns())
-
-    def __repr__(self) -> str:
-        return f"FileBatch({len(self)} files: {self.relpaths[:3]!r}...)"
+        return tuple(itertools.starmap(ImageFile, zip(*self.columns())))
 
     def __reduce__(self) -> tuple:
         return FileBatch.from_columns, self.columns()
 
 
-class RecordBatch:
+# A RecordBatch's columns but the paths (which may be built from a root: from_root).
+_REST = ("relpaths", "sizes", "labels", "splits", "extras")
+
+
+class RecordBatch(_Columns):
     """ImageRecords travelling as one element, as columns (see the module docstring).
 
-    `RecordBatch(records)` takes a tuple of ImageRecord; `RecordBatch.from_columns(paths,
-    relpaths, sizes, labels, splits, extras)` equal-length tuples (no ImageRecord is built).
-    `hashes` (bytes, HASH_BYTES a record, or None) are the records' seeded hashes for seed
-    `hash_seed`, set by the layout stage. Immutable by convention: `with_*` make new batches.
-
-    A batch decoded from paths coded as one root (transforms/coders.py: every path is root +
-    relpath) keeps that root and builds `paths` only when it is read (`from_root`): the
-    planning steps never read the paths of most records, and `take`, `slice`, `concat` and
-    `with_columns` keep the root, so a batch crossing several stages is coded as its root
-    without the paths being built or checked again.
+    `RecordBatch(records)` takes ImageRecords; `from_columns` equal-length columns (no
+    ImageRecord built). `hashes`: the records' seeded hashes for seed `hash_seed`, or None.
+    Immutable by convention. A batch decoded from paths coded as one root keeps the root and
+    builds `paths` only when read (`from_root`): planning never reads most paths, and `take`,
+    `slice`, `concat` and `with_columns` keep the root, so it is coded as the root again.
     """
 
-    __slots__ = (
-        "_paths",
-        "_root",
-        "relpaths",
-        "sizes",
-        "labels",
-        "splits",
-        "extras",
-        "hashes",
-        "hash_seed",
-        "_records",
-    )
+    __slots__ = ("_paths", "_root", *_REST, "hashes", "hash_seed", "_records")
 
     def __init__(self, records: Iterable[ImageRecord] = ()):
         records = tuple(records)
@@ -202,25 +166,19 @@ class RecordBatch:
 
     @classmethod
     def from_columns(
-        cls,
-        paths: Sequence[str],
-        relpaths: Sequence[str],
-        sizes: Sequence[int],
-        labels: Sequence[tuple[str, ...]],
-        splits: Sequence[str],
-        extras: Sequence[tuple],
-        hashes: bytes | None = None,
-        hash_seed: int | None = None,
+        cls, paths: Sequence[str], relpaths: Sequence[str], *rest: Any, **named: Any
     ) -> RecordBatch:
-        """A batch of equal-length columns (and, optionally, their seeded hashes)."""
+        """A batch of equal-length columns: the paths, then from_root's columns (hashes optional)."""
         if len(paths) != len(relpaths):
             raise ValueError("RecordBatch columns of different lengths")
-        return cls._built(tuple(paths), None, (relpaths, sizes, labels, splits, extras), hashes, hash_seed)
+        batch = cls.from_root(None, relpaths, *rest, **named)
+        batch._paths = tuple(paths)
+        return batch
 
     @classmethod
     def from_root(
         cls,
-        root: str,
+        root: str | None,
         relpaths: Sequence[str],
         sizes: Sequence[int],
         labels: Sequence[tuple[str, ...]],
@@ -230,31 +188,16 @@ class RecordBatch:
         hash_seed: int | None = None,
     ) -> RecordBatch:
         """A batch whose every path is `root` + its relpath (`paths` built when first read)."""
-        return cls._built(None, root, (relpaths, sizes, labels, splits, extras), hashes, hash_seed)
-
-    @classmethod
-    def _built(
-        cls,
-        paths: tuple[str, ...] | None,
-        root: str | None,
-        rest: tuple[Sequence, ...],
-        hashes: bytes | None,
-        hash_seed: int | None,
-    ) -> RecordBatch:
-        """The batch of `from_columns` (paths given) or `from_root` (root given); `rest`: the
-        columns but the paths, checked to be of one length, as are the hashes."""
-        relpaths, sizes, labels, splits, extras = rest
         n = len(relpaths)
         if not n == len(sizes) == len(labels) == len(splits) == len(extras):
             raise ValueError("RecordBatch columns of different lengths")
         if hashes is not None and len(hashes) != n * HASH_BYTES:
             raise ValueError("RecordBatch hashes of the wrong length")
         batch = cls.__new__(cls)
-        batch._paths, batch._root = paths, root
+        batch._paths, batch._root, batch._records = None, root, None
         batch.relpaths, batch.sizes = tuple(relpaths), tuple(sizes)
         batch.labels, batch.splits, batch.extras = tuple(labels), tuple(splits), tuple(extras)
         batch.hashes, batch.hash_seed = (hashes, hash_seed) if hashes is not None else (None, None)
-        batch._records = None
         return batch
 
     @property
@@ -266,22 +209,23 @@ class RecordBatch:
 
     @property
     def root(self) -> str | None:
-        """The root every path is known to be followed by its relpath (`from_root`), else None.
-
-        None says nothing about the paths (they may still share a root: `root_of` checks)."""
+        """The root known to precede every relpath (`from_root`), else None (the paths may still share one)."""
         return self._root
-
-    def _same_root(self, columns: tuple, hashes: bytes | None) -> RecordBatch:
-        """A batch of this one's root and `columns` (all but the paths)."""
-        return RecordBatch.from_root(self._root, *columns, hashes=hashes, hash_seed=self.hash_seed)
 
     def _rest(self) -> tuple:
         """The columns but the paths: (relpaths, sizes, labels, splits, extras)."""
         return self.relpaths, self.sizes, self.labels, self.splits, self.extras
 
+    def _derived(self, pick: Callable[[Sequence], Sequence], hashes: bytes | None) -> RecordBatch:
+        """A batch of `pick(column)` of each column, this batch's root kept (paths unbuilt)."""
+        rest = tuple(map(pick, self._rest()))
+        if self._root is not None:
+            return RecordBatch.from_root(self._root, *rest, hashes, self.hash_seed)
+        return RecordBatch.from_columns(pick(self.paths), *rest, hashes, self.hash_seed)
+
     def columns(self) -> tuple:
         """(paths, relpaths, sizes, labels, splits, extras)."""
-        return self.paths, self.relpaths, self.sizes, self.labels, self.splits, self.extras
+        return self.paths, *self._rest()
 
     def class_keys(self) -> list[str]:
         """Each record's ImageRecord.class_key (its labels joined by '|')."""
@@ -294,61 +238,30 @@ class RecordBatch:
             self._records = tuple(itertools.starmap(ImageRecord, zip(*self.columns())))
         return self._records
 
-    def __len__(self) -> int:
-        return len(self.relpaths)  # not the paths: they may be unbuilt (from_root)
-
-    def __eq__(self, other: object) -> bool:
-        return type(other) is RecordBatch and self.columns() == other.columns()
-
-    def __hash__(self) -> int:
-        return hash(self.columns())
-
-    def __repr__(self) -> str:
-        return f"RecordBatch({len(self)} records: {self.relpaths[:3]!r}...)"
-
     def __reduce__(self) -> tuple:
         return RecordBatch.from_columns, (*self.columns(), self.hashes, self.hash_seed)
 
     def with_columns(self, **columns: Any) -> RecordBatch:
         """A copy with some columns replaced (e.g. `splits=...`, `hashes=..., hash_seed=...`)."""
-        if self._root is not None and "paths" not in columns and "relpaths" not in columns:
-            fields = dict(zip(("relpaths", "sizes", "labels", "splits", "extras"), self._rest()))
-            fields.update(hashes=self.hashes, hash_seed=self.hash_seed)
-            fields.update(columns)
-            return RecordBatch.from_root(self._root, **fields)
-        fields = dict(
-            paths=self.paths,
-            relpaths=self.relpaths,
-            sizes=self.sizes,
-            labels=self.labels,
-            splits=self.splits,
-            extras=self.extras,
-            hashes=self.hashes,
-            hash_seed=self.hash_seed,
-        )
+        fields = dict(zip((*_REST, "hashes", "hash_seed"), (*self._rest(), self.hashes, self.hash_seed)))
         fields.update(columns)
-        return RecordBatch.from_columns(**fields)
+        if self._root is not None and "paths" not in columns and "relpaths" not in columns:
+            return RecordBatch.from_root(self._root, **fields)
+        return RecordBatch.from_columns(**{"paths": self.paths, **fields})
 
     def take(self, indices: Sequence[int]) -> RecordBatch:
         """The records at `indices`, in that order (hashes kept)."""
         hashes = self.hashes
         if hashes is not None:
             hashes = np.frombuffer(hashes, dtype=_HASH_DTYPE)[np.asarray(indices, dtype=np.intp)].tobytes()
-        if self._root is not None:
-            return self._same_root(tuple(_pick(column, indices) for column in self._rest()), hashes)
-        return RecordBatch.from_columns(
-            *(_pick(column, indices) for column in self.columns()), hashes=hashes, hash_seed=self.hash_seed
-        )
+        if len(indices) > 1:
+            return self._derived(operator.itemgetter(*indices), hashes)  # tuples, gathered in C
+        return self._derived(lambda column: tuple(column[i] for i in indices), hashes)
 
     def slice(self, start: int, stop: int) -> RecordBatch:
         """The records start..stop-1 (hashes kept)."""
-        h = HASH_BYTES
-        hashes = self.hashes[start * h : stop * h] if self.hashes is not None else None
-        if self._root is not None:
-            return self._same_root(tuple(column[start:stop] for column in self._rest()), hashes)
-        return RecordBatch.from_columns(
-            *(column[start:stop] for column in self.columns()), hashes=hashes, hash_seed=self.hash_seed
-        )
+        hashes = self.hashes[start * HASH_BYTES : stop * HASH_BYTES] if self.hashes is not None else None
+        return self._derived(lambda column: column[start:stop], hashes)
 
     def chunks(self, size: int = BATCH_SIZE) -> list[RecordBatch]:
         """The batch cut into batches of `size` records (the last may be smaller; none if empty)."""
@@ -367,30 +280,28 @@ class RecordBatch:
         if len(seeds) == 1 and None not in seeds and all(b.hashes is not None for b in batches):
             hashes, seed = b"".join(b.hashes for b in batches), seeds.pop()
         roots = {b._root for b in batches}
-        if len(roots) == 1 and None not in roots:  # one root: the paths stay unbuilt
-            columns = [tuple(itertools.chain.from_iterable(c)) for c in zip(*(b._rest() for b in batches))]
+        one_root = len(roots) == 1 and None not in roots  # the paths stay unbuilt
+        parts = [b._rest() if one_root else b.columns() for b in batches]
+        columns = [tuple(itertools.chain.from_iterable(c)) for c in zip(*parts)] or [()] * 6
+        if one_root:
             return RecordBatch.from_root(roots.pop(), *columns, hashes=hashes, hash_seed=seed)
-        columns = [tuple(itertools.chain.from_iterable(c)) for c in zip(*(b.columns() for b in batches))]
-        if not batches:
-            columns = [()] * 6
         return RecordBatch.from_columns(*columns, hashes=hashes, hash_seed=seed)
 
 
+@dataclasses.dataclass(init=False, unsafe_hash=True, slots=True)
 class ShardTask:
-    """All records of one output shard, in the order they are written, as columns.
+    """All records of one output shard, in the order they are written, as a RecordBatch.
 
-    `ShardTask(split, index, batch)` takes a RecordBatch (its seeded hashes are dropped: a
-    shard is written in its planned order and needs none); `ShardTask(split, index,
-    records)` a sequence of ImageRecord (tests, code that builds a few). A shard is cut by
-    bytes and holds at most --max_records_per_shard records (10,000 by default; without
-    that cap a 128 MB shard of tiny images would hold ~150,000): held as columns (one tuple
-    per field) it costs the runner its strings and ints, not one ImageRecord object (and,
-    once pickled, its `__dict__`) per image. `records` builds the objects (not kept: each
-    use builds them again); `iter_records` builds them one at a time. Immutable by
+    Takes a RecordBatch (its seeded hashes dropped: a shard is written in its planned order)
+    or ImageRecords. A shard holds up to --max_records_per_shard records (10,000 by default):
+    as columns it costs the runner its strings and ints, not an ImageRecord (and, pickled,
+    its `__dict__`) per image. `iter_records` builds the objects one at a time. Immutable by
     convention.
     """
 
-    __slots__ = ("split", "index", "batch")
+    split: str
+    index: int
+    batch: RecordBatch
 
     def __init__(self, split: str, index: int, records: RecordBatch | Iterable[ImageRecord] = ()):
         self.split, self.index = split, index
@@ -400,16 +311,15 @@ class ShardTask:
         # name and label tuple (~160 bytes an image): held for the whole write, one of each.
         seen: dict = {}
         labels = tuple([seen.setdefault(x, x) for x in labels])
-        splits = (
-            (split,) * len(splits)
-            if all(s == split for s in splits)
-            else tuple(map(seen.setdefault, splits, splits))
-        )
+        if all(s == split for s in splits):
+            splits = (split,) * len(splits)
+        else:
+            splits = tuple(map(seen.setdefault, splits, splits))
         self.batch = RecordBatch.from_columns(paths, relpaths, sizes, labels, splits, extras)
 
     @property
     def records(self) -> tuple[ImageRecord, ...]:
-        """The records as ImageRecord objects (built on each use: prefer `batch` or `iter_records`)."""
+        """The records as ImageRecord objects (built on each use)."""
         return tuple(self.iter_records())
 
     def iter_records(self) -> Iterator[ImageRecord]:
@@ -426,19 +336,6 @@ class ShardTask:
 
     def __len__(self) -> int:
         return len(self.batch)
-
-    def __eq__(self, other: object) -> bool:
-        return (
-            type(other) is ShardTask
-            and (self.split, self.index) == (other.split, other.index)
-            and self.batch.columns() == other.batch.columns()
-        )
-
-    def __hash__(self) -> int:
-        return hash((self.split, self.index, self.batch.columns()))
-
-    def __repr__(self) -> str:
-        return f"ShardTask({self.split!r}, {self.index}, {self.batch!r})"
 
     def __reduce__(self) -> tuple:
         return ShardTask, (self.split, self.index, self.batch)
@@ -466,11 +363,8 @@ class ClassIndex:
     offset: int = 0
 
     def id_of(self, name: str) -> int:
-        return self._ids()[name]
+        return self._ids[name]
 
+    @functools.cached_property
     def _ids(self) -> dict[str, int]:
-        ids = self.__dict__.get("_ids_cache")
-        if ids is None:
-            ids = {n: i + self.offset for i, n in enumerate(self.names)}
-            object.__setattr__(self, "_ids_cache", ids)
-        return ids
+        return {n: i + self.offset for i, n in enumerate(self.names)}

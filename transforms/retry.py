@@ -1,32 +1,26 @@
 """One retry policy for every read and write that may fail for a moment (pure).
 
-In: a call that makes one request (or one local read). Out: its result, or one error once the
-policy's budget is spent. `RetryPolicy.call` retries transient errors (timeouts, resets, EIO,
-HTTP 408/429/5xx) with jittered exponential backoff, at most `attempts` times and never
-starting an attempt `deadline` seconds after the first; permanent errors propagate at once.
-The same policy, as a `google.api_core.retry.Retry` (`as_api_retry`), bounds the requests the
-storage client has to retry itself (the chunks of a resumable upload, the claim's requests):
-one request per attempt either way, never a retry behind the policy's back.
+`RetryPolicy.call(fn)` retries transient errors (timeouts, resets, EIO, HTTP 408/429/5xx) with
+jittered exponential backoff, at most `attempts` times, starting none `deadline` s after the
+first; permanent errors propagate at once. `as_api_retry` gives the same policy as a
+google.api_core Retry, for the requests the storage client retries itself (upload chunks,
+the claim's requests); `call` is not that Retry, which has no cap on attempts, draws delays
+from zero and sleeps by time.sleep (tests pass their own sleep).
 
-`StoreHealth` watches a whole store (a bucket) from one process: a store that has answered
-nothing but transient errors for `store_down` seconds, whatever was asked of it, is down (an
-endpoint that disappeared, a network gone), and `StoreUnreachable` stops the job with one
-line (exit 2) instead of failing every image after its own retries for hours. One object
-that keeps failing while others are read does not trip it: any answer resets the clock.
-
-The budget (`deadline` and `store_down`, 60 s) is read from IMG2TFRECORD_RETRY_SECONDS when a
-policy is made, so tests and impatient users shorten it; a policy travels inside the pickled
-graph to the workers.
+`StoreHealth`: a store (bucket) that has answered one process nothing but transient errors
+for `store_down` s is down, and StoreUnreachable stops the job with one line (exit 2) instead
+of failing every image after its own retries; any answer resets the clock. Both budgets (60 s)
+are read from IMG2TFRECORD_RETRY_SECONDS when a policy is made (tests shorten them).
 """
 
 from __future__ import annotations
 
 import dataclasses
 import errno
+import itertools
 import os
 import random
 import re
-import threading
 import time
 from collections.abc import Callable
 from typing import TypeVar
@@ -55,12 +49,9 @@ class GaveUp(OSError):
 
 
 class StoreUnreachable(Exception):
-    """A store answered nothing but errors for too long, or a write to it could not be made:
-    the job stops (one line).
-
-    Not an OSError, so it is never turned into one image's failure; its message carries
-    USER_ERROR_MARKER, which the entry point reports as one line (exit 2).
-    """
+    """A store answered nothing but errors for too long, or a write to it failed for good: the
+    job stops. Not an OSError, so never one image's failure; its message carries
+    USER_ERROR_MARKER, which the entry point reports as one line (exit 2)."""
 
 
 def http_status(error: BaseException) -> int | None:
@@ -108,21 +99,17 @@ class StoreHealth:
 
     def __init__(self, clock=time.monotonic):
         self._clock = clock
-        self._failing_since: dict[str, float] = {}
-        self._lock = threading.Lock()
+        self._failing_since: dict[str, float] = {}  # one dict call each: safe across threads
 
     def succeeded(self, store: str | None) -> None:
-        if store is not None and store in self._failing_since:
-            with self._lock:
-                self._failing_since.pop(store, None)
+        self._failing_since.pop(store, None)
 
     def failed(self, store: str | None, error: str, down_after: float) -> None:
         """Notes a transient error; raises StoreUnreachable once the store has been failing for `down_after` s."""
         if store is None:
             return
         now = self._clock()
-        with self._lock:
-            since = self._failing_since.setdefault(store, now)
+        since = self._failing_since.setdefault(store, now)
         if now - since >= down_after:
             cause = _ERRNO.search(error)  # "[Errno 111] Connection refused" out of urllib3's long text
             raise StoreUnreachable(
@@ -138,11 +125,9 @@ HEALTH = StoreHealth()  # this process's view of the stores it uses
 class RetryPolicy:
     """How often and how patiently a transient error is retried (see module docstring).
 
-    Delays grow as initial_delay * 2**attempt (capped at max_delay), each with up to
-    `jitter` of itself added at random, so many workers do not retry in lockstep. No
-    retry starts after `deadline` seconds since the first attempt (an attempt in flight
-    then ends within its request timeout: transforms/gcs.py REQUEST_TIMEOUT), and a store
-    that has answered nothing but transient errors for `store_down` seconds stops the job.
+    Delays grow as initial_delay * 2**attempt (capped at max_delay), each with up to `jitter`
+    of itself added at random, so workers do not retry in lockstep. An attempt in flight at
+    the deadline ends within its request timeout (transforms/gcs.py REQUEST_TIMEOUT).
     """
 
     attempts: int = 5
@@ -158,10 +143,6 @@ class RetryPolicy:
         if self.deadline <= 0 or self.store_down <= 0:
             raise ValueError("RetryPolicy.deadline and store_down must be positive")
 
-    def delay(self, attempt: int) -> float:
-        base = min(self.max_delay, self.initial_delay * 2**attempt)
-        return base * (1 + self.jitter * random.random())
-
     def call(
         self, fn: Callable[[], T], store: str | None = None, sleep: Callable[[float], None] = time.sleep
     ) -> T:
@@ -173,7 +154,7 @@ class RetryPolicy:
           Anything permanent `fn` raises, at once.
         """
         start = time.monotonic()
-        for attempt in range(self.attempts):
+        for attempt in itertools.count(1):
             try:
                 result = fn()
             except Exception as e:
@@ -182,19 +163,19 @@ class RetryPolicy:
                         HEALTH.succeeded(store)  # it answered: the store is up, the object is not there
                     raise
                 HEALTH.failed(store, describe(e), self.store_down)
-                if attempt + 1 == self.attempts:
-                    raise GaveUp(f"{describe(e)} (still failing after {self.attempts} attempts)") from None
-                delay = self.delay(attempt)
+                if attempt == self.attempts:
+                    raise GaveUp(f"{describe(e)} (still failing after {attempt} attempts)") from None
+                delay = min(self.max_delay, self.initial_delay * 2 ** (attempt - 1))
+                delay *= 1 + self.jitter * random.random()
                 spent = time.monotonic() - start
                 if spent + delay > self.deadline:
                     raise GaveUp(
-                        f"{describe(e)} (still failing after {attempt + 1} attempts in {spent:.0f} s)"
+                        f"{describe(e)} (still failing after {attempt} attempts in {spent:.0f} s)"
                     ) from None
                 sleep(delay)
             else:
                 HEALTH.succeeded(store)
                 return result
-        raise AssertionError("unreachable: attempts >= 1")
 
     def as_api_retry(self):
         """This policy's backoff and deadline as a google.api_core Retry, for the storage client's

@@ -16,7 +16,7 @@ from PIL import Image
 from beam_pipeline import main
 from beam_pipeline.cli import preflight
 from beam_pipeline.cli.options import UserError
-from transforms.failures import diagnosis, likely_fix, reason_kind, top_kinds
+from transforms.failures import diagnosis_of_kinds, likely_fix, reason_kind, top_kinds
 from transforms.labels.rows import TableSpec
 from transforms.listing.local import walk_local
 
@@ -156,7 +156,7 @@ def test_reason_kinds_group_failures_without_their_particulars():
     )
     assert likely_fix("too large") == "raise --max_pixels if these images are trusted"
     assert likely_fix("does not decode as png").startswith("remove or repair")
-    assert diagnosis([]) == ""
+    assert diagnosis_of_kinds({}) == ""
 
 
 def test_gs_without_credentials_is_one_line_within_seconds(tmp_path):

@@ -3,6 +3,7 @@
 import collections
 
 import apache_beam as beam
+import numpy as np
 import pytest
 from apache_beam.io.filesystem import FileMetadata
 from apache_beam.testing.test_pipeline import TestPipeline
@@ -19,7 +20,6 @@ from transforms.layout.plan import parse_split_ratios
 from transforms.layout.prescan import DEDUPE_STAGE
 from transforms.listing.beam import ListImages
 from transforms.listing.beam_walk import KeepImagesFn
-from transforms.paths import IMAGE_EXTENSIONS
 from transforms.records import BATCH_SIZE, FileBatch, ImageFile, ImageRecord, RecordBatch
 
 
@@ -187,11 +187,7 @@ def test_bucket_listing_batches_per_bundle_and_counts_every_image():
     tally = progress.register("batching-bucket")
     try:
         with TestPipeline() as p:
-            batches = (
-                p
-                | beam.Create(matched)
-                | beam.ParDo(KeepImagesFn("gs://b/in", IMAGE_EXTENSIONS, "batching-bucket"))
-            )
+            batches = p | beam.Create(matched) | beam.ParDo(KeepImagesFn("gs://b/in", "batching-bucket"))
             assert_that(
                 batches | beam.FlatMap(lambda b: [(f.relpath, f.size) for f in b.files]),
                 equal_to([(f"c/{i}.jpg", i) for i in range(n)]),
@@ -212,15 +208,19 @@ def test_keyed_gather_sends_one_part_per_key_a_flush_in_arrival_order():
             tuple(ImageRecord(f"/in/{i}", f"c/{i}", i, ("c",)) for i in range(start, start + n))
         )
 
+    def add(gather, batch, keys):
+        distinct = list(dict.fromkeys(keys))
+        return gather.add_coded(batch, np.array([distinct.index(k) for k in keys]), distinct)
+
     gather = KeyedGather(max_held=10)
     # 4 records held: nothing due; the next 6 make 10 and flush every key at once.
-    assert list(gather.add(batch(0, 4), ["b", "a", "b", "a"])) == []
-    flushed = list(gather.add(batch(4, 6), ["a", "c", "b", "a", "c", "c"]))
+    assert list(add(gather, batch(0, 4), ["b", "a", "b", "a"])) == []
+    flushed = list(add(gather, batch(4, 6), ["a", "c", "b", "a", "c", "c"]))
     assert [(k, [r.size for r in part.records]) for k, part in flushed] == [
         ("b", [0, 2, 6]),
         ("a", [1, 3, 4, 7]),
         ("c", [5, 8, 9]),
     ]
     assert list(gather.drain()) == []  # nothing held after a flush
-    assert [(k, len(p)) for k, p in gather.add(batch(10, 3), [("s", 1)] * 3)] == []
+    assert [(k, len(p)) for k, p in add(gather, batch(10, 3), [("s", 1)] * 3)] == []
     assert [(k, len(p)) for k, p in gather.drain()] == [(("s", 1), 3)]

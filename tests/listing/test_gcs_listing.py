@@ -83,14 +83,11 @@ def _expected(root: str = ROOT) -> list[tuple[str, str, int]]:
     )
 
 
-def _list(root: str, expected: list[tuple[str, str, int]], **fanout) -> int:
-    """Checks that ListImages (or ListGcsImages with `fanout`) lists `expected`: (path, relpath,
-    size) of every file, each once. Returns the number of prefixes the listing steps listed."""
+def _list(root: str, expected: list[tuple[str, str, int]]) -> int:
+    """Checks that ListImages lists `expected`: (path, relpath, size) of every file, each once.
+    Returns the number of prefixes the listing steps listed."""
     p = TestPipeline()
-    if fanout:
-        files = (p | beam_gcs.ListGcsImages(root, (".jpg", ".jpeg", ".png", ".gif"), **fanout)).files
-    else:
-        files = (p | ListImages(root)).files
+    files = (p | ListImages(root)).files
     listed = files | beam.FlatMap(lambda b: [(f.path, f.relpath, f.size) for f in b.files])
 
     def same_files_each_once(actual: list) -> None:
@@ -121,18 +118,18 @@ def test_many_prefixes_listed_in_parallel_give_the_same_files_each_once(bucket):
 
 
 @pytest.mark.parametrize(
-    "fanout",
+    "target, levels",
     [
-        {"target": 1, "levels": 1},  # every top-level folder listed whole on its own
-        {"target": 8, "levels": 3},  # the root has more than 8 folders: cut right below it
-        {"target": 1000, "levels": 1},
-        {"target": 100, "levels": 2},
+        (1, 1),  # every top-level folder listed whole on its own
+        (8, 3),  # the root has more than 8 folders: cut right below it
+        (1000, 1),
+        (100, 2),
     ],
 )
-def test_where_the_fanout_is_cut_changes_nothing(bucket, fanout):
-    images = (".jpg", ".jpeg", ".png", ".gif")
-    expected = [e for e in _expected() if has_image_extension(e[0], images)]
-    prefixes = _list(ROOT, expected, **fanout)
+def test_where_the_fanout_is_cut_changes_nothing(bucket, monkeypatch, target, levels):
+    monkeypatch.setattr(beam_gcs, "FANOUT_TARGET", target)  # read by ListGcsImages
+    monkeypatch.setattr(beam_gcs, "FANOUT_LEVELS", levels)
+    prefixes = _list(ROOT, _expected())
     assert prefixes > 35
 
 

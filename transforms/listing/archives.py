@@ -1,93 +1,70 @@
 """Tar archives as input: index an archive's members, and read one member by its offset.
 
-In: a `.tar` (`.tar.gz`/`.tgz`: see `transforms/listing/beam_archives.py`), local or on any
-Beam filesystem. Out of `index_tar`: one `Member` per image member (its name, its path if
-the archive were unpacked where it lies, its data's offset and size, its header's digest)
-and one `Problem` per thing that could not be listed (damage, a cut, a link named like an
-image). The listing turns each member into an ImageFile whose `path` is the member's pinned
-*address* (transforms/listing/members.py), which the reading layer (transforms/images/read.py)
-reads with one positioned read. Nothing is ever extracted, and indexing holds one member at
-a time (memory flat in the archive's size).
+In: a `.tar` (`.tar.gz`/`.tgz`: see transforms/listing/beam_archives.py), local or on any
+Beam filesystem. Out of `index_tar`: one `Member` per image member (its name, its path if the
+archive were unpacked where it lies, its data's offset and size, its header's digest) and one
+`Problem` per thing that could not be listed (damage, a cut, a link named like an image). The
+listing makes each Member an ImageFile whose `path` is the member's pinned address
+(members.py), read with one positioned read (transforms/images/read.py). Nothing is ever
+extracted; indexing holds one member at a time.
 
-Nested tars (one level deep, as ImageNet's train set: one tar of 1,000 per-class tars) are
-indexed in place: an inner `.tar` member is unpacked into a folder named by its stem
-(`n01440764.tar` -> `n01440764/`), and its members' offsets are counted from the start of
-the outer file, so they are read exactly like the outer members. Their address names both:
-`<archive>#<inner>.tar#<member>@<offset>+<size>`.
+Nested tars (one level, as ImageNet's train set of 1,000 per-class tars) are indexed in place:
+an inner `n01440764.tar` unpacks into the folder `n01440764/`, its members' offsets count from
+the start of the outer file, and their address names both: `<archive>#<inner>.tar#<member>@<offset>+<size>`.
 
-Member names are only names: `../x.jpg` or `/x.jpg` never touch the filesystem (nothing is
-extracted). As tar does when it extracts, a leading `/` and `./` are dropped from the path
-used for labels, so `tar -C dir -cf a.tar .` labels like the folder `dir`.
+Member names are only names (`../x.jpg` never touches the filesystem). As tar does when it
+extracts, a leading `/` and `./` are dropped from the path used for labels, so
+`tar -C dir -cf a.tar .` labels like the folder `dir`.
 """
 
 from __future__ import annotations
 
 import dataclasses
-import os
 import posixpath
+import re
 import tarfile
-from collections.abc import Generator, Iterator
+from collections.abc import Iterator
 from typing import BinaryIO
 
-from transforms.listing.members import _NESTED, header_checksum, header_digest, parse_address
+from transforms.listing.members import BLOCK, header_digest, parse_address
 
-# Archive suffixes, matched case-insensitively. A `.tar.gz` has no random access: see
-# transforms/listing/beam_archives.py for how it is read.
+# Archive suffixes, matched case-insensitively.
 TAR_SUFFIXES = (".tar",)
-
-
 GZIP_SUFFIXES = (".tar.gz", ".tgz")
-
-
 ARCHIVE_SUFFIXES = TAR_SUFFIXES + GZIP_SUFFIXES
-
-
-_BLOCK = tarfile.BLOCKSIZE  # 512
 
 
 def archive_kind(path: str) -> str | None:
     """'tar' for a `.tar`, 'gzip' for a `.tar.gz`/`.tgz`, None for anything else."""
     lower = path.lower()
-    if lower.endswith(TAR_SUFFIXES):
-        return "tar"
-    if lower.endswith(GZIP_SUFFIXES):
-        return "gzip"
-    return None
+    return "tar" if lower.endswith(TAR_SUFFIXES) else "gzip" if lower.endswith(GZIP_SUFFIXES) else None
 
 
 def unpacked_name(member: str) -> str:
     """A member's path as tar would extract it: without leading `/` and `./` parts."""
-    name = member
-    while True:
-        stripped = name.lstrip("/")
-        if stripped.startswith("./"):
-            stripped = stripped[2:]
-        if stripped == name:
-            return name
-        name = stripped
+    return _LEADING.sub("", member)
+
+
+_LEADING = re.compile(r"\A(?:\.?/)+")
+_NESTED = re.compile(r"(?P<inner>.+?\.tar)#(?P<member>.*)", re.I | re.S)  # inner.tar#member
 
 
 def nested_folder(inner: str) -> str:
     """The folder an inner tar unpacks into: its unpacked path without `.tar`."""
-    name = unpacked_name(inner)
-    return name[: -len(".tar")]
+    return unpacked_name(inner)[: -len(".tar")]
 
 
 def unpacked_member(member: str) -> str:
     """The unpacked path of an address's member part (`inner.tar#name` for a nested one)."""
-    nested = _NESTED.fullmatch(member)
-    if nested is not None:
+    if nested := _NESTED.fullmatch(member):
         return f"{nested_folder(nested['inner'])}/{unpacked_name(nested['member'])}"
     return unpacked_name(member)
 
 
 def source_name(path: str, relpath: str) -> str:
-    """The name an image is written under (`image/filename`): its relpath for a plain file.
-
-    For an archive member, the archive's own path relative to the input root, `#`, and the
-    member's name in the archive (`train/images_000.tar#cat/1.jpg`): two archives holding
-    the same member path stay two names.
-    """
+    """The name an image is written under (`image/filename`): its relpath for a plain file;
+    for an archive member, the archive's path relative to the root, `#`, and the member's name
+    (`train/images_000.tar#cat/1.jpg`), so two archives holding the same member stay two names."""
     address = parse_address(path)
     if address is None:
         return relpath
@@ -98,73 +75,47 @@ def source_name(path: str, relpath: str) -> str:
 
 @dataclasses.dataclass(frozen=True)
 class Member:
-    """An image member found by `index_tar`.
+    """An image member found by `index_tar`."""
 
-    Attributes:
-      name: the member's name in its archive (`inner.tar#name` inside a nested tar).
-      relpath: its path if the archive were unpacked where it lies.
-      offset: where its data starts, in bytes from the start of the archive file.
-      size: its data's length in bytes.
-      header: the digest of its own header, which a read checks (members.py).
-    """
-
-    name: str
-    relpath: str
-    offset: int
+    name: str  # in its archive (`inner.tar#name` inside a nested tar)
+    relpath: str  # its path if the archive were unpacked where it lies
+    offset: int  # where its data starts, in bytes from the start of the archive file
     size: int
-    header: str = ""
+    header: str = ""  # the digest of its own header, which a read checks (members.py)
 
 
 @dataclasses.dataclass(frozen=True)
 class Problem:
-    """Something in an archive that could not be listed as an image.
+    """Something in an archive that could not be listed as an image."""
 
-    Attributes:
-      name: the member's name (or `inner.tar#name`); '' for damage to the archive itself.
-      reason: one line a person can act on.
-    """
-
-    name: str
-    reason: str
+    name: str  # the member's name (or `inner.tar#name`); '' for damage to the archive itself
+    reason: str  # one line a person can act on
 
 
 class _Window:
-    """A read-only, seekable view of `size` bytes at `start` of a file object (an inner tar)."""
+    """The `size` bytes at `start` of a file object (an inner tar), as index_tar reads a file."""
 
     def __init__(self, f: BinaryIO, start: int, size: int):
         self._f, self._start, self._size, self._pos = f, start, size, 0
 
-    def seek(self, pos: int, whence: int = os.SEEK_SET) -> int:
-        base = {os.SEEK_SET: 0, os.SEEK_CUR: self._pos, os.SEEK_END: self._size}[whence]
-        self._pos = max(0, base + pos)
-        return self._pos
+    def seek(self, pos: int) -> None:
+        self._pos = pos
 
     def tell(self) -> int:
         return self._pos
 
-    def read(self, n: int = -1) -> bytes:
-        left = max(0, self._size - self._pos)
-        n = left if n is None or n < 0 else min(n, left)
-        if n == 0:
-            return b""
+    def read(self, n: int) -> bytes:
         self._f.seek(self._start + self._pos)
-        data = self._f.read(n)
+        data = self._f.read(max(0, min(n, self._size - self._pos)))
         self._pos += len(data)
         return data
 
 
 def _kind_of(info: tarfile.TarInfo) -> str:
-    if info.issym():
-        return f"symbolic link to {info.linkname!r}"
-    if info.islnk():
-        return f"hard link to {info.linkname!r}"
-    if info.isdir():
-        return "directory"
-    if info.isfifo():
-        return "fifo"
-    if info.ischr() or info.isblk():
-        return "device"
-    return "special file"
+    if info.issym() or info.islnk():
+        return f"{'symbolic' if info.issym() else 'hard'} link to {info.linkname!r}"
+    kinds = {"directory": info.isdir(), "fifo": info.isfifo(), "device": info.isdev()}  # in this order
+    return next((kind for kind, match in kinds.items() if match), "special file")
 
 
 def index_tar(
@@ -179,19 +130,17 @@ def index_tar(
 ) -> Iterator[Member | Problem]:
     """Every image member of the uncompressed tar open as `f` (seekable), in archive order.
 
-    Reads only the headers (one 512-byte block per member, plus any long-name or pax blocks),
-    seeking over the data; holds one member at a time. Every member `tar -ti` lists is
-    accounted for (docs/archives.md; tests/listing/test_tar_differential.py): zero blocks
-    are skipped, a damaged header is a Problem saying how many bytes were skipped to the
-    next valid header, a sparse member a Problem by name. Extended headers are bounded by
-    MAX_EXTENDED bytes a member. Parsed here, not by tarfile: 4x faster, and tarfile reads
-    any size an extended header declares. A member is an image if its name ends in one of
-    `extensions` (lowercase, with the dot).
+    Reads only the headers, seeking over the data; holds one member at a time. Every member
+    `tar -ti` lists is accounted for (docs/archives.md; tests/listing/test_tar_differential.py):
+    zero blocks are skipped, a damaged header is a Problem saying how many bytes were skipped
+    to the next valid header, a sparse member a Problem by name. Extended headers are bounded
+    by MAX_EXTENDED bytes a member. Parsed here, not by tarfile: 4x faster, and tarfile reads
+    any size an extended header declares.
 
     Args:
       f: the archive (or, for a nested tar, a window on it).
       file_size: bytes in `f`: a member whose data runs past it is reported as truncated.
-      extensions: image suffixes.
+      extensions: image suffixes (lowercase, with the dot).
       folder: prefix of every relpath ('' or ending in '/').
       nested: also index `.tar` members as nested tars (one level: inner tars are not).
       prefix: prefix of every member name (`inner.tar#` inside a nested tar).
@@ -207,8 +156,8 @@ def index_tar(
     global_records: dict[bytes, bytes] = {}
     while True:
         f.seek(pos)
-        block = f.read(_BLOCK)
-        if len(block) < _BLOCK:
+        block = f.read(BLOCK)
+        if len(block) < BLOCK:
             if block:
                 yield Problem(where, f"archive truncated inside a header at byte {base + pos}: {_REST}")
             elif pos == 0:
@@ -219,12 +168,12 @@ def index_tar(
                 )
             return
         if not any(block):  # the end-of-archive marker, padding, or a lone zero block: read on
-            pos, ended = _after_zeros(f, pos + _BLOCK), True
+            pos, ended = pos + BLOCK, True
             continue
         try:
             info, end = _member(f, block, pos, global_records)
         except _Damaged as e:  # as GNU tar: "Skipping to next header"
-            pos = _next_header(f, e.at + _BLOCK, file_size)
+            pos = _next_header(f, e.at + BLOCK, file_size)
             if pos is None:
                 tail = f"the {file_size - e.at} bytes from there hold no further tar header and were not read"
                 yield Problem(where, _NOT_TAR if e.at == 0 else f"{e.what} at byte {base + e.at}: {tail}")
@@ -235,25 +184,39 @@ def index_tar(
         except _Stop as e:
             yield Problem(where, f"{e} at byte {base + pos}: {_REST}")
             return
-        ended = False
-        stop = yield from _entry(f, info, file_size, extensions, folder, nested, prefix, base)
-        if stop:
+        pos, ended = end, False
+        name, lower, start = prefix + info.name, info.name.lower(), base + info.offset_data
+        wanted = posixpath.splitext(lower)[1] in extensions or (nested and lower.endswith(ARCHIVE_SUFFIXES))
+        if info.offset_data + info.size > file_size:  # nothing after it can be listed
+            cut = f"the member's {info.size} bytes start at byte {start} but the archive ends at byte {base + file_size}"
+            yield Problem(name if wanted else where, f"archive truncated: {cut}")
             return
-        pos = end
+        if not wanted:
+            continue
+        if info.issparse():
+            yield Problem(
+                name, "a sparse member (tar --sparse) is not read: repack the archive without --sparse"
+            )
+        elif nested and info.isreg() and lower.endswith(TAR_SUFFIXES):
+            window = _Window(f, info.offset_data, info.size)
+            inner = f"{folder}{nested_folder(info.name)}/"
+            yield from index_tar(
+                window, info.size, extensions, folder=inner, nested=False, prefix=f"{name}#", base=start
+            )
+        elif nested and info.isreg() and lower.endswith(GZIP_SUFFIXES):
+            yield Problem(name, "a compressed tar inside an archive is not read (repack it as .tar)")
+        elif not info.isreg():
+            yield Problem(name, f"not a regular file ({_kind_of(info)})")
+        else:
+            yield Member(name, folder + unpacked_name(info.name), start, info.size, info.chksum)
 
 
 _REST = "the rest cannot be listed"
-
-
 _NOT_TAR = "not a readable tar archive (invalid header)"
-
-
 # The most bytes of extended header data (pax records, GNU long names) one member may have:
 # a header declaring more fails the archive, in bounded memory, instead of being read.
 MAX_EXTENDED = 1 << 20
-
-
-_SCAN = 1 << 20  # bytes read at a time while skipping zeros or looking for a header
+_SCAN = 1 << 20  # bytes read at a time while looking for a header
 
 
 class _Damaged(Exception):
@@ -268,26 +231,15 @@ class _Stop(Exception):
     """Nothing more of the archive can be listed (the message says why)."""
 
 
-def _after_zeros(f: BinaryIO, pos: int) -> int:
-    """The first block at or after `pos` (a block boundary) that is not all zeros, or the end."""
-    while True:
-        f.seek(pos)
-        chunk = f.read(_SCAN)
-        stripped = chunk.lstrip(b"\0")
-        if stripped or len(chunk) < _SCAN:
-            return pos + (len(chunk) - len(stripped)) // _BLOCK * _BLOCK
-        pos += len(chunk)
-
-
 def _next_header(f: BinaryIO, pos: int, file_size: int) -> int | None:
     """Where the first valid header at or after `pos` starts (block by block, as GNU tar
     looks for one after a damaged header), or None if there is none."""
     while pos < file_size:
         f.seek(pos)
         chunk = f.read(_SCAN)
-        for at in range(0, len(chunk) - _BLOCK + 1, _BLOCK):
-            block = chunk[at : at + _BLOCK]
-            if any(block) and header_checksum(block) is not None:
+        for at in range(0, len(chunk) - BLOCK + 1, BLOCK):
+            block = chunk[at : at + BLOCK]
+            if any(block) and _is_header(block):
                 return pos + at
         if len(chunk) < _SCAN:
             return None
@@ -299,18 +251,18 @@ def _member(
     f: BinaryIO, block: bytes, pos: int, global_records: dict[bytes, bytes]
 ) -> tuple[tarfile.TarInfo, int]:
     """(TarInfo, where the next member starts) of the member whose first header, `block`, is at
-    `pos`, reading the pax, GNU long-name and sparse headers that belong to it. `info.chksum`
-    is the digest of its own header (the block before its data); `info.sparse` is set for
-    a sparse member. Global pax records are kept in `global_records` for the members after.
+    `pos`, with its pax, GNU long-name and sparse headers. `info.chksum` is the digest of its
+    own header (the block before its data); `info.sparse` is set for a sparse member. Global
+    pax records are kept in `global_records` for the members after.
 
     Raises:
       _Damaged: a header is not one (bad checksum or fields).
       _Stop: an extended header declares more than MAX_EXTENDED bytes, or the file ends in one.
     """
     records: dict[bytes, bytes] = {}
-    extended = 0
+    extended = 0  # bytes of extended headers read for this member
     while True:
-        if header_checksum(block) is None:
+        if not _is_header(block):
             raise _Damaged(pos)
         kind = block[156]
         if kind not in b"xgXLK":
@@ -322,7 +274,7 @@ def _member(
         if extended > MAX_EXTENDED:
             raise _Stop(f"an extended header declares {size} bytes (more than the {MAX_EXTENDED}-byte bound)")
         data = f.read(size)
-        f.read(-size % _BLOCK)
+        f.read(-size % BLOCK)
         if len(data) < size:
             raise _Stop("archive truncated inside an extended header")
         if kind in b"xXg":
@@ -335,8 +287,8 @@ def _member(
         else:
             records[b"path" if kind == ord("L") else b"linkpath"] = data.split(b"\0", 1)[0]
         pos = f.tell()
-        block = f.read(_BLOCK)
-        if len(block) < _BLOCK:
+        block = f.read(BLOCK)
+        if len(block) < BLOCK:
             raise _Stop("archive truncated inside a header")
     info = _plain_header(block)
     if info is None:
@@ -347,8 +299,8 @@ def _member(
     if kind == ord("S"):  # old GNU sparse: extension blocks of the sparse map follow the header
         more = block[482]
         while more:
-            extension = f.read(_BLOCK)
-            if len(extension) < _BLOCK:
+            extension = f.read(BLOCK)
+            if len(extension) < BLOCK:
                 raise _Stop("archive truncated inside a header")
             more = extension[504]
     name = merged.get(b"GNU.sparse.name", merged.get(b"path"))
@@ -364,7 +316,14 @@ def _member(
     if sparse:
         info.sparse = []
     info.offset_data = start = f.tell()
-    return info, start + (info.size + _BLOCK - 1) // _BLOCK * _BLOCK
+    return info, start + (info.size + BLOCK - 1) // BLOCK * BLOCK
+
+
+def _is_header(block: bytes) -> bool:
+    """True if the checksum stored in `block` is right: over unsigned or, as some old tars
+    wrote it, signed bytes (GNU tar accepts both)."""
+    stored = _number(block[148:156])
+    return stored == sum(block) - sum(block[148:156]) + 256 or stored in tarfile.calc_chksums(block)
 
 
 def _number(field: bytes) -> int | None:
@@ -401,11 +360,10 @@ _NO_DATA = frozenset(b"123456")  # links, devices, folders, FIFOs: no data, what
 def _plain_header(block: bytes) -> tarfile.TarInfo | None:
     """The TarInfo of a member's own header, or None if a field is not a number.
 
-    Decodes as tarfile does on POSIX (UTF-8, undecodable bytes kept as surrogates) and
-    applies its rules: a regular file named `x/` is a folder, a folder's trailing slashes
-    are dropped, a ustar prefix is joined to the name. Type flags other than files, links,
-    folders, devices and FIFOs (GNU sparse, volume labels, vendor types) keep their flag
-    and their data is skipped by its size, as GNU tar does.
+    Decodes and names as tarfile does on POSIX (UTF-8 with surrogates; a regular file `x/` is
+    a folder, a folder's trailing slashes dropped, a ustar prefix joined). Other type flags
+    (GNU sparse, volume labels, vendor types) keep their flag, their data skipped by its size,
+    as GNU tar does.
     """
     kind = block[156]
     size = _number(block[124:136])
@@ -428,67 +386,10 @@ def _plain_header(block: bytes) -> tarfile.TarInfo | None:
     return info
 
 
-def _entry(
-    f: BinaryIO,
-    info: tarfile.TarInfo,
-    file_size: int,
-    extensions: tuple[str, ...],
-    folder: str,
-    nested: bool,
-    prefix: str,
-    base: int,
-) -> Generator[Member | Problem, None, bool]:
-    """What one header gives (see index_tar); returns True if nothing after it can be listed."""
-    name = prefix + info.name
-    lower = info.name.lower()
-    wanted = posixpath.splitext(lower)[1] in extensions or (nested and lower.endswith(ARCHIVE_SUFFIXES))
-    if info.offset_data + info.size > file_size:
-        yield Problem(name if wanted else prefix.rstrip("#"), _cut_off(base, info, file_size))
-        return True
-    if not wanted:
-        return False
-    if info.issparse():
-        yield Problem(name, "a sparse member (tar --sparse) is not read: repack the archive without --sparse")
-        return False
-    if nested and info.isreg() and lower.endswith(TAR_SUFFIXES):
-        yield from index_tar(
-            _Window(f, info.offset_data, info.size),
-            info.size,
-            extensions,
-            folder=f"{folder}{nested_folder(info.name)}/",
-            nested=False,
-            prefix=f"{name}#",
-            base=base + info.offset_data,
-        )
-        return False
-    if nested and info.isreg() and lower.endswith(GZIP_SUFFIXES):
-        yield Problem(name, "a compressed tar inside an archive is not read (repack it as .tar)")
-        return False
-    if not info.isreg():
-        yield Problem(name, f"not a regular file ({_kind_of(info)})")
-        return False
-    yield Member(name, folder + unpacked_name(info.name), base + info.offset_data, info.size, info.chksum)
-    return False
-
-
-def _cut_off(base: int, info: tarfile.TarInfo, file_size: int) -> str:
-    return (
-        f"archive truncated: the member's {info.size} bytes start at byte {base + info.offset_data} "
-        f"but the archive ends at byte {base + file_size}"
-    )
-
-
 @dataclasses.dataclass(frozen=True)
 class ArchiveFile:
-    """An archive found by the listing, waiting to be indexed.
+    """An archive found by the listing, waiting to be indexed."""
 
-    Attributes:
-      path: the archive's full path (local or gs://).
-      folder: the relpath of the folder it lies in ('' or ending in '/'): its members'
-        relpaths start with it, as if it were unpacked there.
-      size: the archive's size in bytes.
-    """
-
-    path: str
-    folder: str
+    path: str  # local or gs://
+    folder: str  # the relpath of its folder ('' or ending in '/'): its members' relpaths start with it
     size: int

@@ -1,22 +1,14 @@
-"""IndexArchives: archives found by the listing -> FileBatches of their image members, on workers.
+"""IndexArchives: ArchiveFiles found by the listing -> FileBatches of their image members.
 
-In: ArchiveFile elements (an archive's path, the folder it lies in, its size), from the walk of
-a folder or bucket prefix or from a glob of archives (transforms/listing/beam.py). They are
-reshuffled first, so that a runner spreads the archives over its workers: one archive is
-indexed by one DoFn call, a sequential read of its headers (transforms/listing/archives.py), and its
-members leave in FileBatches of up to BATCH_SIZE as ImageFiles whose path is the member's
-address. Out, tagged FAILED: a Failure (stage 'list') per image member that is not a regular
-file or is cut off, and per damaged archive, so that nothing is lost without a name.
+The archives are reshuffled over the workers; one DoFn call indexes one archive by reading its
+headers (archives.py), and its members leave as ImageFiles whose path is the member's pinned
+address (members.py). Tagged FAILED: a Failure (stage 'list') per image member that is not a
+regular file or is cut off, and per damaged archive: nothing is lost without a name.
 
-A `.tar.gz`/`.tgz` has no random access: its members cannot be read by offset without
-decompressing everything before them. The DoFn that indexes it therefore decompresses it once,
-in one streaming pass, into an uncompressed copy in the run's temp folder
-(`<temp>/archives/<hash>/<name>`, deleted with the temp folder), and indexes the copy; its
-members are named by the `.tar.gz` and carry the copy in their pin (listing/members.py). The
-copy costs the archive's uncompressed size in temp space, once, bounded (inflate_limit: a
-gzip bomb fails by name and its partial copy is deleted); every member is then read by
-offset like any tar member. A gs:// archive is indexed at one generation, which its members'
-pins carry.
+A `.tar.gz`/`.tgz` has no random access: it is decompressed once, streaming, into a copy in
+the run's temp folder (`<temp>/archives/<hash>/<name>`, deleted with it), bounded (a gzip
+bomb fails by name, its partial copy deleted); its members are named by
+the `.tar.gz` and carry the copy in their pin. A gs:// archive is indexed at one generation.
 
 Bounds: each element is one archive (a path, never its contents); a DoFn holds one member's
 header and one FileBatch at a time, whatever the archive's size.
@@ -29,6 +21,7 @@ import errno
 import hashlib
 import os
 import posixpath
+import re
 import shutil
 import stat
 import zlib
@@ -44,11 +37,12 @@ from apache_beam.metrics import Metrics
 from transforms import gcs
 from transforms.batching import chunked
 from transforms.failures import FAILED, Failure
-from transforms.listing.archives import ArchiveFile, Member, Problem, archive_kind, index_tar
+from transforms.listing.archives import ArchiveFile, Member, archive_kind, index_tar
 from transforms.listing.beam_walk import _ListFn
+from transforms.listing.local import archive_in
 from transforms.listing.members import pinned_address
 from transforms.listing.webdataset import SIDECAR_EXTENSIONS, SampleLabel, label_samples
-from transforms.paths import IMAGE_EXTENSIONS, relative_path
+from transforms.paths import IMAGE_EXTENSIONS
 from transforms.records import FileBatch, ImageFile
 from transforms.retry import DEFAULT_RETRY, describe
 
@@ -90,12 +84,9 @@ def _pinned(path: str) -> tuple[BinaryIO, int, int]:
     never read half old, half new. One request per attempt of the one retry policy."""
     size, generation = gcs.call(lambda: gcs.stat(path), path)
     reader = gcs.blob(path, generation).open(
-        "rb", chunk_size=_GCS_CHUNK, raw_download=True, retry=DEFAULT_RETRY.as_api_retry()
+        "rb", chunk_size=gcs.CHUNK, raw_download=True, retry=DEFAULT_RETRY.as_api_retry()
     )
     return reader, int(generation), size
-
-
-_GCS_CHUNK = 16 << 20  # bytes a gs:// archive is read ahead while indexing (as Beam's reader)
 
 
 # A `.tar.gz` may inflate to at most MAX_INFLATION times its compressed size plus
@@ -110,46 +101,33 @@ class _TooLarge(Exception):
     """The uncompressed copy would pass its bound (the message says which)."""
 
 
-def inflate_limit(archive: str, copy: str) -> tuple[int, str]:
-    """(the most bytes `archive` may inflate to in `copy`, the bound that sets it)."""
-    compressed = FileSystems.match([archive])[0].metadata_list[0].size_in_bytes
-    limit = MAX_INFLATION * compressed + INFLATE_SLACK
-    why = f"{MAX_INFLATION}x its compressed size + {INFLATE_SLACK >> 20} MiB"
-    if "://" not in copy:
-        free = shutil.disk_usage(os.path.dirname(copy)).free - FREE_RESERVE
-        if free < limit:
-            limit, why = max(0, free), "the free space of the temp folder less 1 GiB"
-    return limit, why
-
-
-def decompress_copy(archive: str, copy: str) -> tuple[int, str | None]:
+def decompress_copy(archive: ArchiveFile, copy: str) -> tuple[int, str | None]:
     """Decompresses the gzip file `archive` into `copy`, streaming. Returns (bytes, damage).
 
     `damage` is None, or why the gzip data ended early; everything decompressed before that
     point is in the copy (so the members before it can still be read). Memory is bounded:
-    each call to zlib inflates at most _COPY_CHUNK bytes. So is the copy (inflate_limit):
+    each call to zlib inflates at most _COPY_CHUNK bytes. So is the copy (MAX_INFLATION):
     past the bound the copy is deleted and _TooLarge raised; on any other error too.
     """
     written, damage = 0, None
+    limit = MAX_INFLATION * archive.size + INFLATE_SLACK
+    why = f"{MAX_INFLATION}x its compressed size + {INFLATE_SLACK >> 20} MiB"
     if "://" not in copy:
         os.makedirs(os.path.dirname(copy), exist_ok=True)
-    limit, why = inflate_limit(archive, copy)
+        free = shutil.disk_usage(os.path.dirname(copy)).free - FREE_RESERVE
+        if free < limit:
+            limit, why = max(0, free), "the free space of the temp folder less 1 GiB"
+    bomb = f"gzip data inflates past {limit} bytes ({why}): not read (a gzip bomb?)"
     try:
-        with (
-            _open(archive) as src,
-            gcs.create(copy) as dst,
-        ):
+        with _open(archive.path) as src, gcs.create(copy) as dst:
             unzip, started = zlib.decompressobj(wbits=31), False  # gzip framing
             try:
                 while chunk := src.read(_COPY_CHUNK):
                     while chunk:
-                        started = True
-                        data = unzip.decompress(chunk, _COPY_CHUNK)
+                        started, data = True, unzip.decompress(chunk, _COPY_CHUNK)
                         written += len(data)
                         if written > limit:
-                            raise _TooLarge(
-                                f"gzip data inflates past {limit} bytes ({why}): not read (a gzip bomb?)"
-                            )
+                            raise _TooLarge(bomb)
                         dst.write(data)
                         chunk = unzip.unconsumed_tail
                         if unzip.eof:  # a gzip member ended: another may follow (concatenated gzip)
@@ -182,26 +160,19 @@ def index_archive(
     members are still named by the `.tar.gz`'s path, the copy rides in their pin. With
     `webdataset`, also a SampleLabel for each image whose sample has a label sidecar.
     """
-    path, size, damage, read_from = archive.path, archive.size, None, None
-    if archive_kind(path) == "gzip":
-        if copies_dir is None:
-            yield Failure(path, "a .tar.gz needs the run's temp folder to be read", LIST_STAGE)
-            return
-        read_from = copy_path(copies_dir, archive.path)
-        try:
-            size, damage = decompress_copy(archive.path, read_from)
-        except _TooLarge as e:
-            yield Failure(archive.path, str(e), LIST_STAGE)
-            return
-        except gcs.ERRORS as e:
-            yield Failure(archive.path, f"cannot read the archive ({describe(e)})", LIST_STAGE)
-            return
+    path, size, damage, read_from, generation = archive.path, archive.size, None, None, None
     try:
-        generation = None
-        if read_from is None and path.startswith("gs://"):
+        if archive_kind(path) == "gzip":
+            if copies_dir is None:
+                yield Failure(path, "a .tar.gz needs the run's temp folder to be read", LIST_STAGE)
+                return
+            read_from = copy_path(copies_dir, path)
+            size, damage = decompress_copy(archive, read_from)
+            f = _open(read_from)
+        elif path.startswith("gs://"):
             f, generation, size = _pinned(path)
         else:
-            f = _open(read_from or path)
+            f = _open(path)
         with f:
             if webdataset:
 
@@ -220,18 +191,15 @@ def index_archive(
                     )
                     yield ImageFile(path=address, relpath=item.relpath, size=item.size)
                 elif isinstance(item, SampleLabel):
-                    yield dataclasses.replace(item, source=f"{archive.path}#{item.source}")
+                    yield dataclasses.replace(item, source=f"{path}#{item.source}")
                 else:
-                    yield _failure(archive.path, item)
+                    yield Failure(f"{path}#{item.name}" if item.name else path, item.reason, LIST_STAGE)
+    except _TooLarge as e:
+        yield Failure(path, str(e), LIST_STAGE)
     except gcs.ERRORS as e:  # the archive itself could not be opened or read (OSError locally)
-        yield Failure(archive.path, f"cannot read the archive ({describe(e)})", LIST_STAGE)
+        yield Failure(path, f"cannot read the archive ({describe(e)})", LIST_STAGE)
     if damage:
-        yield Failure(archive.path, damage, LIST_STAGE)
-
-
-def _failure(archive: str, problem: Problem) -> Failure:
-    where = f"{archive}#{problem.name}" if problem.name else archive
-    return Failure(where, problem.reason, LIST_STAGE)
+        yield Failure(path, damage, LIST_STAGE)
 
 
 class IndexArchivesFn(_ListFn):
@@ -242,89 +210,53 @@ class IndexArchivesFn(_ListFn):
     cannot be written).
     """
 
-    def __init__(
-        self,
-        extensions: tuple[str, ...],
-        copies_dir: str | None,
-        progress_key: str | None = None,
-        webdataset: bool = False,
-    ):
+    def __init__(self, copies_dir: str | None, progress_key: str | None, webdataset: bool):
         super().__init__(progress_key)
-        self._extensions, self._copies_dir, self._webdataset = extensions, copies_dir, webdataset
+        self._copies_dir, self._webdataset = copies_dir, webdataset
         self._archives = Metrics.counter(self.__class__, "archives_indexed")
 
     def process(self, archive: ArchiveFile) -> Iterable[FileBatch | pvalue.TaggedOutput]:
         self._archives.inc()
-        items = index_archive(archive, self._extensions, self._copies_dir, self._webdataset)
+        items = index_archive(archive, IMAGE_EXTENSIONS, self._copies_dir, self._webdataset)
         for chunk in chunked(items):
             files = tuple(x for x in chunk if isinstance(x, ImageFile))
             labels = tuple(x for x in chunk if isinstance(x, SampleLabel))
-            for failure in chunk:
-                if isinstance(failure, Failure):
-                    self._listed.inc()  # one listed input, as an image would be
-                    if self._progress is not None:
-                        self._progress.add(listed=1)
-                    yield pvalue.TaggedOutput(FAILED, failure)
+            for failure in (x for x in chunk if isinstance(x, Failure)):
+                self.count(1)  # one listed input, as an image would be
+                yield pvalue.TaggedOutput(FAILED, failure)
             if labels:
                 yield pvalue.TaggedOutput(SAMPLE_LABELS, labels)
             if files:
                 yield self.counted(FileBatch(files))
 
 
-def glob_base(pattern: str) -> str:
-    """The folder of a glob pattern before its first wildcard: relpaths are taken from there."""
-    cut = len(pattern)
-    for ch in "*?[":
-        at = pattern.find(ch)
-        if at >= 0:
-            cut = min(cut, at)
-    return pattern[:cut].rsplit("/", 1)[0] if cut < len(pattern) else posixpath.dirname(pattern)
+def match_archives(_: bytes, pattern: str) -> Iterator[ArchiveFile]:
+    """(an impulse) -> ArchiveFile for each archive matching `pattern` (local or remote glob),
+    relative to the folder before its first wildcard. Holds the match's metadata (one entry
+    per archive: hundreds, not the images) to sort it."""
+    base = posixpath.dirname(re.split(r"[*?[]", pattern, maxsplit=1)[0])
+    for meta in sorted(FileSystems.match([pattern])[0].metadata_list, key=lambda m: m.path):
+        if archive_kind(meta.path) is not None:
+            yield archive_in(meta.path, base, meta.size_in_bytes)
 
 
-class MatchArchivesFn(beam.DoFn):
-    """(an impulse) -> ArchiveFile for each archive matching `pattern` (local or remote glob).
-
-    Holds the match's metadata (one entry per archive: hundreds, not the images) to sort it.
-    """
-
-    def __init__(self, pattern: str):
-        self._pattern = pattern
-
-    def process(self, _: bytes) -> Iterable[ArchiveFile]:
-        base = glob_base(self._pattern)
-        found = FileSystems.match([self._pattern])[0].metadata_list
-        for meta in sorted(found, key=lambda m: m.path):
-            if archive_kind(meta.path) is None:
-                continue
-            rel = relative_path(meta.path, base)
-            folder = rel.rsplit("/", 1)[0] + "/" if "/" in rel else ""
-            yield ArchiveFile(meta.path, folder, meta.size_in_bytes)
-
-
-class IndexArchives(beam.PTransform):
-    """ArchiveFiles -> `.files` (FileBatch of members), `.failed` (Failure) and SAMPLE_LABELS
+@beam.ptransform_fn
+def IndexArchives(
+    archives: beam.PCollection[ArchiveFile],
+    copies_dir: str | None,
+    progress_key: str | None,
+    webdataset: bool,
+) -> pvalue.DoOutputsTuple:
+    """ArchiveFiles -> `.files` (FileBatch of members), FAILED (Failure) and SAMPLE_LABELS
     (tuples of SampleLabel, with `webdataset`), indexed on workers.
 
     The Reshuffle's groups are keyed at random: each holds a few ArchiveFiles (path, folder,
     size), never an archive's members.
     """
-
-    def __init__(
-        self,
-        extensions: tuple[str, ...] = IMAGE_EXTENSIONS,
-        copies_dir: str | None = None,
-        progress_key: str | None = None,
-        webdataset: bool = False,
-    ):
-        super().__init__()
-        self._fn = IndexArchivesFn(extensions, copies_dir, progress_key, webdataset)
-
-    def expand(self, archives: beam.PCollection[ArchiveFile]) -> pvalue.DoOutputsTuple:
-        return (
-            archives
-            | "Spread" >> beam.Reshuffle()  # one archive per element: spread over the workers
-            | "Index"
-            >> beam.ParDo(self._fn)
-            .with_output_types(FileBatch)
-            .with_outputs(FAILED, SAMPLE_LABELS, main="files")
-        )
+    fn = IndexArchivesFn(copies_dir, progress_key, webdataset)
+    return (
+        archives
+        | "Spread" >> beam.Reshuffle()  # one archive per element: spread over the workers
+        | "Index"
+        >> beam.ParDo(fn).with_output_types(FileBatch).with_outputs(FAILED, SAMPLE_LABELS, main="files")
+    )

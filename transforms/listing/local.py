@@ -9,7 +9,6 @@ from __future__ import annotations
 
 import os
 from collections.abc import Callable, Iterable
-from typing import NamedTuple
 
 from transforms.failures import USER_ERROR_MARKER
 from transforms.listing.archives import ArchiveFile, archive_kind
@@ -30,10 +29,9 @@ def is_hidden(name: str) -> bool:
     """True for a file or folder name that is never listed: a dot name (`.ipynb_checkpoints`,
     `.DS_Store`, `._photo.jpg`, `.git`) or a folder of HIDDEN_FOLDERS.
 
-    This is the one rule of what is not data: a hidden folder is no class (it never shifts
-    the class ids of labels.txt or the TFDS ClassLabel, which are made from the listed
-    images), and nothing below it, nor any hidden file, is listed or counted. Keras'
-    `image_dataset_from_directory` skips dot folders as classes the same way.
+    The one rule of what is not data: a hidden folder is no class (it never shifts the class
+    ids of labels.txt or the TFDS ClassLabel), and nothing below it is listed or counted, as
+    Keras' `image_dataset_from_directory` skips dot folders.
     """
     return name.startswith(".") or name in HIDDEN_FOLDERS
 
@@ -41,22 +39,6 @@ def is_hidden(name: str) -> bool:
 def is_listed(relpath: str) -> bool:
     """False when any part of the '/'-separated `relpath` is hidden (see is_hidden)."""
     return not any(is_hidden(part) for part in relpath.split("/"))
-
-
-class _Folder(NamedTuple):
-    """A folder to walk, and the (device, inode) of it and of every folder above it."""
-
-    path: str
-    ids: tuple[int, int]
-    parent: _Folder | None
-
-    def has_ancestor(self, ids: tuple[int, int]) -> bool:
-        node: _Folder | None = self
-        while node is not None:
-            if node.ids == ids:
-                return True
-            node = node.parent
-        return False
 
 
 def _ids(info: os.stat_result) -> tuple[int, int]:
@@ -69,26 +51,23 @@ def walk_folders(
     """(folder, sorted names of its entries that are not folders) for `root` and every folder
     below it, depth first, hidden entries (is_hidden) left out.
 
-    Iterative (any depth: no recursion limit) and one folder's entries in memory at a time
-    plus the folders still to visit. Symbolic links to folders are followed, as
-    `os.walk(followlinks=True)` and Keras' `follow_links=True` do, but a link to a folder
-    it is inside of (a loop) is not: the files below it are listed once, by their path
-    without the loop. Entries that are neither folders nor links to folders (files, FIFOs,
-    devices, broken links) are returned as names; the reader decides what they are.
+    Iterative (no recursion limit); holds one folder's entries plus the folders still to
+    visit. Links to folders are followed (as `os.walk(followlinks=True)`), but not a link to
+    a folder it is inside of (a loop). Entries that are neither folders nor links to folders
+    (files, FIFOs, devices, broken links) are returned as names; the reader decides.
 
     Args:
       onerror: called with the OSError of a folder that cannot be listed (it may raise).
     """
     try:
-        top = _Folder(root, _ids(os.stat(root)), None)
+        stack = [(root, (_ids(os.stat(root)),))]  # (folder, (device, inode) of it and those above)
     except OSError as e:
         onerror(e)
         return
-    stack = [top]
     while stack:
-        folder = stack.pop()
+        path, above = stack.pop()
         try:
-            with os.scandir(folder.path) as entries:
+            with os.scandir(path) as entries:
                 listed = sorted((e.name, e) for e in entries if not is_hidden(e.name))
         except OSError as e:
             onerror(e)
@@ -97,32 +76,29 @@ def walk_folders(
         for name, entry in listed:
             try:
                 if entry.is_dir(follow_symlinks=False):
-                    below.append(_Folder(entry.path, _ids(entry.stat(follow_symlinks=False)), folder))
+                    below.append((entry.path, (*above, _ids(entry.stat(follow_symlinks=False)))))
                     continue
                 if entry.is_symlink() and entry.is_dir(follow_symlinks=True):
                     ids = _ids(entry.stat(follow_symlinks=True))
-                    if not folder.has_ancestor(ids):
-                        below.append(_Folder(entry.path, ids, folder))
+                    if ids not in above:  # not a link to a folder it is inside of (a loop)
+                        below.append((entry.path, (*above, ids)))
                     continue
             except OSError:
                 pass  # vanished or unreadable: listed as a name, and fails when read
             names.append(name)
-        yield folder.path, names
+        yield path, names
         stack.extend(reversed(below))
 
 
 def walk_local(
     root: str, extensions: tuple[str, ...] = IMAGE_EXTENSIONS, archives: bool = False
 ) -> Iterable[ImageFile | ArchiveFile]:
-    """Every file below local `root` with an image extension, whatever it turns out to be.
+    """Every file below local `root` with an image extension, whatever it turns out to be
+    (with `archives`, also every tar archive as an ArchiveFile), in walk order.
 
-    With `archives`, also every tar archive (ArchiveFile), in walk order with the images.
-
-    Unlike Beam's local match (which stats each file and silently skips the ones it
-    cannot), nothing is dropped here: broken symlinks, FIFOs and files that vanish are
-    listed with size 0 and fail, by name and with a reason, when they are read. The
-    root is never treated as a pattern, so `[`, `*` and `?` in it are plain characters.
-    Hidden entries are not listed; symlinked folders are followed (see walk_folders).
+    Unlike Beam's local match (which silently skips the files it cannot stat), nothing is
+    dropped: broken links, FIFOs and vanished files are listed with size 0 and fail by name
+    when read. The root is never a pattern: `[`, `*` and `?` in it are plain characters.
     """
     for dirpath, names in walk_folders(root):
         for name in names:
@@ -134,10 +110,9 @@ def walk_local(
                 size = os.stat(path).st_size
             except OSError:
                 size = 0
-            if archive:
-                yield archive_in(path, root, size)
-                continue
-            yield ImageFile(path=path, relpath=relative_path(path, root), size=size)
+            yield (
+                archive_in(path, root, size) if archive else ImageFile(path, relative_path(path, root), size)
+            )
 
 
 def archive_in(path: str, root: str, size: int) -> ArchiveFile:
@@ -148,6 +123,4 @@ def archive_in(path: str, root: str, size: int) -> ArchiveFile:
 
 def is_archive_input(root: str) -> bool:
     """True if `root` names archives itself (a tar file or a glob of them), not a folder/prefix."""
-    if archive_kind(root) is None:
-        return False
-    return "://" in root or not os.path.isdir(root)
+    return archive_kind(root) is not None and ("://" in root or not os.path.isdir(root))

@@ -1,27 +1,22 @@
 """An archive member's address and the pin that ties it to what was listed (pure).
 
-In: a path of the form `<archive>#<member>@<offset>+<size>` (what the listing emits for a
-tar member in place of a file path), optionally followed by its pin. Out: its MemberAddress.
-The member's bytes are read by one positioned read (transforms/images/read.py). Nothing is
-ever extracted.
+In: a path `<archive>#<member>@<offset>+<size>` (what the listing emits for a tar member in
+place of a file path), optionally followed by its pin. Out: its MemberAddress. The member's
+bytes are read by one positioned read (transforms/images/read.py).
 
-The pin rides after the address, behind a NUL (`transforms.paths.PIN`: no path and no tar
-member name can hold one), so that the printed name stays the address alone
-(`transforms.paths.listed_name`, applied to every Failure and to `image/filename`) and is the
-same on every run. It holds what identifies the member as listed:
+The pin rides after the address behind a NUL (`transforms.paths.PIN`: no path or member name
+holds one), so the printed name stays the address alone (`transforms.paths.listed_name`, used
+for every Failure and `image/filename`), the same every run. It holds:
 
-- `h<digest>`: a 64-bit BLAKE2 digest of the member's own 512-byte header, the block just
-  before its data (its name, size, mtime, mode, owner and stored checksum). A read takes
-  that block with the data (one read of 512 bytes more) and checks it is still the same
-  header, so a rewritten archive that has other bytes there fails the member ("archive
-  changed since it was listed") instead of giving it another member's bytes. (The stored
-  checksum alone is a plain sum of the header's bytes: `c1/004.jpg` and `c2/035.jpg` of
-  nearly equal sizes share it.);
-- `g<generation>` (gs://): the object's generation when it was indexed; the read asks for that
-  generation, so an object overwritten since is not read (Cloud Storage answers 404);
-- `r<path>`: the file the bytes are read from when it is not the archive itself (the
-  uncompressed copy of a `.tar.gz`, in the run's temp folder), so that failures and
-  `image/filename` name the `.tar.gz`, not its copy.
+- `h<digest>`: a 64-bit BLAKE2 digest of the member's own 512-byte header (the block before
+  its data: name, size, mtime, mode, owner, checksum). A read takes that block with the data
+  and checks it, so a rewritten archive fails the member ("archive changed since it was
+  listed") instead of giving it another member's bytes. (The stored checksum alone is a plain
+  sum: `c1/004.jpg` and `c2/035.jpg` of nearly equal sizes share it.)
+- `g<generation>` (gs://): the object's generation when indexed; the read asks for it, so an
+  object overwritten since is not read (Cloud Storage answers 404);
+- `r<path>`: the file the bytes are read from when it is not the archive (the uncompressed
+  copy of a `.tar.gz` in the run's temp folder), so failures name the `.tar.gz`, not its copy.
 """
 
 from __future__ import annotations
@@ -37,21 +32,13 @@ from transforms.paths import PIN
 _ADDRESS = re.compile(
     r"(?P<archive>.+?\.(?:tar|tgz|tar\.gz))#(?P<member>.*)@(?P<offset>\d+)\+(?P<size>\d+)", re.I | re.S
 )
-
-
-_NESTED = re.compile(r"(?P<inner>.+?\.tar)#(?P<member>.*)", re.I | re.S)
-
-
 BLOCK = 512  # a tar block; a member's own header is the block before its data
 
 
 @dataclasses.dataclass(frozen=True)
 class MemberAddress:
-    """Where a member's bytes are: `size` bytes at `offset` of the file `archive`.
-
-    `header`, `generation` and `read_from` are its pin (module docstring); None when the
-    address has none (an address typed by hand, or made before pins).
-    """
+    """Where a member's bytes are: `size` bytes at `offset` of the file `archive`; `header`,
+    `generation` and `read_from` are its pin (module docstring), None when it has none."""
 
     archive: str
     member: str
@@ -91,11 +78,8 @@ def pinned_address(
 
 
 def parse_address(path: str) -> MemberAddress | None:
-    """The MemberAddress that `path` spells, or None for an ordinary file path.
-
-    A listed ordinary file never parses: it ends in an image extension, an address in
-    `+<digits>` (and its pin).
-    """
+    """The MemberAddress that `path` spells, or None for an ordinary file path (which never
+    parses: it ends in an image extension, an address in `+<digits>` and its pin)."""
     if "#" not in path:
         return None
     address, *pin = path.split(PIN)
@@ -112,20 +96,6 @@ def parse_address(path: str) -> MemberAddress | None:
         int(fields["g"]) if "g" in fields else None,
         fields.get("r"),
     )
-
-
-def header_checksum(block: bytes) -> int | None:
-    """The checksum stored in the tar header `block` if it is right (as GNU tar checks it:
-    unsigned or, for some old tars, signed bytes), else None (not a header)."""
-    try:
-        stored = int(block[148:156].replace(b"\0", b" ").strip() or b"0", 8)
-    except ValueError:
-        return None
-    unsigned = sum(block) - sum(block[148:156]) + 256
-    if stored == unsigned:
-        return stored
-    high = sum(1 for b in block if b > 127) - sum(1 for b in block[148:156] if b > 127)
-    return stored if stored == unsigned - 256 * high else None
 
 
 def header_digest(block: bytes) -> str:

@@ -7,23 +7,19 @@ label its sample's sidecar holds), turned into labels-table rows by transforms/l
 from __future__ import annotations
 
 import dataclasses
+import json
 import posixpath
 from collections.abc import Callable, Iterator
 
 from transforms.listing.archives import Member, Problem
 
-# --- WebDataset: label sidecars next to the image of a sample -----------------------------
 # A WebDataset sample is the run of consecutive members that share a key: the member's path
 # up to the first dot of its file name (webdataset's `base_plus_ext`: `a/b.c.jpg` -> key `a/b`,
 # extension `c.jpg`). A sidecar of the sample supplies its label: `.cls`, `.txt` or `.json`,
 # the first present in that order (suffixes compared in lowercase).
 SIDECAR_EXTENSIONS = (".cls", ".txt", ".json")
-
-
-# A sidecar is read while indexing: larger ones are not labels.
-MAX_SIDECAR_BYTES = 64 * 1024
-
-
+_SIDECARS = tuple(e[1:] for e in SIDECAR_EXTENSIONS)
+MAX_SIDECAR_BYTES = 64 * 1024  # a sidecar is read while indexing: larger ones are not labels
 # Fields of a `.json` sidecar object that hold the label, the first present in that order.
 JSON_LABEL_FIELDS = ("label", "cls", "class")
 
@@ -57,8 +53,6 @@ def sidecar_label(extension: str, data: bytes) -> object:
     Raises:
       ValueError: not UTF-8, not JSON, or a JSON object without a label field.
     """
-    import json
-
     text = data.decode("utf-8").strip()
     if extension != "json":
         return text
@@ -75,19 +69,16 @@ def label_samples(
     members: Iterator[Member | Problem], read: Callable[[Member], bytes], extensions: tuple[str, ...]
 ) -> Iterator[Member | Problem | SampleLabel]:
     """`members` (image members and sidecars, in archive order) as image Members, Problems
-    and one SampleLabel per image of a sample that has a sidecar.
-
-    Holds one sample at a time (members of one key are consecutive, as webdataset requires).
-    `read` returns a sidecar's bytes; sidecars themselves are not passed on.
-    """
+    and one SampleLabel per image of a sample that has a sidecar (`read` gives its bytes).
+    Holds one sample at a time (members of one key are consecutive, as webdataset requires)."""
     key, images, labels = None, [], {}
 
     def flush() -> Iterator[Member | Problem | SampleLabel]:
-        chosen = next((labels[e] for e in ("cls", "txt", "json") if e in labels), None)
-        if chosen is None:  # unlabeled: the join's --unlabeled policy decides
+        ext = next((e for e in _SIDECARS if e in labels), None)
+        if ext is None:  # unlabeled: the join's --unlabeled policy decides
             yield from images
             return
-        ext, member = chosen
+        member = labels[ext]
         try:
             if member.size > MAX_SIDECAR_BYTES:
                 raise ValueError(f"{member.size} bytes: too large for a label")
@@ -110,6 +101,6 @@ def label_samples(
             key, images, labels = sample, [], {}
         if posixpath.splitext(item.name)[1].lower() in extensions:
             images.append(item)
-        elif ext in ("cls", "txt", "json"):
-            labels.setdefault(ext, (ext, item))
+        elif ext in _SIDECARS:
+            labels.setdefault(ext, item)
     yield from flush()
