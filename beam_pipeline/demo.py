@@ -53,10 +53,12 @@ def generate(root: str, per_class: int = 20, seed: int = 0) -> int:
             else:
                 img.save(os.path.join(sub, f"{i:03d}.JPG"), quality=90)
             count += 1
-    with open(os.path.join(root, CLASSES[0], "truncated.jpg"), "wb") as f:
-        f.write(b"\xff\xd8\xff\xe0\x00\x10JFIF")
-    with open(os.path.join(root, CLASSES[1], "page.jpg"), "w") as f:
-        f.write("<html>not an image</html>")
+    for name, data in (
+        (f"{CLASSES[0]}/truncated.jpg", b"\xff\xd8\xff\xe0\x00\x10JFIF"),
+        (f"{CLASSES[1]}/page.jpg", b"<html>not an image</html>"),
+    ):
+        with open(os.path.join(root, name), "wb") as f:
+            f.write(data)
     return count + 2
 
 
@@ -91,12 +93,7 @@ def main(argv: list[str], convert: Callable[..., dict]) -> int:
         flush=True,
     )
     summary = convert(flags)
-    print(
-        json.dumps(
-            {k: summary[k] for k in ("listed", "written", "failed", "written_per_class")},
-            ensure_ascii=False,
-            indent=2,
-        )
-    )
+    counts = {k: summary[k] for k in ("listed", "written", "failed", "written_per_class")}
+    print(json.dumps(counts, ensure_ascii=False, indent=2))
     print(f"shards and metadata in {args.output_dir}/")
     return 0

@@ -1,8 +1,8 @@
 """Dataflow Flex Template entry point (FLEX_TEMPLATE_PYTHON_PY_FILE).
 
-The template launcher passes every parameter as `--name=value`, also the on/off flags that
-the CLI spells as a bare `--overwrite`; this maps `--flag=true|false` of those flags back
-before running the ordinary CLI, so the template and the CLI accept the same options.
+The template launcher passes every parameter as `--name=value`, the on/off flags too, which
+the CLI spells as a bare `--overwrite`: `--flag=true|false` of those is mapped back before the
+ordinary CLI runs, so the template and the CLI accept the same options.
 """
 
 from __future__ import annotations
@@ -17,11 +17,11 @@ _TRUE = {"true", "1", "yes"}
 _FALSE = {"false", "0", "no", ""}
 
 
-def convert_flags() -> dict[str, argparse.Action]:
-    """ConvertOptions' flags by name (without the leading dashes)."""
+def convert_defaults() -> dict[str, object]:
+    """ConvertOptions' flags (by name, without the leading dashes) and their defaults."""
     parser = argparse.ArgumentParser(add_help=False)
-    ConvertOptions._add_argparse_args(parser)
-    return {a.dest: a for a in parser._actions}
+    ConvertOptions._add_argparse_args(parser)  # Beam's way for an options class to add its flags
+    return vars(parser.parse_args([]))
 
 
 def normalize_argv(argv: list[str]) -> list[str]:
@@ -30,9 +30,7 @@ def normalize_argv(argv: list[str]) -> list[str]:
     Raises:
       UserError: an on/off flag with a value that is not a boolean.
     """
-    switches = {
-        name for name, action in convert_flags().items() if isinstance(action, argparse._StoreTrueAction)
-    }
+    switches = {name for name, default in convert_defaults().items() if default is False}
     out = []
     for arg in argv:
         name, sep, value = arg.partition("=")
@@ -47,9 +45,8 @@ def normalize_argv(argv: list[str]) -> list[str]:
 
 
 def flex_main(argv: list[str] | None = None) -> int:
-    argv = list(sys.argv[1:] if argv is None else argv)
     try:
-        argv = normalize_argv(argv)
+        argv = normalize_argv(list(sys.argv[1:] if argv is None else argv))
     except UserError as e:
         print(f"img2tfrecord: error: {e}", file=sys.stderr)
         return 2

@@ -7,6 +7,8 @@ user errors into one line on stderr and an exit status.
 from __future__ import annotations
 
 import contextlib
+import functools
+import importlib
 import json
 import logging
 import os
@@ -26,9 +28,9 @@ from apache_beam.options.pipeline_options import (
 )
 from apache_beam.runners.runner import PipelineResult
 
-from beam_pipeline.cli import preflight
+from beam_pipeline.cli import help as cli_help
 from beam_pipeline.cli.checks import (
-    check_all_would_fail,
+    check_gcs_credentials,
     check_input,
     check_labels,
     check_runner_reaches_paths,
@@ -44,29 +46,18 @@ from beam_pipeline.cli.options import (
 )
 from beam_pipeline.cli.progress import ProgressReporter
 from beam_pipeline.cli.progress import end_line as end_progress_line
-from beam_pipeline.cli.runners import LOCAL_RUNNERS
+from beam_pipeline.cli.startup import LOCAL_RUNNERS
 from beam_pipeline.pipeline import build_pipeline
-from transforms import gcs, progress
+from transforms import progress
 from transforms.failures import user_error_text
 from transforms.output.fence import Fence
 from transforms.output.marker import Claim
 from transforms.output.publish import FAILURES_FILE, SUMMARY_FILE, aborted_reason, temp_dir_for
 from transforms.paths import normalize_root
-from transforms.writing.files import delete_paths
+from transforms.writing.files import delete_paths, read_file
 
 # Exit statuses (documented in README.md).
-EXIT_OK = 0
-
-
-EXIT_FAILED = 1
-
-
-EXIT_USAGE = 2
-
-
-EXIT_TOO_MANY_FAILURES = 3
-
-
+EXIT_OK, EXIT_FAILED, EXIT_USAGE, EXIT_TOO_MANY_FAILURES = 0, 1, 2, 3
 EXIT_INTERRUPTED = 130  # 128 + SIGINT, as shells report it
 
 
@@ -78,38 +69,32 @@ class TooManyFailures(Exception):
     """More images failed than --max_failure_ratio allows; failures.jsonl was written."""
 
 
-class _UserErrorFilter(logging.Filter):
-    """Drops log records about a user error (USER_ERROR_MARKER in the message or exception)."""
-
-    def filter(self, record: logging.LogRecord) -> bool:
-        error = record.exc_info[1] if record.exc_info else None
-        return user_error_text(record.getMessage()) is None and (
-            error is None or user_error_text(str(error)) is None
-        )
+def _not_user_error(record: logging.LogRecord) -> bool:
+    """A logging filter: False for records about a user error (USER_ERROR_MARKER in the
+    message or the exception)."""
+    error = record.exc_info[1] if record.exc_info else None
+    return user_error_text(record.getMessage()) is None and (
+        error is None or user_error_text(str(error)) is None
+    )
 
 
 @contextlib.contextmanager
 def quiet_user_errors():
     """While in the block, log records about a user error are not printed.
 
-    A stage that finds the user's mistake (a broken labels table, an input folder that
-    cannot be listed) raises an error marked with USER_ERROR_MARKER (transforms/failures.py);
-    Beam logs it with its traceback (ERROR, apache_beam.runners.common) before the runner
-    re-raises it, and run() then reports it as one line (exit 2). The filter sits on
-    every handler of the root logger and on logging's last-resort handler, so it holds
-    whatever logging the caller set up; other records pass untouched.
+    A stage that finds the user's mistake raises an error marked with USER_ERROR_MARKER
+    (transforms/failures.py); Beam logs it with its traceback before the runner re-raises it,
+    and run() reports it as one line (exit 2). The filter sits on every handler of the root
+    logger and on logging's last resort, whatever logging the caller set up.
     """
-    quiet = _UserErrorFilter()
-    handlers = [*logging.getLogger().handlers, logging.lastResort]
+    handlers = [h for h in (*logging.getLogger().handlers, logging.lastResort) if h is not None]
     for handler in handlers:
-        if handler is not None:
-            handler.addFilter(quiet)
+        handler.addFilter(_not_user_error)
     try:
         yield
     finally:
         for handler in handlers:
-            if handler is not None:
-                handler.removeFilter(quiet)
+            handler.removeFilter(_not_user_error)
 
 
 _View = TypeVar("_View", bound=PipelineOptions)
@@ -118,34 +103,23 @@ _View = TypeVar("_View", bound=PipelineOptions)
 class RunOptions(PipelineOptions):
     """The run's PipelineOptions, whose views are made once per options class.
 
-    Beam asks the pipeline's options for a view (`view_as`) at every step it applies and
-    at every type check: ~460 times for this graph, each building an argparse parser and
-    parsing the command line again (~0.4 ms each, ~0.18 s of CPU a run before the first
-    image). All views of one PipelineOptions share its option values (`_all_options`), so
-    a view made once answers every later call alike: a set value is seen through every view
-    as before. The cache stays out of copies and pickles (Beam deep-copies the options into
-    the Pipeline): each copy makes its own views of its own values.
+    Beam asks for a view at every step it applies and every type check (~460 a graph), each
+    a new argparse parser parsing the command line again (benchmarks/README.md "Start-up").
+    All views of one PipelineOptions share its values, so a view made once answers every
+    later call alike. The cache stays out of copies and pickles (Beam deep-copies the
+    options into the Pipeline): each copy makes its own views of its own values.
     """
 
     def view_as(self, cls: type[_View]) -> _View:
-        views = self.__dict__.get("_views")
-        if views is None:
-            views = self.__dict__["_views"] = {}
-        view = views.get(cls)
-        if view is None:
-            view = views[cls] = super().view_as(cls)
-        return view
+        views = self.__dict__.setdefault("_views", {})
+        if cls not in views:
+            views[cls] = super().view_as(cls)
+        return views[cls]
 
     def __getstate__(self) -> dict:
         state = dict(super().__getstate__())
         state.pop("_views", None)
         return state
-
-
-def _described_only(options: PipelineOptions) -> bool:
-    """A Dataflow dry run: the job is described, not run (classic templates are refused by
-    check_runner_reaches_paths)."""
-    return bool(options.view_as(TestOptions).dry_run)
 
 
 def run(
@@ -157,9 +131,8 @@ def run(
 ) -> dict:
     """Runs one conversion and returns its summary (the content of summary.json).
 
-    `on_result` (for tests and benchmarks) is called with Beam's PipelineResult once the
-    job has finished, e.g. to read its metrics (the group sizes of batching.group_size).
-    `graph_seams` (benchmarks) are keyword arguments of build_pipeline (list_files, reader).
+    `on_result` (tests, benchmarks) is called with Beam's PipelineResult once the job has
+    finished, e.g. to read its metrics. `graph_seams` (benchmarks): build_pipeline's keywords.
 
     Raises:
       UserError: bad options, missing input, unwritable or occupied output.
@@ -171,11 +144,9 @@ def run(
     opts = options.view_as(ConvertOptions)
     validate(opts)
     check_runner_reaches_paths(options, opts)  # before credentials, claim or graph
-    preflight.check_gcs_credentials([opts.input, opts.output_dir, opts.labels_path, opts.label_map])
+    check_gcs_credentials([opts.input, opts.output_dir, opts.labels_path, opts.label_map])
     check_input(normalize_root(opts.input))
-    if opts.labels_path:
-        check_labels(opts)
-    check_all_would_fail(opts)
+    check_labels(opts)
     output_dir = normalize_root(opts.output_dir)
     run_id = uuid.uuid4().hex
     # A runner outside this process runs the job on after the launcher is gone: the job keeps
@@ -218,8 +189,8 @@ def _run_claimed(
             result.wait_until_finish()
             if on_result is not None:
                 on_result(result)
-        if _described_only(options):
-            claim.release(abandon=True)  # nothing ran here
+        if options.view_as(TestOptions).dry_run:  # Dataflow: the job described, not run
+            claim.release(abandon=True)
             return {"described_only": True, "output_dir": output_dir}
     except Exception as e:
         # A user error found inside the pipeline (e.g. nothing to convert) arrives
@@ -237,26 +208,22 @@ def _run_claimed(
     if reason:
         delete_paths([temp_dir_for(output_dir, run_id)])
         raise TooManyFailures(reason)
-    summary_path = FileSystems.join(output_dir, SUMMARY_FILE)
     try:
-        # (gs:// raises its own NotFound, not an OSError, on a missing object.)
-        if not gcs.exists(summary_path):
-            raise OSError(summary_path)
-        with gcs.open_read(summary_path) as f:
-            summary = json.loads(f.read().decode("utf-8"))
+        return json.loads(read_file(FileSystems.join(output_dir, SUMMARY_FILE)).decode("utf-8"))
     except OSError:
         raise UserError(f"the job finished without writing {SUMMARY_FILE}") from None
-    return summary
 
 
 def _convert(argv: list[str]) -> int:
-    if _help_asked(argv):
+    everything = "--help_all" in argv  # help anywhere among the flags: help, and nothing run
+    if everything or "-h" in argv or "--help" in argv:
+        print(cli_help.convert_help(cli_help.prog_name(), everything), end="")
         return EXIT_OK
     summary = run(argv)
     if summary.get("described_only"):
         print("img2tfrecord: job described, not run (dry run)", file=sys.stderr)
-        return EXIT_OK
-    print(final_line(summary), file=sys.stderr)
+    else:
+        print(final_line(summary), file=sys.stderr)
     return EXIT_OK
 
 
@@ -273,63 +240,25 @@ def _demo(argv: list[str]) -> int:
     return demo.main(argv, run)
 
 
-def quiet_tensorflow() -> None:
-    """Silences TensorFlow's C++ start-up log lines for verify and inspect (set before TF loads).
+def _read_back(argv: list[str], reader: str) -> int:
+    """verify and inspect (beam_pipeline/readers/).
 
-    TF_CPP_MIN_LOG_LEVEL=2 drops its INFO and WARNING lines; the oneDNN notice ignores it, so
-    oneDNN's custom ops are off too (TF_ENABLE_ONEDNN_OPTS=0): these commands parse records
-    and decode images, where they change nothing. Either variable set by the user wins.
+    TensorFlow's C++ start-up lines are silenced (TF_CPP_MIN_LOG_LEVEL=2; the oneDNN notice
+    ignores it, so oneDNN's custom ops are off too: these commands parse records and decode
+    images, where they change nothing). Either variable set by the user wins.
     """
     os.environ.setdefault("TF_CPP_MIN_LOG_LEVEL", "2")
     os.environ.setdefault("TF_ENABLE_ONEDNN_OPTS", "0")
+    check_gcs_credentials([a.partition("=")[2] or a for a in argv])
+    return importlib.import_module(f"beam_pipeline.readers.{reader}").main(argv)
 
 
-def _verify(argv: list[str]) -> int:
-    quiet_tensorflow()
-    preflight.check_gcs_credentials([a.partition("=")[2] or a for a in argv])
-    from beam_pipeline.readers import verify
-
-    return verify.main(argv)
-
-
-def _inspect(argv: list[str]) -> int:
-    quiet_tensorflow()
-    preflight.check_gcs_credentials([a.partition("=")[2] or a for a in argv])
-    from beam_pipeline.readers import inspect as inspection
-
-    return inspection.main(argv)
-
-
-COMMANDS = {"convert": _convert, "demo": _demo, "verify": _verify, "inspect": _inspect}
-
-
-def _help_asked(argv: list[str]) -> bool:
-    """Prints convert's help (`-h`, `--help`), or all of it with Beam's options (`--help_all`)."""
-    from beam_pipeline.cli import help as cli_help
-
-    everything = "--help_all" in argv
-    if everything or "-h" in argv or "--help" in argv:
-        print(cli_help.convert_help(cli_help.prog_name(), everything), end="")
-        return True
-    return False
-
-
-def _top_level(argv: list[str]) -> int | None:
-    """The verb list (`--help`, or no arguments: exit 2) and `--version`; None for a command."""
-    from beam_pipeline.cli import help as cli_help
-
-    prog = cli_help.prog_name()
-    if not argv:
-        print(cli_help.top_help(prog), end="", file=sys.stderr)
-        print(f"{prog}: error: no command given (try `{prog} demo`)", file=sys.stderr)
-        return EXIT_USAGE
-    if argv[0] in ("-h", "--help", "help"):
-        print(cli_help.top_help(prog), end="")
-        return EXIT_OK
-    if argv[0] == "--version":
-        print(f"img2tfrecord {cli_help.version()}")
-        return EXIT_OK
-    return None
+COMMANDS = {
+    "convert": _convert,
+    "demo": _demo,
+    "verify": functools.partial(_read_back, reader="verify"),
+    "inspect": functools.partial(_read_back, reader="inspect"),
+}
 
 
 def main(argv: list[str] | None = None) -> int:
@@ -339,37 +268,35 @@ def main(argv: list[str] | None = None) -> int:
     # Dataflow submissions log the job id and console URL at INFO; schedulers (Airflow's
     # Dataflow hook) read the job id from the line "Created job with id: [...]".
     logging.getLogger(DATAFLOW_SUBMIT_LOGGER).setLevel(logging.INFO)
-    status = _top_level(argv)
-    if status is not None:
-        return status
-    command = "convert"
-    if argv and not argv[0].startswith("-"):
-        command = argv.pop(0)
-    if command not in COMMANDS:
-        print(
-            f"img2tfrecord: error: unknown command {command!r} (one of {', '.join(COMMANDS)})",
-            file=sys.stderr,
-        )
+    prog = cli_help.prog_name()
+    if not argv:  # the verb list, and exit 2
+        print(cli_help.top_help(prog), end="", file=sys.stderr)
+        print(f"{prog}: error: no command given (try `{prog} demo`)", file=sys.stderr)
         return EXIT_USAGE
+    if argv[0] in ("-h", "--help", "help"):
+        print(cli_help.top_help(prog), end="")
+        return EXIT_OK
+    if argv[0] == "--version":
+        print(f"img2tfrecord {cli_help.version()}")
+        return EXIT_OK
+    command = argv.pop(0) if not argv[0].startswith("-") else "convert"
     try:
+        if command not in COMMANDS:
+            raise UserError(f"unknown command {command!r} (one of {', '.join(COMMANDS)})")
         return COMMANDS[command](argv)
-    except UserError as e:
+    except (UserError, TooManyFailures) as e:
         print(f"img2tfrecord: error: {e}", file=sys.stderr)
-        return EXIT_USAGE
-    except TooManyFailures as e:
-        print(f"img2tfrecord: error: {e}", file=sys.stderr)
-        return EXIT_TOO_MANY_FAILURES
+        return EXIT_TOO_MANY_FAILURES if isinstance(e, TooManyFailures) else EXIT_USAGE
 
 
-def _exit_on_interrupt(signum: int, frame: object) -> None:
+def _exit_on_interrupt(cli_pid: int, signum: int, frame: object) -> None:
     """Ctrl-C: one line instead of the runner's tracebacks, then the exit a kill would give.
 
     Stopping at once is safe: a run's output stays marked unfinished until its last file is
-    published (transforms/output/publish.py), and the next run into the folder replaces it, as
-    after a SIGKILL (tests/output/test_reliability_output.py). Forked shard writers, which get
-    the terminal's SIGINT too, exit silently.
+    published, and the next run into the folder replaces it, as after a SIGKILL
+    (tests/output/test_reliability_output.py). Forked shard writers exit silently.
     """
-    if os.getpid() == _CLI_PID:
+    if os.getpid() == cli_pid:
         end_progress_line(sys.stderr)  # the message goes below the bar, not onto it
         print(
             "img2tfrecord: interrupted; rerun to start over (the unfinished local output is "
@@ -380,16 +307,8 @@ def _exit_on_interrupt(signum: int, frame: object) -> None:
     os._exit(EXIT_INTERRUPTED)
 
 
-_CLI_PID = 0  # the process that runs cli()
-
-
 def cli() -> None:
-    """The CLI's process (beam_pipeline/__main__.py, after cli/startup.py): main(), then exit.
-
-    Only here, not in main(), which tests and callers run in a long-lived process: Ctrl-C
-    handling (`_exit_on_interrupt`).
-    """
-    global _CLI_PID
-    _CLI_PID = os.getpid()
-    signal.signal(signal.SIGINT, _exit_on_interrupt)
+    """The CLI's process (beam_pipeline/__main__.py): main(), then exit. Ctrl-C is handled
+    here, not in main(), which tests and callers run in a long-lived process."""
+    signal.signal(signal.SIGINT, functools.partial(_exit_on_interrupt, os.getpid()))
     sys.exit(main())

@@ -1,35 +1,23 @@
-"""build_pipeline: the conversion as a Beam graph, one labelled step a line.
+"""build_pipeline: the conversion as a Beam graph, one labelled step a line (README.md's diagram).
 
-    ListImages -> LabelFromFolders -> AssignSplits -> PlanShards -> WriteShards -> WriteMetadata
+    ListImages -> LabelFromFolders | ReadLabels+JoinLabels -> AssignSplits -> PlanShards
+               -> WriteShards -> WriteMetadata
 
-ListImages also indexes the tar archives it finds (ListImages/IndexArchives, on workers):
-their image members go on as files whose path is the member's address.
-
-With --labels (a table) the labelling step is ReadLabels + JoinLabels (a shuffle by a hash
-bucket of the image key) instead of LabelFromFolders, and WriteOrphans reports rows without an image.
-A --label_map is read by a step (ReadLabelMap) and reaches JoinLabels and BuildClassIndex as a
-side input: the graph does not grow with the class count.
-
-Only metadata (path, label, size) is shuffled; image bytes are read inside WriteShards,
-right where they are encoded and written. Up to the shard plan the records travel in
-batches of columns (FileBatch, RecordBatch of up to 1,000 images, one tuple per field, coded
-by transforms/coders.py), so Beam's cost per element is paid per batch and no Python object
-is built per image at a stage boundary; AssignSplits adds each record's one seeded hash as a
-column, which the plan reads. No step groups a whole split, class or the failures: a shard is a range
-of the seeded hash, cut from per-split totals (a side input) and grouped one shard at a time,
-and --stratify places each class in a bounded group: a pack of small classes, or one hash
-bucket of a big class (transforms/layout/plan.py, strata.py, docs/internals.md).
+Only metadata (path, label, size) is shuffled, in batches of columns (FileBatch, RecordBatch
+of up to 1,000 images; transforms/coders.py); image bytes are read inside WriteShards, where
+they are encoded and written. No step groups a whole split, class or the failures: the labels
+join groups by a hash bucket of the image key, a shard is a range of the seeded hash cut from
+per-split totals (a side input) and grouped one shard at a time, --stratify places each class
+in a bounded group, and a --label_map is a side input (docs/internals.md).
 """
 
 from __future__ import annotations
 
-import dataclasses
 from collections.abc import Callable
 
 import apache_beam as beam
 
-from beam_pipeline.cli.image_options import encode_settings, label_offset
-from beam_pipeline.cli.options import ConvertOptions, join_settings, table_spec
+from beam_pipeline.cli.options import ConvertOptions, encode_settings, join_settings, label_offset, table_spec
 from transforms import coders
 from transforms.encoding.encoder import EncodeSettings
 from transforms.images.read import read_bytes
@@ -55,22 +43,12 @@ from transforms.writing.beam import WriteShards
 def register_coders() -> None:
     """Our coders in Beam's registry, for every record type that crosses a stage boundary.
 
-    Beam looks a PCollection's coder up by its element type when the job is translated; a type
-    missing here would be pickled, silently (tests/cli/test_coders_registered.py builds the graph
-    in a fresh interpreter and checks every PCollection's coder). Called by build_pipeline
-    (again for every graph: registering is idempotent), not on import.
+    A type missing here would be pickled, silently (tests/cli/test_coders_registered.py).
+    Called for every graph (registering is idempotent), not on import.
     """
     for table in (coders.CODERS, label_coders.CODERS):
         for record_type, coder in table.items():
             beam.coders.registry.register_coder(record_type, coder)
-
-
-@dataclasses.dataclass
-class PipelineOutputs:
-    """Handles on the graph's main PCollections, for tests and callers."""
-
-    summary: beam.PCollection
-    failures: beam.PCollection
 
 
 def build_pipeline(
@@ -81,7 +59,7 @@ def build_pipeline(
     list_files: Callable[[beam.Pipeline], ListedImages] | None = None,
     reader: Callable[[str], bytes] = read_bytes,
     fence: Fence | None = None,
-) -> PipelineOutputs:
+) -> None:
     """Attaches the conversion to `p` (does not run it).
 
     Args:
@@ -101,9 +79,6 @@ def build_pipeline(
     # Options that change the stored bytes: plan shards by estimated sizes, not file sizes.
     estimate_with = settings if settings.changes_pixels() else None
     failed: list[beam.PCollection] = []
-
-    by_folder = opts.splits == "folders"
-
     webdataset = opts.labels_path == WEBDATASET
     if list_files is None:
         found = p | "ListImages" >> ListImages(
@@ -112,8 +87,7 @@ def build_pipeline(
     else:
         found = list_files(p)  # ListedImages (benchmarks/scale.py)
     files = found.files
-    listed, label_report = files, None
-    label_map = None
+    listed, label_report, label_map = files, None, None
     if opts.label_map:  # read on a worker, a side input: the graph does not grow with the classes
         label_map = p | "ReadLabelMap" >> ReadLabelMap(
             opts.label_map, label_offset(opts)
@@ -135,7 +109,9 @@ def build_pipeline(
         )  # {"labels": {..}}
         listed = labeled.listed  # RecordBatch | Failure: every image but skipped unlabeled ones
     else:
-        labeled = files | "LabelFromFolders" >> LabelFromFolders(by_folder)  # .records, .failed
+        labeled = files | "LabelFromFolders" >> LabelFromFolders(
+            opts.splits == "folders"
+        )  # .records, .failed
     records = labeled.records | "AssignSplits" >> AssignSplits(
         ratios, opts.seed, opts.stratify
     )  # RecordBatch with splits and seeded hashes (--stratify: class counts, a group per class pack)
@@ -167,7 +143,7 @@ def build_pipeline(
     )  # .shards ShardResult (with per-class written counts), .failed Failure
     failures = (found.failed, labeled.failed, shards.failed, *failed) | "FlattenFailures" >> beam.Flatten()
     _ = failures | "TrackFailures" >> CountProgress(run_id, FAILED_ANYWHERE)  # live progress, Beam counter
-    summary = p | "WriteMetadata" >> WriteMetadata(
+    _ = p | "WriteMetadata" >> WriteMetadata(
         output_dir,
         temp_dir,
         opts.compression,
@@ -183,4 +159,3 @@ def build_pipeline(
         dataset_name=tfds_name(opts.dataset_name or normalize_root(opts.input)),
         summary_extras=label_report,
     )  # the summary.json dict (failures counted by a combiner, failures.jsonl merged from sorted parts)
-    return PipelineOutputs(summary=summary, failures=failures)

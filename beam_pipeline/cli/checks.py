@@ -1,16 +1,22 @@
-"""The checks convert makes before the job starts (one line, exit 2, on a user error).
+"""The checks convert makes before the job starts: a user error is one line (exit 2).
 
-The runner (a remote one with a local path, a classic template: refused before anything
-else), the input (exists, holds images or archives, is listable; a cheap look at gs://), the
-output (claimed exclusively, writable), the labels table's header and whether every image
-would fail.
+In order: the runner (a remote one given a local path, a classic template: refused before
+anything else), Google credentials for gs:// paths, the input (exists, holds images or
+archives, is listable), the labels table's header and --label_map, the two commonest
+all-images-fail mistakes (a flat folder without --labels; a table none of whose keys matches
+an image), then the output folder's claim (run by main.py). Each stops at the first evidence
+that all is well and holds nothing that grows with the dataset: remote inputs are looked at
+one listing page (REMOTE_PAGE) deep, the key check reads at most MAX_KEY_ROWS table keys.
 """
 
 from __future__ import annotations
 
+import csv
+import json
 import os
 import sys
 import urllib.parse
+from collections.abc import Iterator
 
 from apache_beam.io.filesystem import BeamIOError
 from apache_beam.io.filesystems import FileSystems
@@ -23,26 +29,19 @@ from apache_beam.options.pipeline_options import (
     StandardOptions,
 )
 
-from beam_pipeline.cli import preflight
-from beam_pipeline.cli.options import (
-    ConvertOptions,
-    UserError,
-    table_spec,
-)
+from beam_pipeline.cli.options import ConvertOptions, UserError, table_spec
 from transforms.gcs import ERRORS as LIST_ERRORS
-from transforms.gcs import first_page, literal_or_glob
+from transforms.gcs import first_page, literal_or_glob, split_gcs_path
 from transforms.labels.beam_webdataset import WEBDATASET
 from transforms.labels.label_map import load_label_map
-from transforms.labels.table import check_table
+from transforms.labels.rows import IMAGE_KEYS, TableError, TableSpec
+from transforms.labels.table import check_table, image_key, normalize_key
 from transforms.listing.archives import archive_kind
 from transforms.listing.local import is_archive_input, walk_folders
 from transforms.output.claim import claim_output
 from transforms.output.marker import Claim, NotWritable
-from transforms.output.publish import (
-    OutputBusy,
-    list_children,
-)
-from transforms.paths import escape_glob, has_image_extension, normalize_root
+from transforms.output.publish import OutputBusy, list_children
+from transforms.paths import escape_glob, has_image_extension, normalize_root, relative_path
 
 # Runner names (lower case, without "Runner") whose steps run in this process or its children.
 _LOCAL_RUNNERS = ("", "direct", "fnapi", "bundlebaseddirect", "switchingdirect", "testdirect", "interactive")
@@ -50,6 +49,13 @@ _LOCAL_RUNNERS = ("", "direct", "fnapi", "bundlebaseddirect", "switchingdirect",
 # Addresses that are this machine, and the endpoints that start a job service here.
 _THIS_MACHINE = ("localhost", "127.0.0.1", "::1", "0.0.0.0", "")
 _HERE = ("embed", "[local]", "[auto]")
+
+# How many objects a check looks at in a remote input: one listing page. Past that it gives
+# up; the pipeline itself reports an input without images.
+REMOTE_PAGE = 1000
+
+# The key check reads at most this many table rows (a set of short strings, a few MB).
+MAX_KEY_ROWS = 100_000
 
 
 def _elsewhere(address: str) -> bool:
@@ -63,11 +69,9 @@ def _elsewhere(address: str) -> bool:
 def remote_workers(options: PipelineOptions) -> str | None:
     """Where the job's steps run when that is not this machine (they cannot read its files), or None.
 
-    Remote: DataflowRunner; a runner whose job service or cluster is on another host
-    (--job_endpoint, --flink_master, --spark_master_url); SDK workers in Docker containers
-    (--environment_type DOCKER, PortableRunner's default), which see none of this machine's
-    files; a worker pool on another host (--environment_type EXTERNAL). Beam's local runners
-    and a job service here with LOOPBACK, PROCESS or a worker pool here read local paths.
+    Remote: DataflowRunner; a job service or cluster on another host; SDK workers in Docker
+    containers (PortableRunner's default) or in a worker pool on another host. Beam's local
+    runners, and a job service here with LOOPBACK, PROCESS or a worker pool here, are local.
     """
     runner = options.view_as(StandardOptions).runner or ""
     name = str(runner).rsplit(".", 1)[-1].lower().removesuffix("runner")
@@ -101,14 +105,9 @@ def remote_workers(options: PipelineOptions) -> str | None:
 
 
 def check_runner_reaches_paths(options: PipelineOptions, opts: ConvertOptions) -> None:
-    """A remote runner with a local path, or a classic template: one line (exit 2), before any
-    credential check, claim or graph. Without it the job was built and submitted, and failed
-    (or hung) on workers that cannot see the path.
-
-    Classic templates (--template_location) are refused: the run id, temp folder and claim
-    of this launch would be baked into the template and shared by every later launch, which
-    would skip the checks. The Flex Template (docs/cloud.md) runs the CLI at each launch.
-    """
+    """A remote runner given a local path (else the job fails or hangs on workers that cannot
+    see it), or a classic template, whose launches would share this launch's run id, temp
+    folder and claim and skip the checks (the Flex Template runs the CLI at each launch)."""
     if options.view_as(GoogleCloudOptions).template_location:
         raise UserError(
             "--template_location: a classic template would reuse this launch's run id, temp folder "
@@ -132,64 +131,23 @@ def check_runner_reaches_paths(options: PipelineOptions, opts: ConvertOptions) -
             )
 
 
-def check_input(root: str) -> None:
-    """Fails fast on a missing input or one without a single image file or archive.
-
-    Remote inputs stop at the first image found: the listing itself happens inside the
-    pipeline. A tar file or a glob of them must match at least one archive.
-    """
-    if is_archive_input(root):
-        check_archives(root)
+def check_gcs_credentials(paths: list[str]) -> None:
+    """Raises UserError at once when a gs:// path is given and no Google credentials exist
+    (else Beam retries the look-up for ~30 s, then the first listing until its 120 s deadline).
+    Skipped when STORAGE_EMULATOR_HOST points the clients at a local emulator."""
+    remote = [p for p in paths if p and p.startswith("gs://")]
+    if not remote or os.environ.get("STORAGE_EMULATOR_HOST"):
         return
-    if "://" in root:
-        check_remote_input(root)
-        return
-    if not os.path.isdir(root):
-        raise UserError(f"--input {root}: {'not a folder' if os.path.exists(root) else 'no such folder'}")
-    found = False
-    # The whole tree, walked as the listing walks it (any depth, folder links followed): a
-    # folder that cannot be listed would silently drop its images.
-    for _, names in walk_folders(root, onerror=_unlistable):
-        found = found or any(is_input_file(n) for n in names)
-    if not found:
-        raise UserError(f"--input {root}: no image files found")
+    import google.auth
+    from google.auth.exceptions import DefaultCredentialsError
 
-
-def is_input_file(name: str) -> bool:
-    return has_image_extension(name) or archive_kind(name) is not None
-
-
-def check_archives(pattern: str) -> None:
     try:
-        found = FileSystems.match([literal_or_glob(pattern)], limits=[_REMOTE_CHECK_LIMIT])[0].metadata_list
-    except BeamIOError as e:
-        raise UserError(f"--input {pattern}: cannot list: {_first_line(e)}") from None
-    if not any(archive_kind(m.path) for m in found):
-        raise UserError(f"--input {pattern}: no such archive")
-
-
-def _unlistable(error: OSError) -> None:
-    raise UserError(f"--input: cannot list {error.filename}: {error.strerror}")
-
-
-# How many objects the remote pre-check looks at: one listing page. Past that it gives up
-# looking for an image; the pipeline itself reports an input without images.
-_REMOTE_CHECK_LIMIT = 1000
-
-
-def check_remote_input(root: str) -> None:
-    """A cheap look at a bucket prefix: one page of its listing (on gs:// one request), never
-    the whole of it."""
-    try:
-        if root.startswith("gs://"):
-            found = first_page(root, _REMOTE_CHECK_LIMIT)
-        else:
-            matched = FileSystems.match([escape_glob(root) + "/**"], limits=[_REMOTE_CHECK_LIMIT])
-            found = [m.path for m in matched[0].metadata_list]
-    except (BeamIOError, *LIST_ERRORS) as e:
-        raise UserError(f"--input {root}: cannot list: {_first_line(e)}") from None
-    if len(found) < _REMOTE_CHECK_LIMIT and not any(is_input_file(path) for path in found):
-        raise UserError(f"--input {root}: no image files found")
+        google.auth.default()
+    except DefaultCredentialsError:
+        raise UserError(
+            f"{remote[0]}: no Google Cloud credentials found; run `gcloud auth application-default "
+            "login`, or set GOOGLE_APPLICATION_CREDENTIALS to a service account key file"
+        ) from None
 
 
 def _first_line(error: Exception) -> str:
@@ -199,12 +157,203 @@ def _first_line(error: Exception) -> str:
     return (str(cause).strip().splitlines() or [type(cause).__name__])[0]
 
 
+def _first_page(root: str) -> list[str]:
+    """The paths of one listing page (REMOTE_PAGE objects) below a bucket prefix: on gs://
+    one request, never the whole listing. Raises UserError when it cannot be listed."""
+    try:
+        if root.startswith("gs://"):
+            bucket, _ = split_gcs_path(root)
+            return [f"gs://{bucket}/{name}" for name in first_page(root, REMOTE_PAGE)]
+        matched = FileSystems.match([escape_glob(root) + "/**"], limits=[REMOTE_PAGE])
+        return [m.path for m in matched[0].metadata_list]
+    except (BeamIOError, *LIST_ERRORS) as e:
+        raise UserError(f"--input {root}: cannot list: {_first_line(e)}") from None
+
+
+def _is_input_file(name: str) -> bool:
+    return has_image_extension(name) or archive_kind(name) is not None
+
+
+def _unlistable(error: OSError) -> None:
+    raise UserError(f"--input: cannot list {error.filename}: {error.strerror}")
+
+
+def check_input(root: str) -> None:
+    """Fails fast on a missing input or one without a single image file or archive.
+
+    A tar file or a glob of them must match at least one archive. A local folder is walked
+    whole, as the listing walks it (any depth, folder links followed): a folder that cannot
+    be listed would silently drop its images. A remote one is looked at one page deep.
+    """
+    if is_archive_input(root):
+        try:
+            matched = FileSystems.match([literal_or_glob(root)], limits=[REMOTE_PAGE])[0].metadata_list
+        except BeamIOError as e:
+            raise UserError(f"--input {root}: cannot list: {_first_line(e)}") from None
+        if not any(archive_kind(m.path) for m in matched):
+            raise UserError(f"--input {root}: no such archive")
+        return
+    if "://" in root:
+        found = _first_page(root)
+        if len(found) < REMOTE_PAGE and not any(_is_input_file(path) for path in found):
+            raise UserError(f"--input {root}: no image files found")
+        return
+    if not os.path.isdir(root):
+        raise UserError(f"--input {root}: {'not a folder' if os.path.exists(root) else 'no such folder'}")
+    found = False
+    for _, names in walk_folders(root, onerror=_unlistable):
+        found = found or any(_is_input_file(n) for n in names)
+    if not found:
+        raise UserError(f"--input {root}: no image files found")
+
+
+def check_labels(opts: ConvertOptions) -> None:
+    """Fails fast on a missing table, missing columns, an unreadable --label_map, and on the
+    mistakes that would fail every image (check_class_folders, check_keys_match)."""
+    root = normalize_root(opts.input)
+    if not opts.labels_path:
+        check_class_folders(root, opts.splits == "folders")
+        return
+    try:
+        if opts.labels_path != WEBDATASET:
+            check_table(table_spec(opts))
+        if opts.label_map:
+            load_label_map(opts.label_map)
+    except ValueError as e:
+        raise UserError(str(e)) from None
+    if opts.unlabeled == "fail":  # (skip: an empty dataset, reported by the pipeline)
+        check_keys_match(root, table_spec(opts), opts.image_key)
+
+
+def _local_images(root: str) -> Iterator[str]:
+    """The relative paths of the image files under local `root`, one at a time, walked as the
+    listing walks it. A folder that cannot be listed is check_input's to report."""
+    for folder, names in walk_folders(root, onerror=lambda error: None):
+        for name in names:
+            if has_image_extension(name):
+                yield relative_path(os.path.join(folder, name), root)
+
+
+def check_class_folders(root: str, split_from_folders: bool) -> None:
+    """Raises UserError when no image sits inside a class folder (and no --labels was given):
+    every image would fail "not inside a class folder".
+
+    Stops at the first image deep enough. On gs:// only a complete first page (a small
+    prefix) can prove that no image is in a folder.
+    """
+    depth = 3 if split_from_folders else 2
+    if "://" in root:
+        try:
+            found = _first_page(root)
+        except UserError:  # check_input reports listing errors
+            return
+        images = [p for p in (relative_path(path, root) for path in found) if has_image_extension(p)]
+        if len(found) >= REMOTE_PAGE or not images or any(p.count("/") + 1 >= depth for p in images):
+            return
+        count = len(images)
+    else:
+        count = 0
+        for relpath in _local_images(root):
+            if relpath.count("/") + 1 >= depth:
+                return
+            count += 1
+        if not count:
+            return  # check_input reports an input without images
+    if split_from_folders:
+        raise UserError(
+            f"--input {root}: --splits folders takes each split from the first folder level, but "
+            f"none of its {count:,} images is in a <split>/<class>/ folder ({root}/train/cat/"
+            "image.jpg); put the class folders inside split folders, or split by ratios "
+            "(--splits train=0.8,validation=0.2)"
+        )
+    raise UserError(
+        f"--input {root}: none of its {count:,} images is inside a class folder ({root}/<class>/"
+        "image.jpg); put each class in its own sub-folder, or give the labels in a table with "
+        "--labels TABLE.csv"
+    )
+
+
+def _file_keys(path: str, spec: TableSpec) -> Iterator[str]:
+    """The key column of one table file, read alone (the full row parse is the pipeline's job),
+    normalized as the join normalizes it (normalize_key): ~10x faster than the row parser."""
+    with FileSystems.open(path) as f:
+        lines = (line.decode("utf-8", "replace") for line in iter(f.readline, b""))
+        if spec.format == "jsonl":
+            for line in lines:
+                try:
+                    obj = json.loads(line) if line.strip() else None
+                except ValueError:
+                    continue
+                value = obj.get(spec.key_column) if isinstance(obj, dict) else None
+                if value is not None and not isinstance(value, (dict, list)):
+                    yield normalize_key(str(value))
+            return
+        reader = csv.reader(lines, delimiter="\t" if spec.format == "tsv" else ",")
+        header = [h.strip().removeprefix("\ufeff") for h in next(reader, [])]
+        if spec.key_column not in header:
+            return
+        column = header.index(spec.key_column)
+        for cells in reader:
+            if len(cells) > column:
+                yield normalize_key(cells[column])
+
+
+def _table_keys(spec: TableSpec) -> set[str] | None:
+    """The keys of the table's rows, or None when it has more than MAX_KEY_ROWS rows."""
+    keys: set[str] = set()
+    for path in check_table(spec):
+        for key in _file_keys(path, spec):
+            if key:
+                keys.add(key)
+            if len(keys) > MAX_KEY_ROWS:
+                return None
+    return keys
+
+
+def check_keys_match(root: str, spec: TableSpec, mode: str) -> None:
+    """Raises UserError when no image key (by --image_key `mode`) is a key of the table: every
+    image would fail "label missing". The message names the --image_key that would match.
+
+    Local inputs and tables of up to MAX_KEY_ROWS rows only (else the pipeline's per-image
+    failures and the exit-3 line tell). Stops at the first match.
+    """
+    if "://" in root:
+        return
+    try:
+        keys = _table_keys(spec)
+    except (TableError, OSError, csv.Error):
+        return  # check_table or the pipeline reports an unreadable table
+    if not keys:
+        return
+    first_image = None
+    other_modes = [m for m in IMAGE_KEYS if m != mode]
+    would_match: str | None = None
+    for relpath in _local_images(root):
+        if image_key(relpath, mode) in keys:
+            return
+        first_image = first_image or relpath
+        if would_match is None:
+            would_match = next((m for m in other_modes if image_key(relpath, m) in keys), None)
+    if first_image is None:
+        return
+    fix = (
+        f"pass --image_key {would_match}"
+        if would_match
+        else f"check --key_column ({spec.key_column!r}) and --image_key (stem, name or relpath)"
+    )
+    raise UserError(
+        f"--labels {spec.path}: none of its {len(keys):,} keys matches an image (image "
+        f"{first_image!r} has the --image_key {mode} key {image_key(first_image, mode)!r}; "
+        f"the table has keys such as {min(keys)!r}): {fix}"
+    )
+
+
 def claim_output_folder(output_dir: str, overwrite: bool, run_id: str, job: bool = False) -> Claim:
     """Claims the output folder for run `run_id` (writable, no live run, no dataset unless
     --overwrite), or raises UserError.
 
     The partial output of an interrupted run (its marker is there, its process is not) is
-    taken over without asking, so that a retried job succeeds. See transforms/output/claim.py.
+    taken over without asking, so that a retried job succeeds (transforms/output/claim.py).
     """
     if "://" in output_dir:
         try:  # a missing bucket or no permission to list: say so before anything else
@@ -222,23 +371,3 @@ def claim_output_folder(output_dir: str, overwrite: bool, run_id: str, job: bool
             file=sys.stderr,
         )
     return claim
-
-
-def check_labels(opts: ConvertOptions) -> None:
-    """Fails fast on a missing table, missing columns or an unreadable --label_map."""
-    try:
-        if opts.labels_path != WEBDATASET:
-            check_table(table_spec(opts))
-        if opts.label_map:
-            load_label_map(opts.label_map)
-    except ValueError as e:
-        raise UserError(str(e)) from None
-
-
-def check_all_would_fail(opts: ConvertOptions) -> None:
-    """The flat folder without --labels, and the table whose keys match no image (exit 2)."""
-    root = normalize_root(opts.input)
-    if not opts.labels_path:
-        preflight.check_class_folders(root, opts.splits == "folders")
-    elif opts.unlabeled == "fail":  # (skip: an empty dataset, reported by the pipeline)
-        preflight.check_keys_match(root, table_spec(opts), opts.image_key)

@@ -1,16 +1,15 @@
 """The CLI's help texts: the verb list, `convert --help` in groups, `--help_all`, `--version`.
 
-In: ConvertOptions' argparse argument groups (beam_pipeline/cli/options.py, image_options.py).
-Out: text for stdout. `convert --help` shows our flags in their groups, each with its
-default, and leaves the rarely used local-runner group and Beam's own options (~900 lines:
-they would bury ours) to `convert --help_all`. A flag added outside any group lands under
-argparse's "options", so every flag is always shown.
+`convert --help` shows ConvertOptions' argparse groups, each flag with its default, and leaves
+the local-runner group and Beam's own options (~900 lines: they would bury ours) to
+`convert --help_all`.
 """
 
 from __future__ import annotations
 
 import argparse
 import os
+import shutil
 import sys
 from importlib import metadata
 
@@ -41,57 +40,39 @@ def version() -> str:
 
 def top_help(prog: str) -> str:
     """`img2tfrecord --help`: what it is, the verbs with one line each, where to go next."""
-    width = max(len(v) for v in VERBS)
-    lines = [
-        f"usage: {prog} <command> [flags]",
-        "",
-        "Turn image folders (local or gs://) into sharded TFRecords of tf.train.Example, with Apache Beam.",
-        "",
-        "commands:",
-        *(f"  {verb:<{width}}  {text}" for verb, text in VERBS.items()),
-        "",
-        "options:",
-        "  -h, --help  show this help and exit",
-        "  --version   show the version and exit",
-        "",
-        f"`{prog} <command> --help` shows a command's flags; with no command, flags go to convert:",
-        f"  {prog} --input ./flowers --output_dir ./out",
-    ]
-    return "\n".join(lines) + "\n"
+    commands = "\n".join(f"  {verb:<7}  {text}" for verb, text in VERBS.items())
+    return f"""usage: {prog} <command> [flags]
 
+Turn image folders (local or gs://) into sharded TFRecords of tf.train.Example, with Apache Beam.
 
-def default_text(default: object) -> str:
-    """How the help spells a default: off/on for switches, '' for an empty string."""
-    if default is False:
-        return "off"
-    if default is True:
-        return "on"
-    return "''" if default == "" else str(default)
+commands:
+{commands}
+
+options:
+  -h, --help  show this help and exit
+  --version   show the version and exit
+
+`{prog} <command> --help` shows a command's flags; with no command, flags go to convert:
+  {prog} --input ./flowers --output_dir ./out
+"""
 
 
 class Formatter(argparse.HelpFormatter):
-    """argparse's layout at the terminal's width (80 at most), each flag's default after its help.
-
-    A flag whose default is None (a required one, or one that does nothing unless given)
-    shows no default: its help says what it needs.
-    """
+    """argparse's layout at the terminal's width (80 at most), each flag's default after its
+    help: off/on for switches, '' for an empty string, none when it is None (a required flag,
+    or one that does nothing unless given: its help says what it needs)."""
 
     def __init__(self, prog: str):
-        super().__init__(prog, max_help_position=28, width=_terminal_width())
+        width = max(60, min(shutil.get_terminal_size().columns, 80)) - 2
+        super().__init__(prog, max_help_position=28, width=width)
 
     def _get_help_string(self, action: argparse.Action) -> str:
         text = action.help or ""
         if action.default in (None, argparse.SUPPRESS) or not action.option_strings:
             return text
-        return f"{text} (default: {default_text(action.default)})".strip().replace("%", "%%")
-
-
-def _terminal_width() -> int:
-    try:
-        columns = os.get_terminal_size(sys.stdout.fileno()).columns
-    except (OSError, ValueError, AttributeError):
-        columns = int(os.environ.get("COLUMNS", "80") or 80)
-    return max(60, min(columns, 80)) - 2
+        default = action.default
+        shown = "off" if default is False else "on" if default is True else str(default) or "''"
+        return f"{text} (default: {shown})".strip().replace("%", "%%")
 
 
 def convert_help(prog: str, everything: bool = False) -> str:

@@ -7,16 +7,10 @@ from __future__ import annotations
 
 import contextlib
 
-from apache_beam.options.pipeline_options import (
-    DirectOptions,
-    PipelineOptions,
-    StandardOptions,
-)
+from apache_beam.options.pipeline_options import DirectOptions, PipelineOptions, StandardOptions
 
-from beam_pipeline.cli.options import (
-    ConvertOptions,
-)
-from beam_pipeline.cli.runners import LOCAL_RUNNERS
+from beam_pipeline.cli.options import ConvertOptions
+from beam_pipeline.cli.startup import LOCAL_RUNNERS
 from transforms.writing.processes import default_processes, prestart, set_malloc_thresholds, stop_prestarted
 
 # The local runner. Beam's "DirectRunner" first tries to download the Prism binary and
@@ -24,13 +18,10 @@ from transforms.writing.processes import default_processes, prestart, set_malloc
 LOCAL_RUNNER = "FnApiRunner"
 
 
-# glibc malloc in the runner's process: blocks from this size up get their own mapping.
-# The local runner holds PCollections between stages as encoded bytes, ~100-200 KB an
-# element (a batch of 1,000 records), and frees them once consumed. Under glibc's adaptive
-# threshold such blocks soon come from the heap, where the freed ones stay as holes that
-# later, smaller allocations only partly reuse: the heap's free part grew with the image
-# count (87 MB free of 200 MB at 100,000 tiny images; benchmarks/README.md). Mapped, each
-# is given back whole when freed.
+# glibc malloc in the runner's process: blocks from this size up get their own mapping. The
+# runner holds PCollections between stages as encoded bytes (~100-200 KB a batch of 1,000
+# records); from the heap, the freed ones stay as holes and the heap's free part grew with the
+# image count (benchmarks/README.md). Mapped, each is given back whole when freed.
 RUNNER_MMAP_THRESHOLD = 64 * 1024
 
 
@@ -41,14 +32,12 @@ def _given(argv: list[str], flag: str) -> bool:
 def local_defaults(options: PipelineOptions, argv: list[str]) -> None:
     """Local runs use the in-process runner, one Beam worker, and every core unless told otherwise.
 
-    Every core is kept busy by WriteShardFn's worker processes (`--write_processes`, one
-    per core), each writing whole shards: the per-image work holds the GIL, so threads
-    alone cannot use a second core. One `in_memory` worker avoids the gRPC data plane of
-    `multi_threading` (a per-element cost, and a rare decode error in Beam 2.77 when two
-    bundles run at once; see benchmarks/README.md). Asking for more workers without a mode
-    gets `multi_threading`. In `multi_processing` mode the DoFns already run in worker
-    processes, so shards are written there (`--write_processes` 1 unless given). Large
-    blocks of this process are mapped apart from the heap (RUNNER_MMAP_THRESHOLD).
+    Every core is kept busy by WriteShardFn's worker processes (`--write_processes`, one per
+    core) writing whole shards: the per-image work holds the GIL. One `in_memory` worker
+    avoids `multi_threading`'s gRPC data plane (a per-element cost, and a rare decode error
+    in Beam 2.77; benchmarks/README.md); more workers without a mode get `multi_threading`.
+    In `multi_processing` mode the DoFns already run in worker processes, so shards are
+    written there (`--write_processes` 1 unless given).
     """
     standard = options.view_as(StandardOptions)
     if standard.runner not in LOCAL_RUNNERS:
@@ -75,11 +64,10 @@ _writers: tuple[int, int] | None = None
 
 @contextlib.contextmanager
 def writers_prestarted():
-    """Around a local run: the writer processes that local_defaults configured
-    (`--write_processes` > 1) forked on entry, before the runner holds any image's metadata, so
-    they do not inherit (and later copy) its buffers (transforms/writing/processes.py
-    `prestart`); WriteShardFn takes them when it writes. Any not taken are stopped on exit.
-    Enter it in the thread that waits for the run (the workers die with that thread).
+    """Around a local run: the writer processes that local_defaults configured forked on
+    entry, before the runner holds any image's metadata, so they do not inherit (and later
+    copy) its buffers (transforms/writing/processes.py `prestart`). Any not taken by
+    WriteShardFn are stopped on exit. Enter it in the thread that waits for the run.
     """
     global _writers
     writers, _writers = _writers, None

@@ -1,4 +1,6 @@
-"""ConvertOptions: the converter's own flags, parsed next to every Beam pipeline option."""
+"""ConvertOptions: the converter's own flags, parsed next to every Beam pipeline option, their
+checks (validate, check_args) and the settings they make for the stages (EncodeSettings,
+TableSpec, JoinSettings)."""
 
 from __future__ import annotations
 
@@ -7,9 +9,16 @@ import re
 
 from apache_beam.options.pipeline_options import PipelineOptions
 
-from beam_pipeline.cli.image_options import add_image_arguments, encode_settings
-from transforms.encoding.schema import SLIM
-from transforms.images.types import DEFAULT_MAX_PIXELS
+from transforms.encoding.encoder import EncodeSettings
+from transforms.encoding.schema import DEFAULT_SCHEMA, PRESETS, SLIM, get_schema, parse_renames
+from transforms.images.types import (
+    COLORS,
+    DEFAULT_JPEG_QUALITY,
+    DEFAULT_MAX_PIXELS,
+    IMAGE_FORMATS,
+    RESIZE_MODES,
+    STORES,
+)
 from transforms.labels.beam_webdataset import WEBDATASET
 from transforms.labels.rows import (
     DUPLICATE_POLICIES,
@@ -147,7 +156,39 @@ class ConvertOptions(PipelineOptions):
             "--num_shards", type=int, default=0, metavar="N", help="Shards per split (0: by size)."
         )
 
-        add_image_arguments(parser.add_argument_group("images and schema"))
+        group = parser.add_argument_group("images and schema")
+        group.add_argument(
+            "--image_format",
+            choices=IMAGE_FORMATS,
+            default="keep",
+            help="keep: the file's bytes if TensorFlow decodes them, else PNG.",
+        )
+        group.add_argument(
+            "--jpeg_quality",
+            type=int,
+            default=DEFAULT_JPEG_QUALITY,
+            metavar="Q",
+            help="Of re-encoded JPEGs (1-100).",
+        )
+        group.add_argument("--resize", default="", metavar="WxH", help="Exact size of every image.")
+        group.add_argument(
+            "--max_side", type=int, default=0, metavar="N", help="Longer side at most N (0: as is)."
+        )
+        group.add_argument(
+            "--resize_mode",
+            choices=RESIZE_MODES,
+            default="pad",
+            help="--resize: fit with black bands, cover and crop, or stretch.",
+        )
+        group.add_argument("--color", choices=COLORS, default="keep", help="rgb: 3 channels; grayscale: 1.")
+        group.add_argument("--exif_transpose", action="store_true", help="Apply the EXIF orientation.")
+        group.add_argument("--store", choices=STORES, default="encoded", help="raw: uint8 pixels (HWC).")
+        group.add_argument(
+            "--schema", choices=sorted(PRESETS), default=DEFAULT_SCHEMA, help="Feature keys preset."
+        )
+        group.add_argument(
+            "--rename_keys", default="", metavar="SPEC", help="Key renames on top of --schema: old=new,..."
+        )
 
         group = parser.add_argument_group("output and reliability")
         group.add_argument("--output_dir", metavar="PATH", help="Required. Where shards and metadata go.")
@@ -197,44 +238,37 @@ class ConvertOptions(PipelineOptions):
 
 
 def validate(opts: ConvertOptions) -> None:
-    """Checks option values that argparse cannot. Raises UserError."""
-    if not opts.input:
-        raise UserError("--input is required (see `img2tfrecord convert --help`)")
-    if not opts.output_dir:
-        raise UserError("--output_dir is required (see `img2tfrecord convert --help`)")
-    if opts.shard_size_mb <= 0:
-        raise UserError("--shard_size_mb must be positive")
-    if opts.max_records_per_shard < 0:
-        raise UserError("--max_records_per_shard must be 0 (no limit) or positive")
-    if opts.num_shards < 0:
-        raise UserError("--num_shards must be 0 (size-based) or positive")
-    if opts.max_pixels <= 0:
-        raise UserError("--max_pixels must be positive")
-    if opts.stratify and opts.splits in ("", "folders"):
-        raise UserError("--stratify needs ratio splits (--splits train=0.8,...)")
+    """Checks option values that argparse cannot. Raises UserError naming the first bad one."""
+    for bad, message in (
+        (not opts.input, "--input is required (see `img2tfrecord convert --help`)"),
+        (not opts.output_dir, "--output_dir is required (see `img2tfrecord convert --help`)"),
+        (opts.shard_size_mb <= 0, "--shard_size_mb must be positive"),
+        (opts.max_records_per_shard < 0, "--max_records_per_shard must be 0 (no limit) or positive"),
+        (opts.num_shards < 0, "--num_shards must be 0 (size-based) or positive"),
+        (opts.max_pixels <= 0, "--max_pixels must be positive"),
+        (
+            opts.stratify and opts.splits in ("", "folders"),
+            "--stratify needs ratio splits (--splits train=0.8,...)",
+        ),
+        (
+            opts.write_index and opts.compression != "none",
+            "--write_index needs uncompressed shards (--compression none)",
+        ),
+        (not 0 <= opts.max_failure_ratio <= 1, "--max_failure_ratio must be between 0 and 1"),
+        (opts.read_threads < 0, "--read_threads must be 0 (one per core) or positive"),
+        (opts.write_processes < 0, "--write_processes must be 0 (automatic) or positive"),
+        (opts.progress_interval <= 0, "--progress_interval must be positive"),
+    ):
+        if bad:
+            raise UserError(message)
     try:
         encode_settings(opts)
+        ratios = parse_split_ratios(opts.splits) if opts.splits not in ("", "folders") else ()
     except ValueError as e:
         raise UserError(str(e)) from None
-    if opts.write_index and opts.compression != "none":
-        raise UserError("--write_index needs uncompressed shards (--compression none)")
-    if not 0 <= opts.max_failure_ratio <= 1:
-        raise UserError("--max_failure_ratio must be between 0 and 1")
-    if opts.read_threads < 0:
-        raise UserError("--read_threads must be 0 (one per core) or positive")
-    if opts.write_processes < 0:
-        raise UserError("--write_processes must be 0 (automatic) or positive")
-    if opts.progress_interval <= 0:
-        raise UserError("--progress_interval must be positive")
-    if opts.splits and opts.splits != "folders":
-        try:
-            ratios = parse_split_ratios(opts.splits)
-        except ValueError as e:
-            raise UserError(str(e)) from None
-        for name, _ in ratios:
-            # A split name becomes a file name prefix in --output_dir.
-            if name.startswith(".") or any(c in name for c in "/\\") or not name.isprintable():
-                raise UserError(f"--splits: {name!r} cannot be part of a file name")
+    for name, _ in ratios:  # a split name becomes a file name prefix in --output_dir
+        if name.startswith(".") or any(c in name for c in "/\\") or not name.isprintable():
+            raise UserError(f"--splits: {name!r} cannot be part of a file name")
     _validate_label_flags(opts)
 
 
@@ -255,18 +289,13 @@ def route_labels_flag(argv: list[str]) -> list[str]:
     unchanged; anything else (a path: it has '/' or '.') is our labels table.
     """
     out: list[str] = []
-    i = 0
-    while i < len(argv):
-        arg = argv[i]
-        if arg == "--labels" and i + 1 < len(argv) and not is_job_label(argv[i + 1]):
-            out.append("--labels_path=" + argv[i + 1])
-            i += 2
-            continue
-        if arg.startswith("--labels=") and not is_job_label(arg[len("--labels=") :]):
-            out.append("--labels_path=" + arg[len("--labels=") :])
+    for arg in argv:
+        if out and out[-1] == "--labels" and not is_job_label(arg):
+            out[-1] = "--labels_path=" + arg
+        elif arg.startswith("--labels=") and not is_job_label(arg.removeprefix("--labels=")):
+            out.append("--labels_path=" + arg.removeprefix("--labels="))
         else:
             out.append(arg)
-        i += 1
     return out
 
 
@@ -344,3 +373,45 @@ def check_args(argv: list[str]) -> None:
             raise UserError(f"unrecognized arguments: {' '.join(flags)}")
 
     PipelineOptions(argv).get_all_options(add_extra_args_fn=strict)
+
+
+def parse_size(spec: str) -> tuple[int, int] | None:
+    """Parses 'WxH' into (width, height). Raises ValueError."""
+    if not spec:
+        return None
+    match = re.fullmatch(r"\s*(\d+)\s*[xX]\s*(\d+)\s*", spec)
+    if not match or int(match[1]) <= 0 or int(match[2]) <= 0:
+        raise ValueError(f"--resize: expected WxH with positive sizes, got {spec!r}")
+    return int(match[1]), int(match[2])
+
+
+def encode_settings(opts) -> EncodeSettings:
+    """The EncodeSettings of parsed ConvertOptions. Raises ValueError for bad values."""
+    if not 1 <= opts.jpeg_quality <= 100:
+        raise ValueError("--jpeg_quality must be between 1 and 100")
+    if opts.max_side < 0:
+        raise ValueError("--max_side must be positive")
+    resize = parse_size(opts.resize)
+    if resize and opts.max_side:
+        raise ValueError("--resize and --max_side exclude each other")
+    renames = parse_renames(opts.rename_keys)
+    schema = get_schema(opts.schema, renames)  # checks the renames
+    if opts.store == "raw" and not schema.raw_ok:
+        raise ValueError(f"--store raw: readers of the {opts.schema} schema expect encoded images")
+    if schema.label_offset is not None and opts.label_offset > schema.label_offset:
+        raise ValueError(f"--schema {opts.schema} needs class ids from {schema.label_offset}")
+    as_given = ("max_pixels", "image_format", "jpeg_quality", "max_side", "resize_mode", "color", "store")
+    return EncodeSettings(
+        **{name: getattr(opts, name) for name in as_given},
+        exif_transpose=opts.exif_transpose,
+        resize=resize,
+        single_frame=schema.single_frame,
+        schema=opts.schema,
+        rename_keys=renames,
+    )
+
+
+def label_offset(opts) -> int:
+    """The id of the first class: fixed by presets whose consumer needs it (odapi: 1)."""
+    schema = PRESETS[opts.schema]
+    return opts.label_offset if schema.label_offset is None else schema.label_offset

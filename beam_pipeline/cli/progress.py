@@ -12,6 +12,7 @@ Beam counters images_listed, images_encoded, images_failed, bytes_written).
 from __future__ import annotations
 
 import os
+import shutil
 import threading
 import time
 from typing import TextIO
@@ -22,37 +23,30 @@ _TTY_REFRESH_S = 0.5
 _BAR_WIDTH = 24
 _MIN_BAR = 10
 MIN_COLUMNS = 40
-_DEFAULT_COLUMNS = 80
 
 # The bar currently drawn on a terminal (its line is not ended), for end_line().
 _ACTIVE: list[ProgressReporter] = []
 
 
-def format_progress(listed: int, written: int, failed: int, nbytes: int, seconds: float) -> str:
-    """One log line: done/listed, failures, rates and ETA.
-
-    `seconds` is the time spent writing so far (rates and ETA are computed from it).
-    """
+def _fields(listed: int, written: int, failed: int, nbytes: int, seconds: float) -> dict[str, str]:
+    """The line's fields; `seconds` is the time spent writing so far (rates and ETA use it)."""
     done = written + failed
-    share = done / listed if listed else 0.0
     rate = done / seconds if seconds > 0 else 0.0
-    mb_rate = nbytes / 1e6 / seconds if seconds > 0 else 0.0
-    text = (
-        f"{done:,}/{listed:,} images ({share:.0%}), {failed:,} failed, "
-        f"{rate:,.0f} images/s, {mb_rate:.1f} MB/s, {_eta(listed, done, rate)}"
-    )
-    return f"img2tfrecord: {text}"
-
-
-def _eta(listed: int, done: int, rate: float) -> str:
     if done >= listed and listed:
-        return "done"
-    if rate > 0:
-        return f"ETA {_duration((listed - done) / rate)}"
-    return "ETA -"
+        eta = "done"
+    else:
+        eta = f"ETA {_duration((listed - done) / rate)}" if rate > 0 else "ETA -"
+    return {
+        "count": f"{done:,}/{listed:,}",
+        "percent": f"{done / listed if listed else 0.0:.0%}",
+        "failed": f"{failed:,}",
+        "rate": f"{rate:,.0f}",
+        "mb": f"{nbytes / 1e6 / seconds if seconds > 0 else 0.0:.1f}",
+        "eta": eta,
+    }
 
 
-# The terminal bar's variants, widest first: (template, with a bar?). See fit_progress.
+# The terminal bar's variants, widest first: (template, with a bar?); the first is the log line.
 _VARIANTS = (
     ("{count} images ({percent}), {failed} failed, {rate} images/s, {mb} MB/s, {eta}", True),
     ("{count} images ({percent}), {failed} failed, {rate} images/s, {eta}", True),
@@ -67,6 +61,11 @@ _VARIANTS = (
 _WIDEST = {"percent": "100%", "failed": "9,999", "rate": "9,999", "mb": "999.9", "eta": "ETA 59m59s"}
 
 
+def format_progress(listed: int, written: int, failed: int, nbytes: int, seconds: float) -> str:
+    """One log line: done/listed, failures, rates and ETA."""
+    return "img2tfrecord: " + _VARIANTS[0][0].format(**_fields(listed, written, failed, nbytes, seconds))
+
+
 def fit_progress(listed: int, written: int, failed: int, nbytes: int, seconds: float, columns: int) -> str:
     """The terminal bar for a terminal `columns` wide: never longer than `columns` - 1.
 
@@ -79,17 +78,7 @@ def fit_progress(listed: int, written: int, failed: int, nbytes: int, seconds: f
     """
     room = max(columns, MIN_COLUMNS) - 1
     done = written + failed
-    share = done / listed if listed else 0.0
-    rate = done / seconds if seconds > 0 else 0.0
-    mb_rate = nbytes / 1e6 / seconds if seconds > 0 else 0.0
-    fields = {
-        "count": f"{done:,}/{listed:,}",
-        "percent": f"{share:.0%}",
-        "failed": f"{failed:,}",
-        "rate": f"{rate:,.0f}",
-        "mb": f"{mb_rate:.1f}",
-        "eta": _eta(listed, done, rate),
-    }
+    fields = _fields(listed, written, failed, nbytes, seconds)
     widest = {k: max(v, _WIDEST.get(k, ""), key=len) for k, v in fields.items()}
     widest["count"] = f"{max(done, listed):,}/{listed:,}"
     for template, with_bar in _VARIANTS:
@@ -100,26 +89,17 @@ def fit_progress(listed: int, written: int, failed: int, nbytes: int, seconds: f
             continue
         width = min(_BAR_WIDTH, room - space - 3)
         if width >= _MIN_BAR:
-            filled = int(width * min(1.0, share))
+            filled = int(width * min(1.0, done / listed if listed else 0.0))
             return f"[{'#' * filled}{'.' * (width - filled)}] {text}"
     return _VARIANTS[-1][0].format(**fields)[:room]
 
 
-def listing_line(listed: int, columns: int) -> str:
-    """The terminal line before the first image is done: the listing (and planning) state."""
-    text = f"listing ... {listed:,} images found" if listed else "listing ..."
-    return text[: max(columns, MIN_COLUMNS) - 1]
-
-
 def terminal_columns(stream: TextIO) -> int:
-    """The width of the terminal behind `stream` (COLUMNS, else 80, when it has none)."""
+    """The width of the terminal behind `stream` (when it has none: COLUMNS, else 80)."""
     try:
         return os.get_terminal_size(stream.fileno()).columns
     except (OSError, ValueError, AttributeError):
-        try:
-            return int(os.environ.get("COLUMNS", ""))
-        except ValueError:
-            return _DEFAULT_COLUMNS
+        return shutil.get_terminal_size().columns
 
 
 def end_line(stream: TextIO) -> None:
@@ -186,30 +166,30 @@ class ProgressReporter:
 
     def _emit(self, final: bool) -> None:
         listed, written, failed, nbytes, first_done = self._progress.snapshot()
-        if self._tty:
-            self._draw(listed, written, failed, nbytes, first_done, final)
-            return
-        state = (listed, written, failed)
-        if not listed or state == self._last:
-            return
-        self._last = state
         seconds = time.monotonic() - first_done if first_done is not None else 0.0
-        self._stream.write(format_progress(listed, written, failed, nbytes, seconds) + "\n")
-        self._stream.flush()
+        state = (listed, written, failed, nbytes, seconds)
+        if self._tty:
+            self._draw(state, first_done is None, final)
+        elif listed and state[:3] != self._last:
+            self._last = state[:3]
+            self._stream.write(format_progress(*state) + "\n")
+            self._stream.flush()
 
-    def _draw(self, listed: int, written: int, failed: int, nbytes: int, first_done, final: bool) -> None:
-        """Redraws the terminal line: the listing state, then the bar; a newline at the end."""
+    def _draw(self, state: tuple, listing: bool, final: bool) -> None:
+        """Redraws the terminal line: the listing state until the first image is done, then the
+        bar; a newline at the end."""
         columns = self._columns or terminal_columns(self._stream)
-        if first_done is None and not (final and listed):
+        listed = state[0]
+        if listing and not (final and listed):
             if final:  # nothing was done: leave the line empty
                 if self._drawn:
                     self._stream.write("\r\x1b[K")
                     self._stream.flush()
                 return
-            line = listing_line(listed, columns)
+            text = f"listing ... {listed:,} images found" if listed else "listing ..."
+            line = text[: max(columns, MIN_COLUMNS) - 1]
         else:
-            seconds = time.monotonic() - first_done if first_done is not None else 0.0
-            line = fit_progress(listed, written, failed, nbytes, seconds, columns)
+            line = fit_progress(*state, columns)
         self._stream.write("\r" + line + "\x1b[K" + ("\n" if final else ""))
         self._stream.flush()
         self._drawn = not final

@@ -1,26 +1,21 @@
 """The CLI process's set-up before Beam is imported: the one place that changes process-wide state.
 
-Called only by the console entry (beam_pipeline/__main__.py `cli`: `img2tfrecord`, `python -m
-beam_pipeline`) before it imports anything of Beam's: importing the package, or running
-`main.run()` from a program, changes none of it (tests/cli/test_startup.py).
-What is here stays because it is a tested correctness fix or a start-up gain measured outside the
-rounds' spread (CONTRIBUTING.md, benchmarks/README.md "Start-up"):
+Called only by the console entry (beam_pipeline/__main__.py) before it imports Beam: importing
+the package, or running `main.run()` from a program, changes none of it
+(tests/cli/test_startup.py). Each item is a tested correctness fix or a start-up gain measured
+outside the rounds' spread (CONTRIBUTING.md, benchmarks/README.md "Start-up"):
 
-- `GRPC_ENABLE_FORK_SUPPORT=false` (correctness): with gRPC's fork support on (grpcio's default),
-  a process whose gRPC has started (Beam's portable and multi-process runners, Google's clients)
-  restarts gRPC's poller thread in every child it forks, before the child execs; `subprocess`
-  then closes the child's descriptors, the poller's among them, and gRPC aborts the child
-  (SIGABRT) before it runs: 3-12 children in 1,000 here (grpc/grpc#43055). Beam's own tests turn
-  it off for the same reason. gRPC reads it when imported.
-- The interpreter's last collection skipped (`before_exit`): at exit it would walk the ~1
-  million objects of Beam's modules and the graph once more: ~0.3-0.4 s of CPU a run (a
-  40-image run's CPU 0.89x and 0.88x with it, lower in 17 of 19 interleaved rounds).
+- `GRPC_ENABLE_FORK_SUPPORT=false` (correctness): with it on (grpcio's default), a process whose
+  gRPC has started restarts gRPC's poller in every child it forks before the child execs;
+  `subprocess` then closes the poller's descriptors and gRPC aborts the child (SIGABRT): 3-12
+  children in 1,000 here (grpc/grpc#43055). Beam's own tests turn it off too.
+- The interpreter's last collection skipped (`before_exit`): it would walk the ~1 million
+  objects of Beam's modules and the graph once more (~0.3-0.4 s of CPU a run).
 - Beam imported without the client libraries of IOs and runners a local run never uses
-  (SKIPPED_BY_LOCAL_RUNS): ~0.25 s of CPU and ~45-60 MB of RSS less at every start (a 40-image
-  run's CPU 0.80x with it, lower in 8 of 9 interleaved rounds). Beam imports each
-  under `try: ... except ImportError`, and the IO or runner that needs it reports itself
-  unavailable; they import as usual afterwards. Which modules Beam guards that way is checked
-  against BEAM_CHECKED: a Beam upgrade fails tests/cli/test_startup.py until it is checked again.
+  (SKIPPED_BY_LOCAL_RUNS): ~0.25 s of CPU and ~45-60 MB of RSS less at every start. Beam
+  imports each under `try: ... except ImportError` (checked against BEAM_CHECKED: a Beam
+  upgrade fails tests/cli/test_startup.py until it is checked again); they import as usual
+  afterwards.
 """
 
 from __future__ import annotations
@@ -31,17 +26,16 @@ import logging
 import os
 import sys
 
-from beam_pipeline.cli.runners import LOCAL_RUNNERS, runner_named  # argv only: no Beam
+# The runner names that mean the local runner (local_runner.py runs it).
+LOCAL_RUNNERS = (None, "DirectRunner", "directrunner", "direct", "FnApiRunner")
 
 # The Beam release whose guarded imports SKIPPED_BY_LOCAL_RUNS was checked against.
 BEAM_CHECKED = "2.77.0"
 
 # What `import apache_beam` loads for IOs and runners that a local run never uses: MongoDB's
-# client (apache_beam.io.mongodbio), Pub/Sub and BigQuery with its Storage API
-# (apache_beam.io.gcp) and the Dataflow API client (apache_beam.runners.dataflow). Not listed:
-# anything a local run uses (pyarrow: the labels table's parser), or that Beam imports without
-# such a guard or next to something it uses (oauth2client.crypt:
-# apitools imports it unguarded, and apache_beam.utils.retry would lose its HttpError checks).
+# client, Pub/Sub, BigQuery with its Storage API and the Dataflow API client. Not listed:
+# anything a local run uses (pyarrow), or that Beam imports unguarded or next to something it
+# uses (oauth2client.crypt: apitools imports it, and apache_beam.utils.retry's HttpError checks).
 SKIPPED_BY_LOCAL_RUNS = (
     "bson",
     "pymongo",
@@ -58,13 +52,10 @@ _ANNOUNCE_MISSING = ("apache_beam.io.mongodbio",)
 
 @contextlib.contextmanager
 def imports_skipped(names: tuple[str, ...]):
-    """While in the block, importing any of `names` (or a module under it) raises ImportError;
-    afterwards each imports as usual.
-
-    A `None` in sys.modules is Python's own way to make an import fail
+    """While in the block, importing any of `names` (or a module under it) raises ImportError:
+    a `None` in sys.modules is Python's own way to make an import fail
     (https://docs.python.org/3/reference/import.html#the-module-cache). Names already imported
-    are left alone. Beam's warning that it found no MongoDB driver is muted for the block.
-    """
+    are left alone; Beam's warning that it found no MongoDB driver is muted."""
     added = [name for name in names if name not in sys.modules]
     muted = [logger for logger in map(logging.getLogger, _ANNOUNCE_MISSING) if not logger.disabled]
     for name in added:
@@ -93,3 +84,15 @@ def before_exit() -> None:
     """Right before the CLI process exits: what is alive leaves the collector (gc.freeze), so
     the interpreter's last collection does not walk it."""
     gc.freeze()
+
+
+def runner_named(argv: list[str]) -> str | None:
+    """The value of the last `--runner` flag in `argv` (Beam's argparse keeps the last), or None,
+    read before Beam is imported."""
+    runner = None
+    for i, arg in enumerate(argv):
+        if arg == "--runner" and i + 1 < len(argv):
+            runner = argv[i + 1]
+        elif arg.startswith("--runner="):
+            runner = arg.split("=", 1)[1]
+    return runner

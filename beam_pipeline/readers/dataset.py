@@ -3,11 +3,10 @@
     ds = load_dataset("out", "train", image_size=(224, 224), batch_size=32)
     for images, labels in ds: ...
 
-The dataset's metadata (summary.json: schema and its key renames, store mode, class names,
-label offset; see transforms/encoding/dataset_format.py) says how records are parsed and decoded,
-so callers never repeat the feature keys, and raw pixels (`--store raw`) read like encoded
-images. Paths may be local or `gs://` (read
-through `tf.io.gfile`). TensorFlow is imported when a function is called, not on import.
+summary.json (schema and key renames, store mode, class names, label offset) says how records
+are parsed and decoded, so callers never repeat the feature keys, and raw pixels (`--store raw`)
+read like encoded images. Paths may be local or `gs://` (tf.io.gfile). TensorFlow is imported
+when a function is called, not on import.
 """
 
 from __future__ import annotations
@@ -44,28 +43,6 @@ def read_summary(output_dir: str) -> dict:
         return json.loads(f.read().decode("utf-8"))
 
 
-def dataset_format(summary: dict) -> DatasetFormat:
-    """How the dataset's records are parsed and decoded (`slim`, encoded, for older outputs).
-
-    Raises:
-      ValueError: summary.json names an unknown schema or store mode.
-    """
-    return DatasetFormat.from_summary(summary)
-
-
-def dataset_schema(summary: dict) -> Schema:
-    """The schema the dataset was written with, its `--rename_keys` applied."""
-    return dataset_format(summary).schema
-
-
-def shard_paths(output_dir: str, split: str) -> list[str]:
-    """The split's shards, in shard order."""
-    import tensorflow as tf
-
-    found = tf.io.gfile.glob(_join(output_dir, SHARD_GLOB.format(split=split)))
-    return sorted(p for p in found if p.endswith(SHARD_SUFFIXES))
-
-
 def parse_spec(output_dir_or_schema: str | Schema = DEFAULT_SCHEMA) -> dict:
     """The `tf.io.parse_single_example` spec of a dataset folder or a schema name/preset.
 
@@ -77,7 +54,7 @@ def parse_spec(output_dir_or_schema: str | Schema = DEFAULT_SCHEMA) -> dict:
     try:
         schema = get_schema(output_dir_or_schema)
     except ValueError:
-        schema = dataset_schema(read_summary(output_dir_or_schema))
+        schema = DatasetFormat.from_summary(read_summary(output_dir_or_schema)).schema
     return schema.parse_spec()
 
 
@@ -120,10 +97,10 @@ def load_dataset(
     import tensorflow as tf
 
     summary = read_summary(output_dir)
-    fmt = dataset_format(summary)
+    fmt = DatasetFormat.from_summary(summary)
     schema = fmt.schema
-    shape_keys = fmt.shape_keys()
-    shards = shard_paths(output_dir, split)
+    found = tf.io.gfile.glob(_join(output_dir, SHARD_GLOB.format(split=split)))
+    shards = sorted(p for p in found if p.endswith(SHARD_SUFFIXES))
     if not shards:
         known = ", ".join(sorted(summary.get("splits", {}))) or "none"
         raise FileNotFoundError(f"no shards for split {split!r} in {output_dir} (splits: {known})")
@@ -135,7 +112,7 @@ def load_dataset(
 
     def decode(serialized):
         ex = tf.io.parse_single_example(serialized, spec)
-        shape = [ex[k] for k in shape_keys] if fmt.raw else None
+        shape = [ex[k] for k in fmt.shape_keys()] if fmt.raw else None
         image = decode_stored(ex[schema.image_key], fmt.store, shape, channels)
         if image_size is not None:
             image = tf.image.resize(image, image_size)

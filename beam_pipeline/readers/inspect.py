@@ -1,13 +1,11 @@
 """`img2tfrecord inspect OUTPUT_DIR [--report report.html]`: what is in a converted dataset.
 
-Reads every record (with the same checks as `verify`) and failures.jsonl, and prints, per
-split and per class, the number of records and their size (aligned for wide characters),
-the image formats and sizes, and the failed images by reason. `--report` also writes one
-self-contained HTML page: class bars per split (inline SVG), format and size distributions,
-the failures (first N per reason) and a contact sheet of captioned sample images per class,
-embedded as PNG data URIs, so a person can eyeball the dataset in any browser without the
-shards. Memory: the counters are per class, format, size bucket and failure reason, plus
-`--samples` images per class and `--failures` examples per reason.
+Reads every record (with verify's checks) and failures.jsonl; prints records and bytes per
+split and class (aligned for wide characters), image formats and sizes, and failures by
+reason. `--report` writes one self-contained HTML page (inline SVG bars, the failures, a
+contact sheet of samples per class as PNG data URIs) to eyeball in any browser. Memory: counters
+per class, format, size bucket and failure reason, `--samples` images a class, `--failures`
+examples a reason.
 """
 
 from __future__ import annotations
@@ -40,15 +38,15 @@ THUMBNAIL_PX = 128
 class FailureStats:
     """failures.jsonl in brief: the count, per reason kind, and the first examples of each."""
 
-    total: int = 0
     kinds: collections.Counter = dataclasses.field(default_factory=collections.Counter)
-    examples: dict[str, list[tuple[str, str]]] = dataclasses.field(
-        default_factory=dict
-    )  # kind -> (path, reason)
+    examples: dict[str, list[tuple[str, str]]] = dataclasses.field(default_factory=dict)  # (path, reason)
+
+    @property
+    def total(self) -> int:
+        return self.kinds.total()
 
     def add(self, path: str, reason: str, keep: int) -> None:
         kind = reason_kind(reason)
-        self.total += 1
         self.kinds[kind] += 1
         shown = self.examples.setdefault(kind, [])
         if len(shown) < keep:
@@ -86,9 +84,10 @@ class ClassStats:
 class DatasetStats:
     """Counts and sizes read from the records, and sample images per class."""
 
-    splits: dict[str, dict[str, ClassStats]]  # split -> class key -> stats
-    samples: dict[str, list[tuple[bytes, str, str]]]  # class key -> (encoded image, file name, split)
-    bad: list[ShardCheck]
+    splits: dict[str, dict[str, ClassStats]] = dataclasses.field(default_factory=dict)  # split -> class
+    # class key -> [(encoded image, file name, split)]
+    samples: dict[str, list] = dataclasses.field(default_factory=lambda: collections.defaultdict(list))
+    bad: list[ShardCheck] = dataclasses.field(default_factory=list)
     formats: collections.Counter = dataclasses.field(default_factory=collections.Counter)
     widths: collections.Counter = dataclasses.field(default_factory=collections.Counter)  # bucket -> n
     heights: collections.Counter = dataclasses.field(default_factory=collections.Counter)
@@ -96,18 +95,8 @@ class DatasetStats:
     bad_splits: collections.Counter = dataclasses.field(default_factory=collections.Counter)  # split -> n
 
     def split_total(self, split: str) -> ClassStats:
-        return ClassStats(
-            sum(c.records for c in self.splits[split].values()),
-            sum(c.bytes for c in self.splits[split].values()),
-        )
-
-    def class_totals(self) -> dict[str, ClassStats]:
-        totals: dict[str, ClassStats] = collections.defaultdict(ClassStats)
-        for classes in self.splits.values():
-            for key, c in classes.items():
-                totals[key].records += c.records
-                totals[key].bytes += c.bytes
-        return dict(sorted(totals.items()))
+        classes = self.splits[split].values()
+        return ClassStats(sum(c.records for c in classes), sum(c.bytes for c in classes))
 
 
 def collect_stats(
@@ -120,43 +109,29 @@ def collect_stats(
     summary = load_summary(output_dir)
     fmt = load_format(output_dir, summary)
     names, offset = summary.get("class_names", []), summary.get("label_offset", 0)
-    splits: dict[str, dict[str, ClassStats]] = {}
-    samples: dict[str, list[tuple[bytes, str, str]]] = collections.defaultdict(list)
-    bad, bad_splits = [], collections.Counter()
-    formats, widths, heights = collections.Counter(), collections.Counter(), collections.Counter()
+    stats = DatasetStats(failures=read_failures(output_dir, failure_examples))
     for split, paths in list_shards(output_dir).items():
-        classes = splits.setdefault(split, collections.defaultdict(ClassStats))
+        classes: dict[str, ClassStats] = collections.defaultdict(ClassStats)
         for path in paths:
             check = check_shard(path, fmt, names, offset, samples_per_class=samples_per_class)
             if not check.ok:
-                bad.append(check)
-                bad_splits[split] += 1
+                stats.bad.append(check)
+                stats.bad_splits[split] += 1
             for key, n, size in check.classes:
                 classes[key].records += n
                 classes[key].bytes += size
             for key, data, name in check.samples:
-                keep_sample(samples[key], (data, name, split), samples_per_class)
-            formats.update(dict(check.formats))
-            widths.update(dict(check.widths))
-            heights.update(dict(check.heights))
-    return DatasetStats(
-        {s: dict(sorted(c.items())) for s, c in splits.items()},
-        dict(samples),
-        bad,
-        formats,
-        widths,
-        heights,
-        read_failures(output_dir, failure_examples),
-        bad_splits,
-    )
+                keep_sample(stats.samples[key], (data, name, split), samples_per_class)
+            stats.formats.update(dict(check.formats))
+            stats.widths.update(dict(check.widths))
+            stats.heights.update(dict(check.heights))
+        stats.splits[split] = dict(sorted(classes.items()))
+    return stats
 
 
 def keep_sample(kept: list[tuple[bytes, str, str]], sample: tuple[bytes, str, str], limit: int) -> None:
-    """Keeps at most `limit` samples of one class, spread over the splits as evenly as they come.
-
-    Shards are read split after split: a sample of a split with fewer kept samples replaces
-    the last one of the split with the most, so every split of the class is shown.
-    """
+    """Keeps at most `limit` samples of one class, spread over the splits as evenly as they come:
+    a sample of a split with fewer kept replaces the last one of the split with the most."""
     if len(kept) < limit:
         kept.append(sample)
         return
@@ -167,11 +142,11 @@ def keep_sample(kept: list[tuple[bytes, str, str]], sample: tuple[bytes, str, st
 
 
 def human_bytes(n: float) -> str:
-    for unit in ("B", "KiB", "MiB", "GiB"):
-        if n < 1024 or unit == "GiB":
+    for unit in ("B", "KiB", "MiB"):
+        if n < 1024:
             return f"{n:.0f} {unit}" if unit == "B" else f"{n:.1f} {unit}"
         n /= 1024
-    return f"{n:.1f} TiB"
+    return f"{n:.1f} GiB"
 
 
 def display_width(text: str) -> int:
@@ -237,10 +212,6 @@ def thumbnail_png(data: bytes, size: int = THUMBNAIL_PX) -> tuple[bytes, tuple[i
     out = io.BytesIO()
     frame.save(out, format="PNG")
     return out.getvalue(), original
-
-
-def _data_uri(png: bytes) -> str:
-    return "data:image/png;base64," + base64.b64encode(png).decode("ascii")
 
 
 def _bars_svg(
@@ -356,7 +327,7 @@ def render_report(stats: DatasetStats, title: str) -> str:
         parts.append("</div>")
     parts += _failures_html(stats.failures)
     parts.append("<h2>Samples</h2>")
-    for key in stats.class_totals():
+    for key in sorted({key for classes in stats.splits.values() for key in classes}):
         parts.append(f'<h3>{e(key or "(unlabelled)")}</h3><div class="sheet">')
         for data, name, split in stats.samples.get(key, []):
             try:
@@ -364,7 +335,7 @@ def render_report(stats: DatasetStats, title: str) -> str:
             except (OSError, ValueError):  # verify reports undecodable images; skip here
                 continue
             parts.append(
-                f'<figure><img src="{_data_uri(png)}" alt="{e(key)}">'
+                f'<figure><img src="data:image/png;base64,{base64.b64encode(png).decode()}" alt="{e(key)}">'
                 f"{_caption(name, split, size, len(data))}</figure>"
             )
         parts.append("</div>")

@@ -1,15 +1,11 @@
 """`img2tfrecord verify OUTPUT_DIR`: is every shard of a converted dataset readable and complete?
 
-Reads every record (framing, both CRCs), parses each Example with the dataset's schema
-(its key renames applied), decodes a sample of the images (`--all`: every one) the way the
-dataset's readers decode them (raw pixels by their stored shape; 3-D where TFDS's `Image`
-or the preset's decoder expands animations), compares index files, and compares
-the record and shard counts with summary.json (and dataset_info.json). Exit status 0 when
-all is well, 1 naming the first bad shard and byte offset, 2 for a usage error.
-
-Locally the shards are checked one after another in this process. With `--beam` (or any
-Beam runner flag, e.g. `--runner DataflowRunner`) they are checked by a Beam pipeline, one
-element per shard; the results are written to `OUTPUT_DIR/verify.json` and read back here.
+Reads every record (framing, both CRCs), parses each Example with the dataset's schema, decodes
+a sample of the images (`--all`: every one) as the dataset's readers decode them, compares the
+index files, and the record and shard counts with summary.json and dataset_info.json. Exit 0
+when all is well, 1 naming the first bad shard and byte offset, 2 for a usage error. With
+`--beam` (or any Beam runner flag) the shards are checked by a Beam pipeline, one element per
+shard, its results written to `OUTPUT_DIR/verify.json` and read back here.
 """
 
 from __future__ import annotations
@@ -128,12 +124,6 @@ def check_counts(checks: list[ShardCheck], summary: dict, tfds_info: dict | None
     return problems
 
 
-def _check_locally(
-    paths: list[str], fmt: DatasetFormat, names: list[str], offset: int, decode_all: bool
-) -> list[ShardCheck]:
-    return [check_shard(p, fmt, names, offset, decode_all=decode_all) for p in paths]
-
-
 def _write_results(checks: Iterable[ShardCheck], path: str) -> None:
     text = "".join(c.to_json() + "\n" for c in sorted(checks, key=lambda c: c.path))
     with FileSystems.create(path, mime_type="application/json") as f:
@@ -141,13 +131,7 @@ def _write_results(checks: Iterable[ShardCheck], path: str) -> None:
 
 
 def _check_with_beam(
-    paths: list[str],
-    fmt: DatasetFormat,
-    names: list[str],
-    offset: int,
-    decode_all: bool,
-    output_dir: str,
-    beam_args: list[str],
+    paths: list[str], check: VerifyShards, output_dir: str, beam_args: list[str]
 ) -> list[ShardCheck]:
     from beam_pipeline.cli.local_runner import local_defaults
 
@@ -158,7 +142,7 @@ def _check_with_beam(
         _ = (
             p
             | "ListShards" >> beam.Create(paths)  # shard path
-            | "VerifyShards" >> VerifyShards(fmt, names, offset, decode_all)  # ShardCheck
+            | "VerifyShards" >> check  # ShardCheck
             | "Collect" >> beam.combiners.ToList()  # [ShardCheck]
             | "WriteResults" >> beam.Map(_write_results, results)
         )
@@ -178,16 +162,16 @@ def verify(
     output_dir = normalize_root(output_dir)
     summary = load_summary(output_dir)
     fmt = load_format(output_dir, summary)
-    tfds_info = None
-    if FileSystems.exists(FileSystems.join(output_dir, DATASET_INFO_FILE)):
-        tfds_info = json.loads(read_file(FileSystems.join(output_dir, DATASET_INFO_FILE)).decode("utf-8"))
+    info_path = FileSystems.join(output_dir, DATASET_INFO_FILE)
+    tfds_info = json.loads(read_file(info_path).decode("utf-8")) if FileSystems.exists(info_path) else None
     shards = list_shards(output_dir)
     paths = [p for split_paths in shards.values() for p in split_paths]
     names, offset = summary.get("class_names", []), summary.get("label_offset", 0)
     if use_beam:
-        checks = _check_with_beam(paths, fmt, names, offset, decode_all, output_dir, list(beam_args))
+        check = VerifyShards(fmt, names, offset, decode_all)
+        checks = _check_with_beam(paths, check, output_dir, list(beam_args))
     else:
-        checks = _check_locally(paths, fmt, names, offset, decode_all)
+        checks = [check_shard(p, fmt, names, offset, decode_all=decode_all) for p in paths]
     problems = [f"{c.path}: offset {c.offset}: {c.error}" for c in checks if not c.ok]
     problems += check_layout(shards, summary)
     if not problems:
@@ -200,7 +184,8 @@ def main(argv: list[str]) -> int:
     parser.add_argument("output_dir", help="The conversion's --output_dir (local or gs://).")
     parser.add_argument("--all", action="store_true", help="Decode every image, not a sample.")
     parser.add_argument("--beam", action="store_true", help="Check the shards with a Beam pipeline.")
-    args, beam_args = parser.parse_with_beam_args(argv)
+    args, beam_args = parser.parse_known_args(argv)
+    check_args(beam_args)  # the rest must be known Beam pipeline options
     checks, problems = verify(
         args.output_dir, decode_all=args.all, use_beam=args.beam or bool(beam_args), beam_args=beam_args
     )
@@ -223,9 +208,3 @@ class CommandParser(argparse.ArgumentParser):
 
     def error(self, message: str):
         raise UserError(message)
-
-    def parse_with_beam_args(self, argv: list[str]) -> tuple[argparse.Namespace, list[str]]:
-        """Own flags and positionals; the rest must be known Beam pipeline options."""
-        args, rest = self.parse_known_args(argv)
-        check_args(rest)
-        return args, rest

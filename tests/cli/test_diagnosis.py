@@ -14,7 +14,7 @@ import pytest
 from PIL import Image
 
 from beam_pipeline import main
-from beam_pipeline.cli import preflight
+from beam_pipeline.cli import checks
 from beam_pipeline.cli.options import UserError
 from transforms.failures import diagnosis_of_kinds, likely_fix, reason_kind, top_kinds
 from transforms.labels.rows import TableSpec
@@ -86,7 +86,7 @@ def test_a_table_with_other_keys_says_which_flags_to_check(tmp_path):
     table.write_text("name,label\nzz,cat\n")
     spec = TableSpec(path=str(table), format="csv", key_column="name", label_column="label")
     with pytest.raises(UserError, match=r"check --key_column \('name'\) and --image_key"):
-        preflight.check_keys_match(str(tmp_path / "in"), spec, "stem")
+        checks.check_keys_match(str(tmp_path / "in"), spec, "stem")
 
 
 def test_one_matching_key_is_enough_and_large_tables_are_left_to_the_pipeline(tmp_path, monkeypatch):
@@ -95,12 +95,12 @@ def test_one_matching_key_is_enough_and_large_tables_are_left_to_the_pipeline(tm
     table = tmp_path / "labels.csv"
     table.write_text("id,label\nq,cat\nr,cat\na3,cat\n")
     spec = TableSpec(path=str(table), format="csv")
-    preflight.check_keys_match(str(tmp_path / "in"), spec, "stem")  # a3 matches
+    checks.check_keys_match(str(tmp_path / "in"), spec, "stem")  # a3 matches
     table.write_text("id,label\nq,cat\nr,cat\ns,cat\n")
     with pytest.raises(UserError):
-        preflight.check_keys_match(str(tmp_path / "in"), spec, "stem")
-    monkeypatch.setattr(preflight, "MAX_KEY_ROWS", 2)
-    preflight.check_keys_match(str(tmp_path / "in"), spec, "stem")  # too big to tell: no error
+        checks.check_keys_match(str(tmp_path / "in"), spec, "stem")
+    monkeypatch.setattr(checks, "MAX_KEY_ROWS", 2)
+    checks.check_keys_match(str(tmp_path / "in"), spec, "stem")  # too big to tell: no error
 
 
 def test_the_flat_folder_check_walks_the_tree_as_the_listing_does(tmp_path):
@@ -114,8 +114,8 @@ def test_the_flat_folder_check_walks_the_tree_as_the_listing_does(tmp_path):
     assert [f.relpath for f in walk_local(str(hidden))] == ["a.png"]
     assert [f.relpath for f in walk_local(str(linked))] == ["a.png", "cls/c.png"]
     with pytest.raises(UserError, match="none of its 1 images is inside a class folder"):
-        preflight.check_class_folders(str(hidden), split_from_folders=False)
-    preflight.check_class_folders(str(linked), split_from_folders=False)
+        checks.check_class_folders(str(hidden), split_from_folders=False)
+    checks.check_class_folders(str(linked), split_from_folders=False)
 
 
 def test_exit_3_names_the_top_reasons_and_the_fix(tmp_path, capsys):
@@ -227,4 +227,4 @@ def test_the_key_reader_sees_the_keys_the_pipeline_joins_on(tmp_path, fmt, text)
     spec = TableSpec(path=str(path), format=fmt)
     with open(path, "rb") as f:
         want = {r.key for r in iter_table(f, spec, str(path)) if r.key}
-    assert set(preflight._file_keys(str(path), spec)) - {""} == want
+    assert set(checks._file_keys(str(path), spec)) - {""} == want

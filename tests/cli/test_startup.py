@@ -17,7 +17,7 @@ from apache_beam.options.pipeline_options import PipelineOptions, StandardOption
 
 from beam_pipeline.cli import startup
 from beam_pipeline.cli.options import ConvertOptions
-from beam_pipeline.cli.runners import runner_named
+from beam_pipeline.cli.startup import runner_named
 from beam_pipeline.main import RunOptions, run
 from beam_pipeline.pipeline import build_pipeline
 from tests.conftest import read_records

@@ -23,6 +23,19 @@ def params() -> dict[str, dict]:
     return {p["name"]: p for p in spec["parameters"]}
 
 
+def _convert_flags() -> dict[str, argparse.Action]:
+    """ConvertOptions' flags by name (without the leading dashes)."""
+    parser = argparse.ArgumentParser(add_help=False)
+    ConvertOptions._add_argparse_args(parser)
+    return {a.dest: a for a in parser._actions}
+
+
+def test_the_flex_entry_knows_the_switches_by_their_defaults():
+    switches = {n for n, a in _convert_flags().items() if isinstance(a, argparse._StoreTrueAction)}
+    assert switches == {n for n, default in flex.convert_defaults().items() if default is False}
+    assert {"overwrite", "quiet", "stratify", "dedupe"} <= switches
+
+
 def _template_value(action: argparse.Action) -> str:
     """How the launcher would spell the flag's default (`--name=value`)."""
     if isinstance(action, argparse._StoreTrueAction):
@@ -31,7 +44,7 @@ def _template_value(action: argparse.Action) -> str:
 
 
 def test_every_option_is_documented_and_nothing_else(params):
-    flags = flex.convert_flags()
+    flags = _convert_flags()
     assert set(params) == set(flags)
     for name, p in params.items():
         assert p["label"].strip() and len(p["helpText"]) > 20, name
@@ -40,7 +53,7 @@ def test_every_option_is_documented_and_nothing_else(params):
 
 
 def test_regexes_accept_defaults_and_choices_and_reject_junk(params):
-    flags = flex.convert_flags()
+    flags = _convert_flags()
     for name, p in params.items():
         (regex,) = p["regexes"]
         action = flags[name]
@@ -55,7 +68,7 @@ def test_regexes_accept_defaults_and_choices_and_reject_junk(params):
 
 
 def test_launcher_style_arguments_parse_like_the_cli(params):
-    argv = [f"--{name}={_template_value(a)}" for name, a in flex.convert_flags().items() if name in params]
+    argv = [f"--{name}={_template_value(a)}" for name, a in _convert_flags().items() if name in params]
     argv = [a for a in argv if not a.startswith(("--input=", "--output_dir="))]
     argv += ["--input=gs://b/in", "--output_dir=gs://b/out", "--overwrite=true", "--quiet=false"]
     normalized = flex.normalize_argv(argv)
