@@ -4,7 +4,7 @@
 image written; 'publish': the first dataset file renamed) the run creates `<flag file>` and
 sleeps until the test deletes it (at most 120 s), then leaves `<flag file>.resumed` and does
 not pause again. `IMG2TFRECORD_TEST_LEASE_SECONDS=<s>` shortens the claim's lease
-(transforms/output/marker.py) in every process that inherits it.
+(transforms/output/fence.py) in every process that inherits it.
 """
 
 from __future__ import annotations
