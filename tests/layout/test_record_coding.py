@@ -103,5 +103,7 @@ def test_a_decoded_batch_is_coded_as_its_root_again_through_take_slice_concat_an
         assert got == want and got.paths == want.paths and got.hashes == want.hashes
     # Joined with a batch of other paths, or given new paths: the paths are coded as they are.
     mixed = RecordBatch.concat([back.slice(0, 2), RecordBatch(_tiny(1, root="/other/").records)])
-    assert coders.record_batch_fields(mixed)[0] == "" and mixed.paths[2] == "/other/class_00000/img_0000000.jpg"
+    assert (
+        coders.record_batch_fields(mixed)[0] == "" and mixed.paths[2] == "/other/class_00000/img_0000000.jpg"
+    )
     assert back.with_columns(paths=("/x",) * 300).paths == ("/x",) * 300
