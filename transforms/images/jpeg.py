@@ -43,15 +43,6 @@ _VECTOR_SEARCH = 12_000
 _NOT_A_MARKER = (0x00, 0xFF)  # after 0xFF: a stuffed zero, or a fill byte before a marker
 
 
-@dataclasses.dataclass(frozen=True)
-class JpegLayout:
-    """The shape `tf.io.decode_image(data)` gives: 1 channel for grey, 3 for colour."""
-
-    height: int
-    width: int
-    channels: int
-
-
 def prepare_kept_jpeg(data: bytes, options: ImageOptions) -> PreparedImage | None:
     """`prepare_image` for a JPEG stored as it is, checked by `check_jpeg`; else None (not a
     JPEG, an option may change it, or not modelled: `prepare_image` decodes it with Pillow).
@@ -61,25 +52,25 @@ def prepare_kept_jpeg(data: bytes, options: ImageOptions) -> PreparedImage | Non
     """
     if detect_format(data) != "jpeg" or options.changes_pixels() or options.exif_transpose:
         return None
-    layout = check_jpeg(data)
-    if layout is None:
+    info = check_jpeg(data)
+    if info is None:
         return None
-    check_size(layout.width, layout.height, options.max_pixels)
-    return PreparedImage(data, _jpeg_info(layout))
+    check_size(info.width, info.height, options.max_pixels)
+    return PreparedImage(data, info)
 
 
 @functools.lru_cache(maxsize=1024)
-def _jpeg_info(layout: JpegLayout) -> ImageInfo:
-    """The ImageInfo of a kept JPEG (immutable, so shared by the images of one size)."""
-    return ImageInfo("jpeg", layout.height, layout.width, layout.channels, colorspace_of(layout.channels))
+def _jpeg_info(height: int, width: int, channels: int) -> ImageInfo:
+    """What `tf.io.decode_image` gives a kept JPEG (immutable: shared by the images of one size)."""
+    return ImageInfo("jpeg", height, width, channels, colorspace_of(channels))
 
 
 class _Unmodelled(Exception):
     """The file uses something this walk does not model: leave it to the full check."""
 
 
-def check_jpeg(data: bytes) -> JpegLayout | None:
-    """The layout TensorFlow decodes `data` (starting with SOI) to; None if not modelled here.
+def check_jpeg(data: bytes) -> ImageInfo | None:
+    """What TensorFlow decodes `data` (starting with SOI) to; None if not modelled here.
 
     Raises:
       ImageError: TensorFlow's decoder rejects the file (the message says why).
@@ -90,27 +81,29 @@ def check_jpeg(data: bytes) -> JpegLayout | None:
         return None
 
 
+@dataclasses.dataclass(slots=True)
 class _State:
     """What the header segments seen so far define."""
 
-    __slots__ = ("frame", "progressive", "quant", "huffman", "restarts", "scanned", "scans")
-
-    def __init__(self) -> None:
-        self.frame: tuple[int, int, dict[int, tuple[int, int, int]]] | None = None  # h, w, comps
-        self.progressive = False
-        self.quant: set[int] = set()
-        self.huffman: set[tuple[int, int]] = set()  # (0 DC | 1 AC, table id) defined by DHT
-        self.restarts = False  # a non-zero restart interval (DRI) was defined
-        self.scanned: set[int] = set()  # component ids seen in a sequential scan
-        self.scans = 0
+    frame: tuple[int, int, dict[int, tuple[int, int, int]]] | None = None  # h, w, components
+    progressive: bool = False
+    quant: set[int] = dataclasses.field(default_factory=set)
+    huffman: set[tuple[int, int]] = dataclasses.field(default_factory=set)  # (0 DC | 1 AC, id)
+    restarts: bool = False  # a non-zero restart interval (DRI) was defined
+    scanned: set[int] = dataclasses.field(default_factory=set)  # components of sequential scans
+    scans: int = 0
 
     def copy(self, frame: tuple | None = None) -> _State:
         """A copy with sets of its own (the walk changes them), and `frame` if given."""
-        new = _State()
-        new.frame, new.progressive, new.restarts = frame or self.frame, self.progressive, self.restarts
-        new.scans, new.quant = self.scans, set(self.quant)
-        new.huffman, new.scanned = set(self.huffman), set(self.scanned)
-        return new
+        return _State(
+            frame or self.frame,
+            self.progressive,
+            set(self.quant),
+            set(self.huffman),
+            self.restarts,
+            set(self.scanned),
+            self.scans,
+        )
 
 
 class _HeaderCache:
@@ -169,7 +162,7 @@ class _HeaderCache:
 _HEADERS = _HeaderCache()
 
 
-def _walk(data: bytes) -> JpegLayout:
+def _walk(data: bytes) -> ImageInfo:
     size = len(data)
     search = _MARKER.search
     known = _HEADERS.find(data)
@@ -254,12 +247,7 @@ def _walk(data: bytes) -> JpegLayout:
     height, width, comps = state.frame
     if not state.progressive and state.scanned != comps.keys():
         raise _Unmodelled  # a sequential image with components never scanned
-    return _layout(height, width, 1 if len(comps) == 1 else 3)
-
-
-@functools.lru_cache(maxsize=1024)
-def _layout(height: int, width: int, channels: int) -> JpegLayout:
-    return JpegLayout(height, width, channels)
+    return _jpeg_info(height, width, 1 if len(comps) == 1 else 3)
 
 
 def _first_marker(data: bytes, pos: int) -> int:
