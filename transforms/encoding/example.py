@@ -18,16 +18,6 @@ FeatureValue = int | float | str | bytes
 Features = Mapping[str, FeatureValue | Iterable[FeatureValue]]
 
 
-def _varint_slow(value: int) -> bytes:
-    value &= 0xFFFFFFFFFFFFFFFF  # int64 two's complement, as protobuf does
-    out = bytearray()
-    while value > 0x7F:
-        out.append((value & 0x7F) | 0x80)
-        value >>= 7
-    out.append(value)
-    return bytes(out)
-
-
 _ONE_BYTE = tuple(bytes((v,)) for v in range(0x80))
 
 
@@ -39,7 +29,13 @@ def _varint(value: int) -> bytes:
         return bytes(((value & 0x7F) | 0x80, value >> 7))
     if 0 <= value < 0x200000:  # the length of an image of up to 2 MB
         return bytes(((value & 0x7F) | 0x80, (value >> 7 & 0x7F) | 0x80, value >> 14))
-    return _varint_slow(value)
+    value &= 0xFFFFFFFFFFFFFFFF  # int64 two's complement, as protobuf does
+    out = bytearray()
+    while value > 0x7F:
+        out.append((value & 0x7F) | 0x80)
+        value >>= 7
+    out.append(value)
+    return bytes(out)
 
 
 def _field(number: int, payload: bytes) -> bytes:

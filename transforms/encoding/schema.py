@@ -63,21 +63,16 @@ class Schema:
     """A named set of feature keys.
 
     Attributes:
-      name: the preset's `--schema` value.
-      build: returns the feature dict of one image (with the preset's own key names).
-      kinds: feature name -> 'int64' | 'float' | 'bytes' for every key `build` returns
-        (also used for empty lists and for the parse spec).
-      image_key / label_key: where the encoded image and the class ids live.
-      scalar: keys that always hold exactly one value (FixedLenFeature in the spec).
+      build: the feature dict of one image (with the preset's own key names).
+      kinds: feature name -> 'int64' | 'float' | 'bytes' for every key `build` returns.
+      scalar: keys that always hold one value (FixedLenFeature in the spec).
       roles: role (image, label, text, format, height, width, channels, colorspace, filename,
         sha256) -> feature key, for the roles the preset fills; readers look keys up by role.
-      label_offset: the id of the first class this preset's consumer expects, or None
-        when `--label_offset` decides (tfds: 0, odapi: 1).
+      label_offset: the first class id the consumer expects (None: `--label_offset` decides).
       renames: custom key renames (old -> new) applied on top of the preset.
       raw_ok: whether the consumer can read `--store raw` records.
-      single_frame: the consumer decodes with `expand_animations=True` (a 4-D tensor for
-        every GIF and WebP: transforms.images.decoding.DECODED_4D_FORMATS), so those formats are
-        stored as their first frame (PNG).
+      single_frame: the consumer decodes with `expand_animations=True` (4-D for the formats of
+        images.decoding.DECODED_4D_FORMATS), so those are stored as their first frame (PNG).
     """
 
     name: str
@@ -268,17 +263,10 @@ DEFAULT_SCHEMA = SLIM.name
 
 def get_schema(name: str, renames: tuple[tuple[str, str], ...] | dict[str, str] = ()) -> Schema:
     """The preset called `name`, with custom key renames applied.
-
-    Raises:
-      ValueError: unknown preset (the message names the choices) or bad renames.
-    """
-    try:
-        schema = PRESETS[name]
-    except KeyError:
-        raise ValueError(f"unknown schema {name!r} (one of {', '.join(sorted(PRESETS))})") from None
-    if isinstance(renames, dict):
-        renames = tuple(renames.items())
-    return schema.renamed(tuple(renames))
+    Raises ValueError: unknown preset (the message names the choices) or bad renames."""
+    if name not in PRESETS:
+        raise ValueError(f"unknown schema {name!r} (one of {', '.join(sorted(PRESETS))})")
+    return PRESETS[name].renamed(tuple(dict(renames).items()))
 
 
 def schema_from_summary(summary: dict) -> Schema:

@@ -37,10 +37,8 @@ def _mask(crc: int) -> int:
 
 
 def frame_chunks(chunks: Sequence[bytes], size: int) -> tuple[bytes, bytes]:
-    """The (header, footer) that frame the record `b"".join(chunks)` (`size` bytes long).
-
-    The data CRC is extended chunk by chunk, so the record is never joined.
-    """
+    """The (header, footer) that frame the record `b"".join(chunks)` (`size` bytes long), its
+    CRC extended chunk by chunk: the record is never joined."""
     length = struct.pack("<Q", size)
     crc = google_crc32c.value(chunks[0])
     for chunk in chunks[1:]:

@@ -56,6 +56,8 @@ _SIXTEEN_BIT = ("I;16", "I;16B", "I;16L", "I;16N")
 _EXIF_ORIENTATION = 0x0112
 _SWAPS_AXES = (5, 6, 7, 8)  # EXIF orientations that turn the image by 90 degrees
 _RESAMPLE = Image.Resampling.BICUBIC
+# What Pillow raises for bytes it cannot decode (a bug raises anything else).
+DECODE_ERRORS = (OSError, SyntaxError, ValueError, EOFError, struct.error)
 
 
 def detect_format(data: bytes) -> str | None:
@@ -125,7 +127,7 @@ def _tf_problem(fmt: str, data: bytes, img: Image.Image, max_pixels: int = DEFAU
 
 
 def _tf_channels(fmt: str, data: bytes, img: Image.Image) -> int:
-    """Channels `tf.io.decode_image(channels=0)` gives for bytes `_tf_problem` accepts."""
+    """Channels `tf.io.decode_image` gives bytes that `_tf_problem` accepts."""
     if fmt == "png":
         return _png_channels(data)
     if fmt == "gif" or fmt == "bmp":
@@ -149,7 +151,7 @@ def _open(data: bytes, max_pixels: int) -> tuple[str, Image.Image]:
         raise ImageError(f"does not decode as {fmt}: corrupt header") from None
     except Image.DecompressionBombError as e:  # far above the limit; refused by Pillow itself
         raise ImageError(f"too large: more than {max_pixels} pixels ({e})") from None
-    except (OSError, SyntaxError, ValueError, EOFError):
+    except DECODE_ERRORS:
         raise ImageError(f"does not decode as {fmt or 'an image'}: corrupt header") from None
     check_size(*img.size, max_pixels)
     return fmt, img
@@ -158,10 +160,9 @@ def _open(data: bytes, max_pixels: int) -> tuple[str, Image.Image]:
 def pillow_open(data: bytes, fmt: str | None, max_pixels: int) -> Image.Image:
     """`data` opened by Pillow's reader for `fmt` (None: `_FALLBACK_FORMATS`), header only.
 
-    Pillow refuses images above 2 * MAX_IMAGE_PIXELS at open: a larger `max_pixels` must
-    win (it is checked from the header, before anything is decoded), and Pillow's warning
-    above MAX_IMAGE_PIXELS would only repeat it. Both set here, at the first image, never at
-    import (a filter, not catch_warnings, which is not thread-safe)."""
+    A `max_pixels` above Pillow's own bomb limit raises that limit and silences its warning
+    (our check from the header comes first): set at the first image, never at import, by a
+    filter (catch_warnings is not thread-safe)."""
     if Image.MAX_IMAGE_PIXELS is not None and Image.MAX_IMAGE_PIXELS < max_pixels:
         Image.MAX_IMAGE_PIXELS = max_pixels
         warnings.filterwarnings("ignore", category=Image.DecompressionBombWarning)
@@ -196,13 +197,13 @@ def _check_sides(fmt: str, width: int, height: int) -> None:
 def _load(img: Image.Image, fmt: str) -> None:
     try:
         img.load()
-    except (OSError, SyntaxError, ValueError, EOFError, struct.error) as e:
+    except DECODE_ERRORS as e:
         raise ImageError(f"does not decode as {fmt}: {e}") from None
 
 
 def _check_as_stored(data: bytes, fmt: str, img: Image.Image) -> ImageInfo:
-    """Decodes the whole image (JPEG at 1/8 scale: it still reads every entropy-coded
-    block) and returns what TensorFlow will see."""
+    """What TensorFlow decodes the bytes to, checked by a whole decode (JPEG at 1/8 scale:
+    still every entropy-coded block)."""
     if fmt == "gif":
         return _check_gif(data, img)
     width, height = img.size
@@ -215,9 +216,8 @@ def _check_as_stored(data: bytes, fmt: str, img: Image.Image) -> ImageInfo:
 
 
 def _check_gif(data: bytes, img: Image.Image) -> ImageInfo:
-    """A GIF kept as stored (its blocks and later frames passed `_gif_problem`): the first
-    frame's LZW data and colour indices (TensorFlow refuses one beyond the colour table,
-    unless it is the transparent one). The size is TensorFlow's: the largest frame's."""
+    """A GIF that passed `_gif_problem`: its first frame's LZW data and colour indices (TensorFlow
+    refuses one beyond the colour table, but the transparent one); the largest frame's size."""
     layout = gif_layout(data)
     first = layout.frames[0]
     _load(img, "gif")
@@ -239,12 +239,9 @@ def _check_gif(data: bytes, img: Image.Image) -> ImageInfo:
 
 
 def _gif_problem(data: bytes, img: Image.Image, max_pixels: int) -> str | None:
-    """Why a GIF is not kept as stored although its first frame decodes, or None.
-
-    Damage after the first frame (gif.py), a later frame that does not decode (giflib
-    decodes every frame), or frames whose largest size, the size TensorFlow allocates, is
-    above the bomb limit. Damage in the first frame raises ImageError.
-    """
+    """Why a GIF whose first frame decodes is not kept as stored, or None: damage after the
+    first frame (gif.py), a later frame that does not decode (giflib decodes all), or a largest
+    frame (the size TensorFlow allocates) above the bomb limit. First-frame damage raises."""
     layout = gif_layout(data)
     if _tile_offset(img) != layout.frames[0].offset:
         # Pillow's first frame is not giflib's (an extension whose first sub-block is empty
@@ -261,15 +258,7 @@ def _gif_problem(data: bytes, img: Image.Image, max_pixels: int) -> str | None:
             if _tile_offset(img) != layout.frames[index].offset:
                 return f"gif frame {index} is read differently by TensorFlow's reader"
             img.load()
-    except (
-        OSError,
-        SyntaxError,
-        ValueError,
-        EOFError,
-        struct.error,
-        IndexError,
-        Image.DecompressionBombError,
-    ) as e:
+    except (*DECODE_ERRORS, IndexError, Image.DecompressionBombError) as e:
         return f"gif frame {index} does not decode ({e or type(e).__name__})"
     finally:
         img.seek(0)
@@ -284,14 +273,14 @@ def _tile_offset(img: Image.Image) -> int | None:
 def _is_animated(img: Image.Image) -> bool:
     try:
         return bool(getattr(img, "is_animated", False))
-    except (OSError, SyntaxError, ValueError, EOFError, struct.error):
+    except DECODE_ERRORS:
         return False  # a damaged later frame: only the first one is checked and decoded
 
 
 def _orientation(img: Image.Image) -> int:
     try:
         return int(img.getexif().get(_EXIF_ORIENTATION, 1))
-    except (OSError, SyntaxError, ValueError, TypeError, struct.error):
+    except (*DECODE_ERRORS, TypeError):
         return 1  # unreadable EXIF: treat as upright
 
 

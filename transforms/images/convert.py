@@ -41,15 +41,6 @@ def target_size(width: int, height: int, options: ImageOptions) -> tuple[int, in
     return width, height
 
 
-def _decode_scale(width: int, height: int, options: ImageOptions) -> float:
-    """The largest factor by which any axis is scaled on the way to the target size."""
-    tw, th = target_size(width, height, options)
-    sx, sy = tw / width, th / height
-    if options.resize and options.resize_mode == "pad":
-        return min(sx, sy)
-    return max(sx, sy)
-
-
 def _needs_change(img: Image.Image, fmt: str, channels: int, options: ImageOptions) -> str | None:
     """Which option makes these (TensorFlow-decodable) bytes need re-encoding, if any."""
     if options.store == "raw":
@@ -141,7 +132,9 @@ def _convert(
     orientation = _orientation(img) if options.exif_transpose else 1
     if orientation in _SWAPS_AXES:
         width, height = height, width  # the size the target is computed from
-    scale = _decode_scale(width, height, options)
+    tw, th = target_size(width, height, options)
+    ratios = (tw / width, th / height)  # the larger one sets the decode's scale (the smaller if padded)
+    scale = min(ratios) if options.resize and options.resize_mode == "pad" else max(ratios)
     if fmt == "jpeg" and scale < 0.5:
         # Let libjpeg decode at 1/2, 1/4 or 1/8 scale, never below the needed size.
         img.draft(img.mode, (math.ceil(img.width * scale), math.ceil(img.height * scale)))
@@ -168,8 +161,8 @@ def _convert(
 
 
 def prepare_image(data: bytes, options: ImageOptions = ImageOptions()) -> PreparedImage:
-    """Checks `data` and returns the bytes to store, converted when needed or asked for
-    (by default the original bytes whenever TensorFlow decodes them as stored: check.py).
+    """The bytes to store for `data`: the original ones when TensorFlow decodes them as stored
+    (check.py) and no option changes them, else converted.
 
     Raises:
       ImageError: empty, unrecognised, too large, corrupt, or impossible to store
@@ -209,13 +202,10 @@ def _converted_channels(img: Image.Image) -> int:
 
 
 def estimate_stored_size(header: bytes, file_size: int, options: ImageOptions) -> int:
-    """Estimated bytes stored for an image, from its first bytes and its file size.
-
-    Used to plan shards when options change the pixels. Raw storage is exact. Re-encoded
-    images keep the source's bytes per pixel when the codec stays the same; across codecs
-    a typical photo ratio is used, capped at 5x the source's bytes per pixel (flat
-    artwork compresses well in every codec). Falls back to `file_size` when the
-    header cannot be read (the image then fails or is checked when it is written).
+    """Estimated bytes stored for an image (to plan shards when options change the pixels),
+    from its first bytes and its file size: exact for raw pixels; the source's bytes per pixel
+    in the same codec; across codecs a typical photo ratio, at most _CROSS_CODEC times the
+    source's (flat artwork compresses well in every codec); `file_size` for an unreadable header.
     """
     try:
         fmt, img = _open(header, options.max_pixels)

@@ -49,8 +49,8 @@ class ImageOptions:
       color: 'keep', 'rgb' (3 channels; alpha dropped) or 'grayscale' (1 channel).
       exif_transpose: apply the EXIF orientation (re-encodes rotated images).
       store: 'encoded' or 'raw' (decoded uint8 pixels, row-major HWC).
-      single_frame: store the formats that `decode_image(expand_animations=True)` decodes
-        4-D (decoding.DECODED_4D_FORMATS) as their first frame (PNG), for TFDS and ODAPI.
+      single_frame: store the formats that decode 4-D with `expand_animations=True`
+        (decoding.DECODED_4D_FORMATS) as their first frame (PNG), for TFDS and ODAPI.
     """
 
     max_pixels: int = DEFAULT_MAX_PIXELS
@@ -72,13 +72,8 @@ class ImageOptions:
 
 @dataclasses.dataclass(frozen=True)
 class PreparedImage:
-    """The bytes to store and what TensorFlow decodes them to.
-
-    Attributes:
-      data: the original bytes, re-encoded bytes, or raw pixels (`info.format == 'raw'`).
-      info: format, height, width, channels and colorspace of `data`.
-      converted: why the image was re-encoded, or None when the original bytes are kept.
-    """
+    """The bytes to store (original, re-encoded, or raw pixels: `info.format == 'raw'`), what
+    TensorFlow decodes them to, and why they were converted (None: the original bytes)."""
 
     data: bytes
     info: ImageInfo
