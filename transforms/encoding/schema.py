@@ -1,5 +1,5 @@
 """Schema presets: a preset turns (record, stored bytes, image info, class index) into a feature
-dict, and exports the matching `tf.io.parse_single_example` spec so readers never guess the keys:
+dict, and gives the matching `tf.io.parse_single_example` spec so readers never guess the keys:
 
 - `slim` (default): TF-slim / inception keys `image/encoded`, `image/class/label`, ...
 - `tutorial`: the TensorFlow TFRecord tutorial's `height, width, depth, label, image_raw`.
@@ -67,7 +67,7 @@ class Schema:
       kinds: feature name -> 'int64' | 'float' | 'bytes' for every key `build` returns.
       scalar: keys that always hold one value (FixedLenFeature in the spec).
       roles: role (image, label, text, format, height, width, channels, colorspace, filename,
-        sha256) -> feature key, for the roles the preset fills; readers look keys up by role.
+        source_id, sha256) -> feature key, for the roles the preset fills; readers look keys up by role.
       label_offset: the first class id the consumer expects (None: `--label_offset` decides).
       renames: custom key renames (old -> new) applied on top of the preset.
       raw_ok: whether the consumer can read `--store raw` records.
@@ -140,10 +140,12 @@ class Schema:
 
 
 def preset(
-    name: str, build: FeatureBuilder, kinds: dict[str, str], lists: set[str], roles: dict, **kw
+    name: str, build: FeatureBuilder, keys: dict[str, tuple[str, str]], lists: frozenset = frozenset(), **kw
 ) -> Schema:
-    """A Schema whose keys are `kinds` plus `image/key/sha256`; all but `lists` are scalar."""
-    kinds = {**kinds, SHA256_KEY: "bytes"}
+    """A Schema of `keys` (role -> (key, kind)) plus `image/key/sha256`; all but `lists` are scalar."""
+    keys = {**keys, "sha256": (SHA256_KEY, "bytes")}
+    kinds = dict(keys.values())
+    roles = {role: key for role, (key, _) in keys.items()}
     return Schema(
         name=name,
         build=build,
@@ -151,7 +153,7 @@ def preset(
         image_key=roles["image"],
         label_key=roles["label"],
         scalar=frozenset(kinds) - lists,
-        roles={**roles, "sha256": SHA256_KEY},
+        roles=roles,
         **kw,
     )
 
@@ -182,13 +184,8 @@ _SLIM = {
     "colorspace": ("image/colorspace", "bytes"),
     "filename": ("image/filename", "bytes"),
 }
-SLIM = preset(
-    "slim",
-    _slim,
-    dict(_SLIM.values()),
-    lists={"image/class/label", "image/class/text"},
-    roles={role: key for role, (key, _) in _SLIM.items()},
-)
+_LISTS = frozenset({"image/class/label", "image/class/text"})
+SLIM = preset("slim", _slim, _SLIM, _LISTS)
 
 
 def _tutorial(record: ImageRecord, data: bytes, info: ImageInfo, class_index: ClassIndex) -> dict:
@@ -205,9 +202,13 @@ def _tutorial(record: ImageRecord, data: bytes, info: ImageInfo, class_index: Cl
 TUTORIAL = preset(
     "tutorial",
     _tutorial,
-    {"height": "int64", "width": "int64", "depth": "int64", "label": "int64", "image_raw": "bytes"},
-    lists=set(),
-    roles={"image": "image_raw", "label": "label", "height": "height", "width": "width", "channels": "depth"},
+    {
+        "height": ("height", "int64"),
+        "width": ("width", "int64"),
+        "channels": ("depth", "int64"),
+        "label": ("label", "int64"),
+        "image": ("image_raw", "bytes"),
+    },
 )
 
 
@@ -224,9 +225,7 @@ def _tfds(record: ImageRecord, data: bytes, info: ImageInfo, class_index: ClassI
 TFDS = preset(
     "tfds",
     _tfds,
-    {"image": "bytes", "label": "int64", "image/filename": "bytes"},
-    lists=set(),
-    roles={"image": "image", "label": "label", "filename": "image/filename"},
+    {"image": ("image", "bytes"), "label": ("label", "int64"), "filename": ("image/filename", "bytes")},
     label_offset=0,
     raw_ok=False,
     single_frame=True,  # tfds.features.Image decodes with expand_animations=True
@@ -245,13 +244,10 @@ ODAPI = preset(
     "odapi",
     _odapi,
     {
-        **{
-            k: v for k, v in SLIM.kinds.items() if k not in ("image/channels", "image/colorspace", SHA256_KEY)
-        },
-        "image/source_id": "bytes",
+        **{role: key for role, key in _SLIM.items() if role not in ("channels", "colorspace")},
+        "source_id": ("image/source_id", "bytes"),
     },
-    lists={"image/class/label", "image/class/text"},
-    roles={role: key for role, (key, _) in _SLIM.items() if role not in ("channels", "colorspace")},
+    _LISTS,
     label_offset=1,
     raw_ok=False,
     single_frame=True,  # tf-slim's decoder falls back to decode_image for GIF and WebP

@@ -93,17 +93,16 @@ def _png_channels(data: bytes) -> int:
     return 3
 
 
-def _bmp_layout(data: bytes) -> tuple[int, int]:
-    """(bits per pixel, compression) of a BMP."""
+def _bmp_problem(data: bytes) -> str | None:
+    """Why TensorFlow misreads or refuses a BMP, or None for a 24-bit uncompressed one."""
     if len(data) < 34:
         raise ImageError("does not decode as bmp: truncated header")
-    return struct.unpack_from("<H", data, 28)[0], struct.unpack_from("<I", data, 30)[0]
-
-
-def _bmp_expected_size(data: bytes) -> int:
-    """The exact file size TensorFlow's BMP decoder demands: pixel offset + padded rows."""
-    offset, width, height = struct.unpack_from("<I", data, 10)[0], *struct.unpack_from("<ii", data, 18)
-    return offset + (3 * width + 3) // 4 * 4 * abs(height)
+    offset, width, height, bits, compression = struct.unpack_from("<I4xii2xHI", data, 10)
+    if (bits, compression) != (24, 0):
+        return f"{bits}-bit BMP (compression {compression}) is misread by TensorFlow"
+    if len(data) != offset + (3 * width + 3) // 4 * 4 * abs(height):  # pixel offset + padded rows
+        return "BMP whose file size does not match its header is refused by TensorFlow"
+    return None
 
 
 def _tf_problem(fmt: str, data: bytes, img: Image.Image, max_pixels: int = DEFAULT_MAX_PIXELS) -> str | None:
@@ -112,11 +111,8 @@ def _tf_problem(fmt: str, data: bytes, img: Image.Image, max_pixels: int = DEFAU
         return f"{fmt} is not decodable by TensorFlow"
     if fmt == "jpeg" and img.mode not in ("L", "RGB"):
         return f"{img.mode} JPEG is decoded with different colours by TensorFlow"
-    if fmt == "bmp" and _bmp_layout(data) != (24, 0):
-        bits, compression = _bmp_layout(data)
-        return f"{bits}-bit BMP (compression {compression}) is misread by TensorFlow"
-    if fmt == "bmp" and len(data) != _bmp_expected_size(data):
-        return "BMP whose file size does not match its header is refused by TensorFlow"
+    if fmt == "bmp":
+        return _bmp_problem(data)
     if fmt == "webp":
         return webp_problem(data) or (
             "animated WebP crashes TensorFlow's decoder" if _is_animated(img) else None

@@ -1,17 +1,17 @@
 """A JPEG check that predicts TensorFlow's decoder from the file's structure, without decoding.
 
-What makes `tf.io.decode_image` (TensorFlow 2.21, libjpeg-turbo) fail is the file's structure,
-not its pixels (measured; tests/images/test_jpeg_check.py keeps the cases): data that ends
-before the end-of-image marker; an unknown marker, a second SOI or a segment that cannot be
-parsed; tables it cannot use (an undefined quantisation table, an invalid Huffman table). Bit
-errors inside the entropy-coded data decode (to wrong pixels) in TensorFlow and Pillow alike.
+What makes `tf.io.decode_image` (TensorFlow 2.21, libjpeg-turbo) fail is the structure, not
+the pixels (tests/images/test_jpeg_check.py keeps the cases): data that ends before the
+end-of-image marker; an unknown marker, a second SOI or an unparsable segment; an undefined
+quantisation table or an invalid Huffman table. Bit errors in the entropy-coded data decode
+(to wrong pixels) in TensorFlow and Pillow alike.
 
 So a walk of the header segments and a search for the marker that ends each scan stands in
-for a 1/8-scale decode, at a few percent of its cost (benchmarks/README.md). `check_jpeg`
-returns the layout when it is sure TensorFlow decodes the file to it, raises ImageError when
-it is sure TensorFlow rejects it, and returns None for what it does not model (12-bit,
-lossless or arithmetic coding, CMYK, DNL heights, odd sampling, ...): the caller then checks
-the file with Pillow. `tools/fuzz_image_check.py` compares it with TensorFlow on mutated files.
+for a 1/8-scale decode, at a few percent of its cost. `check_jpeg` returns what TensorFlow
+decodes the file to when it is sure, raises ImageError when it is sure TensorFlow rejects it,
+and returns None for what it does not model (12-bit, lossless or arithmetic coding, CMYK, DNL
+heights, odd sampling, ...): Pillow then checks the file. `tools/fuzz_image_check.py` compares
+it with TensorFlow on mutated files.
 """
 
 from __future__ import annotations
@@ -109,13 +109,11 @@ class _State:
 class _HeaderCache:
     """The walk's state after the headers (SOI to the end of the first SOS) of files seen before.
 
-    A dataset's files mostly share their headers byte for byte but for the frame's height
-    and width, and the walk to the first SOS depends on the size only through
-    `_check_frame_size`: a file whose header equals a remembered one, size bytes aside, gets
-    the remembered state (its own size checked) and is walked on from its scan data. A
-    "SOS" inside an APPn segment matches no remembered header (their lengths are those of
-    real walks). Only headers of up to MAX_BYTES (camera EXIF/ICC headers differ from file
-    to file), at most MAX of them (<= 1 MB); when full, the cache starts again.
+    A dataset's files mostly share their headers but for the frame's height and width, which
+    the walk to the first SOS reads only in `_check_frame_size`: a file whose header equals a
+    remembered one, size bytes aside, gets the remembered state (its own size checked) and is
+    walked on from its scan data. Bounded: headers of up to MAX_BYTES (camera EXIF/ICC headers
+    differ per file), at most MAX of them (<= 1 MB); when full, the cache starts again.
     """
 
     MAX = 256
@@ -251,10 +249,9 @@ def _walk(data: bytes) -> ImageInfo:
 
 
 def _first_marker(data: bytes, pos: int) -> int:
-    """Where `_MARKER.search(data, pos)` matches, or -1: three vectorised passes over all of
-    `data[pos:]`, ~40% less CPU than the regex over a scan's data but without stopping at
-    the match, so used only where the next marker should end the data (once per sequential scan).
-    """
+    """Where `_MARKER.search(data, pos)` matches, or -1: vectorised passes over all of
+    `data[pos:]`, ~40% less CPU than the regex but not stopping at the match, so used only where
+    the next marker should end the data (once per sequential scan)."""
     if len(data) - pos < 2:
         return -1
     rest = np.frombuffer(data, np.uint8, offset=pos)
@@ -265,9 +262,8 @@ def _first_marker(data: bytes, pos: int) -> int:
 
 
 def _frame(body: bytes) -> tuple[int, int, dict[int, tuple[int, int, int]]]:
-    """SOF0/1/2: 8-bit samples, 1 or 3 components with sampling libjpeg-turbo supports.
-    Returns (height, width, component id -> (h, v, quantisation table)); the components' dict
-    is cached (`_components`), shared by many files and never changed."""
+    """SOF0/1/2 (8-bit, 1 or 3 components, sampling libjpeg-turbo supports): (height, width,
+    component id -> (h, v, quantisation table)), the dict shared by many files, never changed."""
     if len(body) < 6 or body[0] != 8:
         raise _Unmodelled
     height, width = body[1] << 8 | body[2], body[3] << 8 | body[4]
