@@ -17,12 +17,8 @@ from transforms.records import ClassIndex, ImageRecord
 
 @dataclasses.dataclass(frozen=True)
 class EncodeSettings(ImageOptions):
-    """How images are checked and converted (ImageOptions), and which features are written.
-
-    Attributes:
-      schema: the preset name (`--schema`).
-      rename_keys: custom key renames (old, new) applied on top of the preset.
-    """
+    """How images are checked and converted (ImageOptions), and which features are written:
+    the `--schema` preset and the `--rename_keys` pairs (old, new) applied on top of it."""
 
     schema: str = DEFAULT_SCHEMA
     rename_keys: tuple[tuple[str, str], ...] = ()

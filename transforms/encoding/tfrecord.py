@@ -59,10 +59,7 @@ def _read_exactly(f: BinaryIO, n: int) -> bytes:
 
 def iter_records(f: BinaryIO, max_record_bytes: int = 1 << 31) -> Iterator[tuple[int, bytes]]:
     """Yields (offset, data) for each record of an open (decompressed) TFRecord stream.
-
-    Raises:
-      RecordError: a truncated record, a CRC mismatch or an implausible length.
-    """
+    Raises RecordError: a truncated record, a CRC mismatch or an implausible length."""
     offset = 0
     while True:
         header = _read_exactly(f, HEADER_BYTES)

@@ -1,15 +1,13 @@
 """How a dataset's readers decode its stored images, per stored format and store mode: the one
-rule that the conversion (convert.py: DECODED_4D_FORMATS stored as PNG for presets that decode
-with `expand_animations=True`), the reader metadata (output/tfds.py: `image_feature_kind`) and
-`load_dataset`, `verify`, `inspect` (`decode_stored`) share. TensorFlow is imported only to decode.
+rule the conversion (convert.py), the reader metadata (output/tfds.py) and `load_dataset`,
+`verify`, `inspect` share. TensorFlow is imported only to decode.
 """
 
 from __future__ import annotations
 
-# Formats for which TensorFlow 2.21's `tf.image.decode_image` / `tf.io.decode_image` with
-# its default `expand_animations=True` returns a 4-D tensor (frames, H, W, C) for every
-# file, single-frame ones included (checked in tests/readers/test_reader_formats.py). TFDS's `Image`
-# feature and the tf-slim/ODAPI decoders decode so, and need 3-D images.
+# Formats that TensorFlow 2.21's `decode_image` with its default `expand_animations=True` decodes
+# 4-D (frames, H, W, C), single frames too (tests/readers/test_reader_formats.py), as TFDS's
+# `Image` and the tf-slim/ODAPI decoders do: they need 3-D images.
 DECODED_4D_FORMATS = frozenset({"gif", "webp"})
 
 STORE_ENCODED, STORE_RAW = "encoded", "raw"

@@ -19,6 +19,7 @@ TensorFlow gives up on a damaged first frame but decodes the frames before a lat
 from __future__ import annotations
 
 import dataclasses
+import struct
 
 from transforms.images.types import ImageError
 
@@ -70,11 +71,8 @@ def _skip_sub_blocks(data: bytes, pos: int, what: str) -> int:
 
 def gif_layout(data: bytes) -> GifLayout:
     """Walks every block of a GIF up to its trailer, as giflib does when TensorFlow decodes it.
-
-    Raises:
-      ImageError: not a GIF, or broken before its first frame is complete: cut short, an
-        unknown block, a frame without a colour table or with an LZW code size above 8.
-    """
+    Raises ImageError: not a GIF, or broken before its first frame is complete (cut short, an
+    unknown block, a frame without a colour table or with an LZW code size above 8)."""
     if len(data) < 13 or data[:3] != b"GIF":
         raise ImageError("does not decode as gif: no screen descriptor")
     frames: list[GifFrame] = []
@@ -122,10 +120,7 @@ def _walk(data: bytes, frames: list[GifFrame], transparent: list[int | None]) ->
             raise ImageError(f"corrupt gif: unknown block 0x{kind:02x} at byte {pos - 1}")
         if pos + 10 > end:
             raise ImageError("truncated gif: the file ends inside a frame header")
-        left, top, width, height = (
-            int.from_bytes(data[pos + i : pos + i + 2], "little") for i in (0, 2, 4, 6)
-        )
-        flags = data[pos + 8]
+        left, top, width, height, flags = struct.unpack_from("<4HB", data, pos)
         pos += 9 + _table_bytes(flags)
         colors = 2 << (flags & 7) if flags & 0x80 else global_colors
         if not colors:

@@ -45,11 +45,8 @@ _NOT_A_MARKER = (0x00, 0xFF)  # after 0xFF: a stuffed zero, or a fill byte befor
 
 def prepare_kept_jpeg(data: bytes, options: ImageOptions) -> PreparedImage | None:
     """`prepare_image` for a JPEG stored as it is, checked by `check_jpeg`; else None (not a
-    JPEG, an option may change it, or not modelled: `prepare_image` decodes it with Pillow).
-
-    Raises:
-      ImageError: TensorFlow rejects the file, or it has more than `options.max_pixels`.
-    """
+    JPEG, an option may change it, or not modelled: Pillow decodes it). Raises ImageError:
+    TensorFlow rejects the file, or it has more than `options.max_pixels`."""
     if detect_format(data) != "jpeg" or options.changes_pixels() or options.exif_transpose:
         return None
     info = check_jpeg(data)
@@ -71,10 +68,7 @@ class _Unmodelled(Exception):
 
 def check_jpeg(data: bytes) -> ImageInfo | None:
     """What TensorFlow decodes `data` (starting with SOI) to; None if not modelled here.
-
-    Raises:
-      ImageError: TensorFlow's decoder rejects the file (the message says why).
-    """
+    Raises ImageError: TensorFlow's decoder rejects the file (the message says why)."""
     try:
         return _walk(data)
     except _Unmodelled:

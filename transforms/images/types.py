@@ -35,19 +35,15 @@ class ImageInfo:
 
 @dataclasses.dataclass(frozen=True)
 class ImageOptions:
-    """How images are checked and (re-)encoded. The defaults keep the original bytes.
+    """How images are checked and (re-)encoded (the CLI's flags of the same names); the
+    defaults keep the original bytes.
 
     Attributes:
       max_pixels: larger images are failures, refused from the header before decoding.
-      image_format: 'keep' (original bytes when TensorFlow reads them), 'jpeg' or 'png'
-        (every image of another format is re-encoded).
-      jpeg_quality: quality of re-encoded JPEGs.
-      resize: exact (width, height) of every image, fitted by `resize_mode`.
-      max_side: scale down (never up) so that the longer side is at most this.
-      resize_mode: for `resize`: 'pad' (fit inside, pad with black), 'crop' (cover, crop
-        the centre) or 'stretch' (ignore the aspect ratio).
-      color: 'keep', 'rgb' (3 channels; alpha dropped) or 'grayscale' (1 channel).
-      exif_transpose: apply the EXIF orientation (re-encodes rotated images).
+      image_format: 'keep' (the original bytes when TensorFlow reads them), 'jpeg' or 'png'.
+      resize: exact (width, height), fitted by `resize_mode` ('pad' with black, 'crop' the
+        centre, or 'stretch'); max_side: scale down so that the longer side is at most this.
+      color: 'keep', 'rgb' (alpha dropped) or 'grayscale'.
       store: 'encoded' or 'raw' (decoded uint8 pixels, row-major HWC).
       single_frame: store the formats that decode 4-D with `expand_animations=True`
         (decoding.DECODED_4D_FORMATS) as their first frame (PNG), for TFDS and ODAPI.

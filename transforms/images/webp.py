@@ -11,6 +11,8 @@ size, a missing or repeated bitstream. Only chunk headers are read: the pixels a
 
 from __future__ import annotations
 
+import struct
+
 _ANIMATION_FLAG, _ALPHA_FLAG = 0x02, 0x10
 _ANIMATION_CHUNKS = (b"ANIM", b"ANMF")
 _BITSTREAMS = (b"VP8 ", b"VP8L")
@@ -36,9 +38,8 @@ def _chunks(data: bytes) -> list[tuple[bytes, int, int]] | str:
 def _bitstream_size(fourcc: bytes, payload: bytes) -> tuple[int, int] | None:
     """(width, height) in a VP8 or VP8L bitstream's header, or None if it is not there."""
     if fourcc == b"VP8 " and len(payload) >= 10 and payload[3:6] == b"\x9d\x01\x2a":
-        return int.from_bytes(payload[6:8], "little") & 0x3FFF, int.from_bytes(
-            payload[8:10], "little"
-        ) & 0x3FFF
+        width, height = struct.unpack_from("<HH", payload, 6)
+        return width & 0x3FFF, height & 0x3FFF
     if fourcc == b"VP8L" and len(payload) >= 5 and payload[0] == 0x2F:
         bits = int.from_bytes(payload[1:5], "little")
         return (bits & 0x3FFF) + 1, ((bits >> 14) & 0x3FFF) + 1
