@@ -225,7 +225,7 @@ def test_a_remembered_header_gives_the_verdict_of_a_full_walk(options, monkeypat
 
 def _tf_shape_layout(data: bytes) -> ImageInfo:
     height, width, channels = _tf_shape(data)
-    return ImageInfo("jpeg", height, width, channels, "Grayscale" if channels == 1 else "RGB")
+    return ImageInfo("jpeg", height, width, channels)
 
 
 def test_the_header_cache_is_bounded(monkeypatch):

@@ -43,18 +43,6 @@ def _field(number: int, payload: bytes) -> bytes:
     return _varint(number << 3 | 2) + _varint(len(payload)) + payload
 
 
-def _as_bytes(value: str | bytes) -> bytes:
-    if isinstance(value, bytes):
-        return value
-    return value.encode("utf-8", "surrogateescape")
-
-
-def _as_list(value) -> list:
-    if isinstance(value, (str, bytes, int, float)):
-        return [value]
-    return list(value)
-
-
 def _kind_of(values: list) -> str:
     if not values:
         raise ValueError("an empty feature needs an explicit kind")
@@ -74,7 +62,8 @@ def _feature_parts(values: list, kind: str | None = None) -> tuple[list[bytes], 
         parts = []
         size = 0
         for value in values:
-            value = _as_bytes(value)
+            if isinstance(value, str):
+                value = value.encode("utf-8", "surrogateescape")
             head = _FIELD1 + _varint(len(value))
             parts += (head, value)
             size += len(head) + len(value)
@@ -100,7 +89,8 @@ def _key_field(name: str) -> bytes:
 
 def _entry_parts(name: str, value, kind: str | None) -> tuple[list[bytes], int]:
     """One `Features.feature` map entry (key, Feature) as (chunks, total size)."""
-    feature, feature_size = _feature_parts(_as_list(value), kind)
+    values = [value] if isinstance(value, (str, bytes, int, float)) else list(value)
+    feature, feature_size = _feature_parts(values, kind)
     key = _key_field(name)
     value_head = _FIELD2 + _varint(feature_size)
     entry_size = len(key) + len(value_head) + feature_size

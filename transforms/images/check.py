@@ -70,11 +70,6 @@ def detect_format(data: bytes) -> str | None:
     return None
 
 
-def colorspace_of(channels: int) -> str:
-    """The `image/colorspace` name of a channel count."""
-    return {1: "Grayscale", 2: "GrayscaleAlpha", 3: "RGB", 4: "RGBA"}[channels]
-
-
 def _png_channels(data: bytes) -> int:
     """Channels TensorFlow decodes a PNG to, from its IHDR colour type and tRNS chunk."""
     color_type = data[25] if len(data) > 25 else -1
@@ -208,7 +203,7 @@ def _check_as_stored(data: bytes, fmt: str, img: Image.Image) -> ImageInfo:
     if fmt == "jpeg":
         img.draft(img.mode, (max(1, width // 8), max(1, height // 8)))
     _load(img, fmt)
-    return ImageInfo(fmt, height, width, channels, colorspace_of(channels))
+    return ImageInfo(fmt, height, width, channels)
 
 
 def _check_gif(data: bytes, img: Image.Image) -> ImageInfo:
@@ -231,7 +226,7 @@ def _check_gif(data: bytes, img: Image.Image) -> ImageInfo:
                 f"corrupt gif: colour index {beyond[0]} beyond the {first.colors}-entry colour table"
             )
     width, height = layout.size
-    return ImageInfo("gif", height, width, 3, colorspace_of(3))
+    return ImageInfo("gif", height, width, 3)
 
 
 def _gif_problem(data: bytes, img: Image.Image, max_pixels: int) -> str | None:

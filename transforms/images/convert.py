@@ -25,7 +25,6 @@ from transforms.images.check import (
     _tf_channels,
     _tf_problem,
     check_png_chunks,
-    colorspace_of,
 )
 from transforms.images.decoding import decodes_4d
 from transforms.images.types import RAW_FORMAT, ImageError, ImageInfo, ImageOptions, PreparedImage
@@ -147,17 +146,15 @@ def _convert(
     img = _normalize_mode(img, keep_16bit=not transforms and options.image_format != "jpeg")
     img = _resize(_apply_color(img, options.color), options)
     channels = _MODE_CHANNELS[img.mode]
-    info = dict(height=img.height, width=img.width, channels=channels, colorspace=colorspace_of(channels))
     if options.store == "raw":
         pixels = np.asarray(img, dtype=np.uint8).reshape(img.height, img.width, channels)
-        return PreparedImage(pixels.tobytes(), ImageInfo(RAW_FORMAT, **info), reason)
+        return PreparedImage(pixels.tobytes(), ImageInfo(RAW_FORMAT, img.height, img.width, channels), reason)
     out_fmt = _output_format(fmt, problem, options)
     _check_sides(out_fmt, img.width, img.height)
     data = _encode(img, out_fmt, options.jpeg_quality)
     if out_fmt == "jpeg":
         channels = {1: 1, 2: 1, 3: 3, 4: 3}[channels]  # alpha dropped
-        info.update(channels=channels, colorspace=colorspace_of(channels))
-    return PreparedImage(data, ImageInfo(out_fmt, **info), reason)
+    return PreparedImage(data, ImageInfo(out_fmt, img.height, img.width, channels), reason)
 
 
 def prepare_image(data: bytes, options: ImageOptions = ImageOptions()) -> PreparedImage:

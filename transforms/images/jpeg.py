@@ -22,7 +22,7 @@ import re
 
 import numpy as np
 
-from transforms.images.check import JPEG_MAX_SIDE, check_size, colorspace_of, detect_format
+from transforms.images.check import JPEG_MAX_SIDE, check_size, detect_format
 from transforms.images.types import ImageError, ImageInfo, ImageOptions, PreparedImage
 
 # 0xFF followed by anything but a stuffed zero: a marker (or the first of several fill 0xFF).
@@ -59,7 +59,7 @@ def prepare_kept_jpeg(data: bytes, options: ImageOptions) -> PreparedImage | Non
 @functools.lru_cache(maxsize=1024)
 def _jpeg_info(height: int, width: int, channels: int) -> ImageInfo:
     """What `tf.io.decode_image` gives a kept JPEG (immutable: shared by the images of one size)."""
-    return ImageInfo("jpeg", height, width, channels, colorspace_of(channels))
+    return ImageInfo("jpeg", height, width, channels)
 
 
 class _Unmodelled(Exception):

@@ -16,6 +16,7 @@ RAW_FORMAT = "raw"  # `image/format` of records stored with --store raw
 # Above this many pixels an image is refused before it is decoded (decompression bombs).
 DEFAULT_MAX_PIXELS = 178_956_970  # Pillow's own bomb threshold (2 * 89,478,485).
 DEFAULT_JPEG_QUALITY = 95
+_COLORSPACES = {1: "Grayscale", 2: "GrayscaleAlpha", 3: "RGB", 4: "RGBA"}
 
 
 class ImageError(ValueError):
@@ -30,7 +31,11 @@ class ImageInfo:
     height: int
     width: int
     channels: int
-    colorspace: str
+
+    @property
+    def colorspace(self) -> str:
+        """The `image/colorspace` name of the channel count."""
+        return _COLORSPACES[self.channels]
 
 
 @dataclasses.dataclass(frozen=True)
