@@ -1,9 +1,7 @@
 """What a finished dataset's records are, from its metadata: the one description every reader
-of ours (`load_dataset`, `parse_spec`, `verify`, `inspect`) starts from.
-
-In: summary.json (schema, `rename_keys`, store mode) and features.json if any. Out: a
-DatasetFormat (small and picklable: Beam workers get it as configuration): the schema with
-its renames, the store mode, which readers decode with `expand_animations=True` (decoding.py).
+of ours (`load_dataset`, `parse_spec`, `verify`, `inspect`) starts from. In: summary.json and
+features.json if any. Out: a DatasetFormat (small and picklable: Beam workers get it as
+configuration).
 """
 
 from __future__ import annotations

@@ -277,11 +277,8 @@ def _orientation(img: Image.Image) -> int:
 
 def check_png_chunks(data: bytes) -> None:
     """Walks the PNG chunks up to IEND as libpng does: each complete and named by four ASCII
-    letters, critical ones with a correct CRC (ancillary ones with a bad CRC pass, as in libpng).
-
-    Raises:
-      ImageError: the file is cut short or a critical chunk is corrupt.
-    """
+    letters, critical ones with a correct CRC (ancillary ones may have a bad one). Raises
+    ImageError: the file is cut short or a critical chunk is corrupt."""
     pos = 8  # after the signature
     while True:
         if pos + 12 > len(data):

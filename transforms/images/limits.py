@@ -34,11 +34,8 @@ def max_file_bytes(fmt: str | None, max_pixels: int) -> int:
 
 def check_header(header: bytes, size: int, max_pixels: int) -> None:
     """Refuses a `size`-byte file from its first bytes (all of them when it is that short).
-
-    Raises:
-      ImageError: unrecognised content, a header above `max_pixels`, or a file larger than
-        `max_file_bytes` for its format. A header Pillow cannot read (cut short) gets the size limit.
-    """
+    Raises ImageError: unrecognised content, a header above `max_pixels`, or a file larger than
+    `max_file_bytes` for its format (the only check for a header Pillow cannot read)."""
     fmt = detect_format(header)
     if fmt is not None or not header.startswith(OTHER_SIGNATURES):
         try:

@@ -1,12 +1,11 @@
 """The RIFF container of a WebP file, and whether TensorFlow's libwebp decodes it as stored.
 
 In: a WebP file's bytes. Out: None for a still image in a container laid out as libwebp
-writes it, else the reason to convert it to PNG. Pillow decodes through libwebp's demuxer,
-which tolerates containers TensorFlow 2.21 refuses or crashes on (tools/fuzz_image_check.py
---family webp): any animation (the VP8X flag, an ANIM or ANMF chunk), even of one frame,
-corrupts TensorFlow's heap; an ALPH chunk the VP8X flags do not announce (or beside VP8L);
-RIFF or chunk sizes that do not match the file, a canvas that differs from the bitstream's
-size, a missing or repeated bitstream. Only chunk headers are read: the pixels are Pillow's.
+writes it, else the reason to convert it to PNG. Pillow's demuxer tolerates containers
+TensorFlow 2.21 refuses or crashes on (tools/fuzz_image_check.py --family webp): any
+animation, even of one frame, corrupts TensorFlow's heap; an ALPH chunk the VP8X flags do not
+announce (or beside VP8L); sizes that do not match the file or the bitstream; a missing or
+repeated bitstream. Only chunk headers are read: the pixels are Pillow's.
 """
 
 from __future__ import annotations
