@@ -57,16 +57,12 @@ def _table_bytes(flags: int) -> int:
 
 def _skip_sub_blocks(data: bytes, pos: int, what: str) -> int:
     """Position after the zero-length block that ends a chain of sub-blocks."""
-    end = len(data)
-    while True:
-        if pos >= end:
-            raise ImageError(f"truncated gif: the file ends inside {what}")
+    while pos < len(data):
         length = data[pos]
         pos += 1 + length
         if length == 0:
             return pos
-        if pos > end:
-            raise ImageError(f"truncated gif: the file ends inside {what}")
+    raise ImageError(f"truncated gif: the file ends inside {what}")
 
 
 def gif_layout(data: bytes) -> GifLayout:

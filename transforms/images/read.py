@@ -99,25 +99,6 @@ def read_open(fd: int, check: HeaderCheck | None = None) -> bytes:
         os.close(fd)
 
 
-def read_range(fd: int, offset: int, size: int) -> bytes:
-    """Up to `size` bytes at `offset` of the regular file open as `fd` (closed): fewer only at
-    its end. Raises ReadError if it is not a regular file."""
-    try:
-        info = os.fstat(fd)
-        if not stat.S_ISREG(info.st_mode):
-            raise ReadError("archive is not a regular file")
-        chunks, got = [], 0
-        while got < size:
-            chunk = os.pread(fd, size - got, offset + got)
-            if not chunk:
-                break
-            chunks.append(chunk)
-            got += len(chunk)
-        return b"".join(chunks)
-    finally:
-        os.close(fd)
-
-
 def read_remote(path: str, check: HeaderCheck | None = None) -> bytes:
     """All bytes of a gs:// (or other Beam filesystem) object; `check` as in `read_open`."""
     if path.startswith("gs://"):
@@ -218,9 +199,20 @@ def read_member_local(address: MemberAddress) -> bytes:
     the address pins it). Raises ReadError: the archive is gone, not a regular file, ends before
     the member does, or no longer holds the member's header there (CHANGED)."""
     start = address.offset - (BLOCK if address.header is not None else 0)
-    return _member(
-        read_range(open_local(address.source), start, address.offset + address.size - start), address
-    )
+    fd = open_local(address.source)
+    try:
+        if not stat.S_ISREG(os.fstat(fd).st_mode):
+            raise ReadError("archive is not a regular file")
+        chunks, got, size = [], 0, address.offset + address.size - start
+        while got < size:  # fewer bytes only at the archive's end
+            chunk = os.pread(fd, size - got, start + got)
+            if not chunk:
+                break
+            chunks.append(chunk)
+            got += len(chunk)
+    finally:
+        os.close(fd)
+    return _member(b"".join(chunks), address)
 
 
 def read_member_remote(address: MemberAddress) -> bytes:
