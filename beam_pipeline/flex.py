@@ -10,7 +10,7 @@ from __future__ import annotations
 import argparse
 import sys
 
-from beam_pipeline.cli.options import ConvertOptions, UserError
+from beam_pipeline.cli.options import UserError, add_flags
 from beam_pipeline.main import main
 
 _TRUE = {"true", "1", "yes"}
@@ -20,7 +20,7 @@ _FALSE = {"false", "0", "no", ""}
 def convert_defaults() -> dict[str, object]:
     """ConvertOptions' flags (by name, without the leading dashes) and their defaults."""
     parser = argparse.ArgumentParser(add_help=False)
-    ConvertOptions._add_argparse_args(parser)  # Beam's way for an options class to add its flags
+    add_flags(parser)
     return vars(parser.parse_args([]))
 
 
