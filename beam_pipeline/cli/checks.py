@@ -9,8 +9,6 @@ looked at one listing page (REMOTE_PAGE) deep, the key check reads at most MAX_K
 
 from __future__ import annotations
 
-import csv
-import json
 import os
 import sys
 import urllib.parse
@@ -33,7 +31,7 @@ from transforms.gcs import first_page, literal_or_glob, split_gcs_path
 from transforms.labels.beam_webdataset import WEBDATASET
 from transforms.labels.label_map import load_label_map
 from transforms.labels.rows import IMAGE_KEYS, TableError, TableSpec
-from transforms.labels.table import check_table, image_key, normalize_key
+from transforms.labels.table import check_table, image_key, iter_row_batches
 from transforms.listing.archives import archive_kind
 from transforms.listing.local import is_archive_input, walk_folders
 from transforms.output.claim import claim_output
@@ -263,39 +261,16 @@ def check_class_folders(root: str, split_from_folders: bool) -> None:
     )
 
 
-def _file_keys(path: str, spec: TableSpec) -> Iterator[str]:
-    """The key column of one table file, normalized as the join does (the rows are the pipeline's)."""
-    with FileSystems.open(path) as f:
-        lines = (line.decode("utf-8", "replace") for line in iter(f.readline, b""))
-        if spec.format == "jsonl":
-            for line in lines:
-                try:
-                    obj = json.loads(line) if line.strip() else None
-                except ValueError:
-                    continue
-                value = obj.get(spec.key_column) if isinstance(obj, dict) else None
-                if value is not None and not isinstance(value, (dict, list)):
-                    yield normalize_key(str(value))
-            return
-        reader = csv.reader(lines, delimiter="\t" if spec.format == "tsv" else ",")
-        header = [h.strip().removeprefix("\ufeff") for h in next(reader, [])]
-        if spec.key_column not in header:
-            return
-        column = header.index(spec.key_column)
-        for cells in reader:
-            if len(cells) > column:
-                yield normalize_key(cells[column])
-
-
 def _table_keys(spec: TableSpec) -> set[str] | None:
-    """The keys of the table's rows, or None when it has more than MAX_KEY_ROWS rows."""
+    """The keys of the table's rows, parsed as the pipeline parses them, or None when it has
+    more than MAX_KEY_ROWS rows."""
     keys: set[str] = set()
     for path in check_table(spec):
-        for key in _file_keys(path, spec):
-            if key:
-                keys.add(key)
-            if len(keys) > MAX_KEY_ROWS:
-                return None
+        with FileSystems.open(path) as f:
+            for batch in iter_row_batches(f, spec, path):
+                keys.update(key for key in batch.keys if key)
+                if len(keys) > MAX_KEY_ROWS:
+                    return None
     return keys
 
 
@@ -308,7 +283,7 @@ def check_keys_match(root: str, spec: TableSpec, mode: str) -> None:
         return
     try:
         keys = _table_keys(spec)
-    except (TableError, OSError, csv.Error):
+    except (TableError, OSError):
         return  # check_table or the pipeline reports an unreadable table
     if not keys:
         return

@@ -1,11 +1,10 @@
 """`img2tfrecord inspect OUTPUT_DIR [--report report.html]`: what is in a converted dataset.
 
 Reads every record (with verify's checks) and failures.jsonl; prints records and bytes per
-split and class (aligned for wide characters), image formats and sizes, and failures by
-reason. `--report` writes one self-contained HTML page (inline SVG bars, the failures, a
-contact sheet of samples per class as PNG data URIs) to eyeball in any browser. Memory: counters
-per class, format, size bucket and failure reason, `--samples` images a class, `--failures`
-examples a reason.
+split and class, image formats and sizes, and failures by reason. `--report` writes one
+self-contained HTML page (SVG bars, the failures, samples per class as PNG data URIs).
+Memory: counters per class, format, size bucket and failure reason, `--samples` images a
+class, `--failures` examples a reason.
 """
 
 from __future__ import annotations
@@ -200,10 +199,7 @@ def format_table(stats: DatasetStats) -> str:
 
 
 def thumbnail_png(data: bytes, size: int = THUMBNAIL_PX) -> tuple[bytes, tuple[int, int]]:
-    """A PNG thumbnail (longest side `size`) of an encoded image, and the image's (width, height).
-
-    The first frame of animations.
-    """
+    """A PNG thumbnail (longest side `size`, first frame) of an encoded image, and its (width, height)."""
     with Image.open(io.BytesIO(data)) as img:
         img.seek(0)
         original = img.size
@@ -218,9 +214,7 @@ def _bars_svg(
     counts: dict[str, int], label: str, label_w: int = 220, chart_w: int = 480, fluid: bool = False
 ) -> str:
     """Horizontal bars with their counts (inline SVG), one per key in the given order.
-
-    `fluid`: the chart scales to the width of its box (its viewBox keeps the proportions).
-    """
+    `fluid`: the chart scales to the width of its box."""
     bar_h = 22
     top = max(list(counts.values()) + [1])
     rows = []
