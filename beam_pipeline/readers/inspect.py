@@ -21,7 +21,6 @@ import unicodedata
 from apache_beam.io.filesystems import FileSystems
 from PIL import Image
 
-from beam_pipeline.cli.help import prog_name
 from beam_pipeline.readers.verify import CommandParser, list_shards, load_format, load_summary
 from transforms.failures import reason_kind
 from transforms.output.publish import FAILURES_FILE
@@ -338,8 +337,7 @@ def render_report(stats: DatasetStats, title: str) -> str:
 
 
 def main(argv: list[str]) -> int:
-    parser = CommandParser(prog=f"{prog_name()} inspect", description=__doc__.splitlines()[0])
-    parser.add_argument("output_dir", help="The conversion's --output_dir (local or gs://).")
+    parser = CommandParser("inspect", __doc__)
     parser.add_argument(
         "--report", help="Write a self-contained HTML report to this path (none if not given)."
     )

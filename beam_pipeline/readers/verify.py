@@ -181,8 +181,7 @@ def verify(
 
 
 def main(argv: list[str]) -> int:
-    parser = CommandParser(prog=f"{prog_name()} verify", description=__doc__.splitlines()[0])
-    parser.add_argument("output_dir", help="The conversion's --output_dir (local or gs://).")
+    parser = CommandParser("verify", __doc__)
     parser.add_argument("--all", action="store_true", help="Decode every image, not a sample.")
     parser.add_argument("--beam", action="store_true", help="Check the shards with a Beam pipeline.")
     args, beam_args = parser.parse_known_args(argv)
@@ -202,10 +201,14 @@ def main(argv: list[str]) -> int:
 
 
 class CommandParser(argparse.ArgumentParser):
-    """A subcommand's parser: mistakes are UserErrors (one line, exit 2)."""
+    """The parser of a verb that reads a dataset (OUTPUT_DIR): mistakes are UserErrors (one
+    line, exit 2), each flag's default is shown."""
 
-    def __init__(self, **kwargs):
-        super().__init__(formatter_class=Formatter, **kwargs)  # each flag's default shown
+    def __init__(self, verb: str, doc: str):
+        super().__init__(
+            prog=f"{prog_name()} {verb}", description=doc.splitlines()[0], formatter_class=Formatter
+        )
+        self.add_argument("output_dir", help="The conversion's --output_dir (local or gs://).")
 
     def error(self, message: str):
         raise UserError(message)
