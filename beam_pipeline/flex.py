@@ -1,8 +1,7 @@
 """Dataflow Flex Template entry point (FLEX_TEMPLATE_PYTHON_PY_FILE).
 
-The template launcher passes every parameter as `--name=value`, the on/off flags too, which
-the CLI spells as a bare `--overwrite`: `--flag=true|false` of those is mapped back before the
-ordinary CLI runs, so the template and the CLI accept the same options.
+The launcher passes every parameter as `--name=value`, on/off flags too: `--flag=true|false`
+becomes the CLI's bare `--flag` or nothing, so the template and the CLI take the same options.
 """
 
 from __future__ import annotations

@@ -1,6 +1,5 @@
-"""ConvertOptions: the converter's own flags, parsed next to every Beam pipeline option, their
-checks (validate, check_args) and the settings they make for the stages (EncodeSettings,
-TableSpec, JoinSettings)."""
+"""ConvertOptions: the converter's flags (parsed with Beam's), their checks (validate,
+check_args) and the settings they give the stages (EncodeSettings, TableSpec, JoinSettings)."""
 
 from __future__ import annotations
 
@@ -285,12 +284,9 @@ def is_job_label(value: str) -> bool:
 
 
 def route_labels_flag(argv: list[str]) -> list[str]:
-    """Rewrites `--labels TABLE` to `--labels_path=TABLE`; job labels stay Beam's `--labels`.
-
-    Beam's GoogleCloudOptions owns `--labels` (Dataflow job labels, `key=value`, appended by
-    schedulers such as Airflow's Beam operator). A value that looks like one passes through
-    unchanged; anything else (a path: it has '/' or '.') is our labels table.
-    """
+    """Rewrites `--labels TABLE` to `--labels_path=TABLE`; job labels stay Beam's `--labels`
+    (GoogleCloudOptions' Dataflow job labels, `key=value`, appended by schedulers such as
+    Airflow's Beam operator)."""
     out: list[str] = []
     for arg in argv:
         if out and out[-1] == "--labels" and not is_job_label(arg):
@@ -346,8 +342,7 @@ def table_spec(opts: ConvertOptions) -> TableSpec:
 
 
 def join_settings(opts: ConvertOptions) -> JoinSettings:
-    """How table rows label images, from the options (--label_map's names reach the join as a
-    side input: JoinLabels' `label_map`)."""
+    """How table rows label images (--label_map's names reach the join as a side input)."""
     return JoinSettings(
         unlabeled=opts.unlabeled,
         duplicates=opts.duplicate_keys,
@@ -361,10 +356,8 @@ def _usage_error(message: str):
 
 
 def check_args(argv: list[str]) -> None:
-    """Rejects flags that neither ConvertOptions nor any Beam options class knows, and bad values.
-
-    Beam itself only warns about (and drops) unknown flags; a misspelt `--ouput_dir`
-    must be an error here. Beam's own parser of every options class (handed to
+    """Rejects flags that no options class knows (Beam only warns: a misspelt `--ouput_dir`
+    must be an error), and bad values: Beam's parser of every options class (handed to
     `add_extra_args_fn`) parses `argv`, its usage errors raised as UserError.
     """
 
@@ -378,23 +371,18 @@ def check_args(argv: list[str]) -> None:
     PipelineOptions(argv).get_all_options(add_extra_args_fn=strict)
 
 
-def parse_size(spec: str) -> tuple[int, int] | None:
-    """Parses 'WxH' into (width, height). Raises ValueError."""
-    if not spec:
-        return None
-    match = re.fullmatch(r"\s*(\d+)\s*[xX]\s*(\d+)\s*", spec)
-    if not match or int(match[1]) <= 0 or int(match[2]) <= 0:
-        raise ValueError(f"--resize: expected WxH with positive sizes, got {spec!r}")
-    return int(match[1]), int(match[2])
-
-
 def encode_settings(opts) -> EncodeSettings:
     """The EncodeSettings of parsed ConvertOptions. Raises ValueError for bad values."""
     if not 1 <= opts.jpeg_quality <= 100:
         raise ValueError("--jpeg_quality must be between 1 and 100")
     if opts.max_side < 0:
         raise ValueError("--max_side must be positive")
-    resize = parse_size(opts.resize)
+    resize = None
+    if opts.resize:  # WxH
+        match = re.fullmatch(r"\s*(\d+)\s*[xX]\s*(\d+)\s*", opts.resize)
+        if not match or int(match[1]) <= 0 or int(match[2]) <= 0:
+            raise ValueError(f"--resize: expected WxH with positive sizes, got {opts.resize!r}")
+        resize = int(match[1]), int(match[2])
     if resize and opts.max_side:
         raise ValueError("--resize and --max_side exclude each other")
     renames = parse_renames(opts.rename_keys)
