@@ -257,13 +257,11 @@ def _failures_html(failures: FailureStats) -> list[str]:
         '<table class="failures">',
     ]
     for kind, n in failures.by_count():
+        shown = failures.examples.get(kind, [])
         parts.append(f'<tr><th colspan="2" style="text-align:left">{e(kind)} ({n:,})</th></tr>')
-        for path, reason in failures.examples.get(kind, []):
-            parts.append(f"<tr><td>{e(path)}</td><td>{e(reason)}</td></tr>")
-        if n > len(failures.examples.get(kind, [])):
-            parts.append(
-                f"<tr><td>... and {n - len(failures.examples.get(kind, [])):,} more</td><td></td></tr>"
-            )
+        parts += [f"<tr><td>{e(path)}</td><td>{e(reason)}</td></tr>" for path, reason in shown]
+        if n > len(shown):
+            parts.append(f"<tr><td>... and {n - len(shown):,} more</td><td></td></tr>")
     parts.append("</table>")
     return parts
 
