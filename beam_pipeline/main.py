@@ -50,8 +50,7 @@ from beam_pipeline.cli.startup import LOCAL_RUNNERS
 from beam_pipeline.pipeline import build_pipeline
 from transforms import progress
 from transforms.failures import user_error_text
-from transforms.output.fence import Fence
-from transforms.output.marker import Claim
+from transforms.output.fence import Claim, Fence
 from transforms.output.publish import FAILURES_FILE, SUMMARY_FILE, aborted_reason, temp_dir_for
 from transforms.paths import normalize_root
 from transforms.writing.files import delete_paths, read_file

@@ -5,7 +5,7 @@ shard's first image written; 'publish': the first dataset file renamed into plac
 creates `<flag file>` and sleeps until the test deletes it (at most 120 s), so a test can
 kill, stop or resume it there; once resumed (`<flag file>.resumed` left) it does not pause
 again. `IMG2TFRECORD_TEST_LEASE_SECONDS=<s>` shortens the claim's lease
-(transforms/output/marker.py) in every process that inherits it, so a stalled run's lease
+(transforms/output/fence.py) in every process that inherits it, so a stalled run's lease
 expires within a test.
 """
 

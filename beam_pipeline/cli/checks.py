@@ -34,8 +34,8 @@ from transforms.labels.rows import IMAGE_KEYS, TableError, TableSpec
 from transforms.labels.table import check_table, image_key, iter_row_batches
 from transforms.listing.archives import archive_kind
 from transforms.listing.local import is_archive_input, walk_folders
-from transforms.output.claim import claim_output
-from transforms.output.marker import Claim, NotWritable
+from transforms.output.claim import NotWritable, claim_output
+from transforms.output.fence import Claim
 from transforms.output.publish import OutputBusy, list_children
 from transforms.paths import escape_glob, has_image_extension, normalize_root, relative_path
 

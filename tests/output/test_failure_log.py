@@ -9,7 +9,8 @@ from tests.conftest import write_image
 from transforms.batching import GROUP_SIZE_NAMESPACE
 from transforms.failures import Failure
 from transforms.output import failure_log
-from transforms.output.failure_log import FailureCounts, merge_parts, write_part
+from transforms.output.beam import FailureCountsFn
+from transforms.output.failure_log import merge_parts, write_part
 
 
 def _failures(n):
@@ -33,7 +34,11 @@ def test_parts_merge_into_one_sorted_file(tmp_path):
     assert lines == [f.to_json() for f in sorted(failures, key=lambda f: (f.path, f.stage))]
     merge_parts([], str(tmp_path / "none.jsonl"))
     assert (tmp_path / "none.jsonl").read_bytes() == b""
-    counts = FailureCounts.of(failures)
+    fn = FailureCountsFn()
+    halves = [fn.create_accumulator(), fn.create_accumulator()]
+    for i, f in enumerate(failures):
+        fn.add_input(halves[i % 2], f)
+    counts = fn.extract_output(fn.merge_accumulators(halves))
     assert counts.failed == 51 and dict(counts.by_stage) == {"decode": 25, "list": 1, "read": 25}
     assert sum(n for _, n in counts.by_class) == 50
 

@@ -22,8 +22,7 @@ from beam_pipeline import main
 from tests.conftest import write_image
 from tests.gcs_emulator import BUCKET, download_prefix, upload_tree
 from transforms.output.claim import claim_output
-from transforms.output.fence import ClaimLost, Fence
-from transforms.output.marker import HEARTBEAT_KEY
+from transforms.output.fence import HEARTBEAT_KEY, ClaimLost, Fence
 from transforms.output.publish import MARKER_FILE, publish
 from transforms.testhooks import LEASE_ENV, PAUSE_ENV
 

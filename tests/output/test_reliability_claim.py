@@ -20,12 +20,13 @@ import uuid
 from pathlib import Path
 
 import pytest
+from google.cloud.storage import Blob
 
 from beam_pipeline import main
 from tests.conftest import METADATA_FILES, write_image
 from tests.gcs_emulator import BUCKET
-from transforms.output.claim import claim_output
-from transforms.output.marker import HEARTBEAT_KEY, LEASE_SECONDS, PROBE_PREFIX, NotWritable
+from transforms.output.claim import PROBE_PREFIX, NotWritable, claim_output
+from transforms.output.fence import HEARTBEAT_KEY, LEASE_SECONDS
 from transforms.output.publish import MARKER_FILE, OutputBusy
 from transforms.testhooks import LEASE_ENV
 
@@ -284,7 +285,7 @@ def test_gcs_claims_are_exclusive_and_a_stale_lease_is_taken_over(gcs_bucket):
 class _HeldBeats:
     """Steps a RemoteClaim's heartbeat thread from the test, with events instead of sleeps.
 
-    Every beat's `blob.patch` goes through `patch`, which records each landed beat. Once
+    Every beat's `Blob.patch` goes through `patch`, which records each landed beat. Once
     `hold` is set, the next beat waits in flight (before its request) until the claim's
     stop event is set and the release has either returned or is waiting for the heartbeat
     thread (its `join`); only then does it land. A release that does not wait for the
@@ -293,20 +294,22 @@ class _HeldBeats:
 
     WAIT = 60  # seconds: a bound on a broken product, never reached by a working one
 
-    def __init__(self, claim):
-        self.claim, self.log = claim, []
+    def __init__(self, claim, monkeypatch):
+        self.alive, self.log = claim._alive, []
         self.landed, self.hold, self.in_flight, self.releasing = (threading.Event() for _ in range(4))
-        self._patch, self._join = claim._blob.patch, claim._thread.join
-        claim._blob.patch = self.patch
-        claim._thread.join = self.join
+        self._patch, self._join = Blob.patch, self.alive._thread.join
+        beats = self
 
-    def patch(self, **kwargs):
-        if self.hold.is_set():
-            self.in_flight.set()
-            assert self.claim._stop.wait(self.WAIT) and self.releasing.wait(self.WAIT)
-        self._patch(**kwargs)
-        self.log.append(("landed", self.claim._blob.metadata[HEARTBEAT_KEY]))
-        self.landed.set()
+        def patch(blob, **kwargs):
+            if beats.hold.is_set():
+                beats.in_flight.set()
+                assert beats.alive._stop.wait(beats.WAIT) and beats.releasing.wait(beats.WAIT)
+            beats._patch(blob, **kwargs)
+            beats.log.append(("landed", blob.metadata[HEARTBEAT_KEY]))
+            beats.landed.set()
+
+        monkeypatch.setattr(Blob, "patch", patch)
+        self.alive._thread.join = self.join
 
     def join(self, timeout=None):
         self.releasing.set()  # release is waiting for the heartbeat thread: let the beat land
@@ -319,7 +322,7 @@ def test_a_gcs_claim_keeps_its_lease_alive_until_released(gcs_bucket, monkeypatc
     marker = gcs_bucket.blob(f"claims/beating/{MARKER_FILE}")
     marker.reload()
     first = float(marker.metadata[HEARTBEAT_KEY])  # read before the beats are watched
-    beats = _HeldBeats(claim)
+    beats = _HeldBeats(claim, monkeypatch)
     try:
         assert beats.landed.wait(beats.WAIT)
         beats.hold.set()
@@ -335,7 +338,7 @@ def test_a_gcs_claim_keeps_its_lease_alive_until_released(gcs_bucket, monkeypatc
     marker.reload()
     at_release = marker.metadata[HEARTBEAT_KEY]
     beats._join(beats.WAIT)
-    assert not claim._thread.is_alive()
+    assert not claim._alive._thread.is_alive()
     marker.reload()
     assert [event for event, _ in beats.log[-2:]] == ["landed", "released"]  # no beat after release
     assert marker.metadata[HEARTBEAT_KEY] == at_release == beats.log[-2][1]

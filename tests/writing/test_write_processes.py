@@ -34,9 +34,9 @@ from transforms.encoding.encoder import EncodeSettings
 from transforms.images.read import read_bytes
 from transforms.records import ClassIndex, ImageRecord, ShardTask
 from transforms.writing import beam as write
-from transforms.writing.beam import SHARD_TEMPLATE, WriteShards
-from transforms.writing.processes import ShardProcesses
-from transforms.writing.shard import COMPRESSIONS, ShardFile, ShardJob, shard_suffix, split_shards
+from transforms.writing.beam import WriteShards
+from transforms.writing.processes import ShardProcesses, split_shards
+from transforms.writing.shard import COMPRESSIONS, ShardFile, ShardJob, shard_suffix
 
 
 def make_sink(output_dir: str, split: str, compression: str) -> _TFRecordSink:
@@ -46,7 +46,7 @@ def make_sink(output_dir: str, split: str, compression: str) -> _TFRecordSink:
         coder=coders.BytesCoder(),
         file_name_suffix=shard_suffix(compression),
         num_shards=0,
-        shard_name_template=SHARD_TEMPLATE,
+        shard_name_template="-SSSSS-of-NNNNN",
         compression_type=COMPRESSIONS[compression],
     )
 
@@ -305,12 +305,12 @@ def test_workers_count_in_their_own_slots_and_the_progress_adds_up(tmp_path):
     records = _records(tmp_path / "in", 12)
     tasks = [ShardTask("train", i, records[3 * i : 3 * i + 3]) for i in range(4)]
     tally = progress.Progress()
-    pool = ShardProcesses(2, progress=tally, class_index=ClassIndex(("c",)))
+    pool = ShardProcesses(2, progress=tally)
     try:
         outcomes = list(pool.write(tasks, ClassIndex(("c",)), ShardJob(str(tmp_path / "tmp"))))
     finally:
         pool.close()
-    assert pool._counts._taken.value == 2  # one slot each, taken as each worker started
+    assert pool._counts.taken.value == 2  # one slot each, taken as each worker started
     written = [o.result for o in outcomes if o.result is not None]
     assert sum(r.records for r in written) == 12
     _, images, failed, nbytes, _ = tally.snapshot()

@@ -75,17 +75,13 @@ def test_a_worker_gets_a_large_shard_in_parts_of_at_most_part_records(one_class,
         assert filecmp.cmp(whole / name, parts / name, shallow=False), name
 
 
-def test_cut_parts_keeps_the_order_and_cuts_only_the_large_parts():
-    def task(n: int, first: int = 0) -> ShardTask:
-        return ShardTask("train", 0, tuple(ImageRecord(f"/{i}", f"{i}", 1) for i in range(first, first + n)))
-
-    parts = [task(5), task(2, 5), task(9, 7)]
-    cut = processes.cut_parts(parts, 4)
-    assert [len(p.records) for p in cut] == [4, 1, 2, 4, 4, 1]
-    assert [r for p in cut for r in p.records] == [r for p in parts for r in p.records]
-    assert processes.cut_parts(parts, 9) == parts
-    with pytest.raises(ValueError):
-        processes.cut_parts(parts, 0)
+def test_parts_keep_the_order_and_hold_at_most_part_records():
+    task = ShardTask("train", 0, tuple(ImageRecord(f"/{i}", f"{i}", 1) for i in range(16)))
+    (cut,) = processes.split_shards([task], 3, most=4)  # 3 parts for the last shard, 4 for `most`
+    assert [len(p.records) for p in cut] == [4, 4, 4, 4]
+    assert [r for p in cut for r in p.records] == list(task.records)
+    assert [len(p) for p in processes.split_shards([task], 3, most=9)[0]] == [5, 5, 6]
+    assert [len(p) for p in processes.split_shards([task], 1, most=5)[0]] == [4, 4, 4, 4]
 
 
 def test_the_runners_records_are_sent_without_growing_a_dict_each(tmp_path):
@@ -97,7 +93,7 @@ def test_the_runners_records_are_sent_without_growing_a_dict_each(tmp_path):
         ImageRecord(str(tmp_path / f"missing-{i}.jpg"), f"c/{i}.jpg", 10, ("c",)) for i in range(n)
     )
     assert not any(type(r) is dict for r in gc.get_referents(records[0]))
-    workers = processes.ShardProcesses(2, class_index=ClassIndex(("c",)))
+    workers = processes.ShardProcesses(2)
     try:
         tasks = [ShardTask("train", 0, records[:200]), ShardTask("train", 1, records[200:])]
         outcomes = list(workers.write(tasks, ClassIndex(("c",)), ShardJob(str(tmp_path / "tmp"))))
@@ -190,7 +186,7 @@ def test_prestarted_workers_write_with_a_class_index_made_after_their_fork(tmp_p
             for p, name in zip(paths, names, strict=True)
         )
         job = ShardJob(str(tmp_path / "out"), settings=EncodeSettings())
-        workers = processes.ShardProcesses(2, class_index=None)
+        workers = processes.ShardProcesses(2)
         assert _children() == forked  # it took the prestarted workers: none forked now
         outcomes = list(workers.write([ShardTask("train", 0, records)], index, job))
         workers.close()

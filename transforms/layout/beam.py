@@ -1,17 +1,14 @@
-"""Dataset layout: split assignment, a deterministic global shuffle and shard planning.
+"""AssignSplits and PlanShards: splits, a deterministic global shuffle and the shard plan.
 
-RecordBatches of ImageRecord metadata in (transforms/records.py); RecordBatches with each
-record's split set (AssignSplits) and ShardTasks, one shard's records in write order
-(PlanShards), out. No image bytes are read here.
+RecordBatches of ImageRecord metadata in; RecordBatches with each record's split (AssignSplits)
+and ShardTasks, one shard's records in write order (PlanShards), out. No image bytes are read.
 
-The shuffle is a seeded hash of each image's relative path, computed once (HashRecords), so
-the same input and seed give the same shards on any runner and with any number of workers,
-and classes are mixed inside every shard. A shard is a range of that hash, sized from its
-split's totals (as TensorFlow Datasets' BeamWriter assigns shards), and written in hash order.
-Neither a split nor a class is ever gathered on one worker: the only groups are one shard's
-records, or (--stratify, strata.py, beam_strata.py) a pack of small classes of at most 512
-records or one hash bucket of a bigger class. Every group's size goes to a Beam distribution
-metric (batching.group_size).
+The shuffle is a seeded hash of each image's relative path, computed once (plan.with_hashes),
+so the same input and seed give the same shards on any runner and any number of workers, and
+classes are mixed inside every shard. Neither a split nor a class is ever gathered on one
+worker: the only groups are one shard's records or (--stratify, beam_strata.py) a pack of small
+classes of at most 512 records or one hash bucket of a bigger class. Every group's size goes to
+a Beam distribution metric (batching.group_size).
 """
 
 from __future__ import annotations
@@ -43,46 +40,27 @@ from transforms.layout.plan import (
 from transforms.records import RecordBatch, ShardTask
 
 
-class HashRecords(beam.PTransform):
-    """Adds each record's seeded hashes to its RecordBatch (plan.record_hashes), once: the
-    split hash and the shuffle hash every later layout step reads."""
-
-    def __init__(self, seed: int):
-        super().__init__()
-        self._seed = seed
-
-    def expand(self, records: beam.PCollection[RecordBatch]) -> beam.PCollection[RecordBatch]:
-        return records | beam.Map(with_hashes, self._seed).with_output_types(RecordBatch)
-
-
 class AssignSplits(beam.PTransform):
     """Sets each record's split from a seeded hash of its path (unless `ratios` is empty).
 
-    Every record leaves with its seeded hashes (HashRecords), which PlanShards reuses.
-    With `stratify`, each class is cut at the ratios on its own, in the order of the same
-    seeded hash (as sorting the whole class would), so class proportions are the same in
-    every split, as closely as whole images allow. No class is gathered: per-class counts
-    come from a combiner (a side input of one entry per class: 203k small ints for GLDv2),
-    and every record is placed in one group (CutClasses): a pack of small classes of at most
-    512 records in all, or one hash bucket of 256-512 records of a larger class (a bucket
-    table of one entry per bucket). RecordBatches in, RecordBatches out.
+    Every record leaves with its seeded hashes, which PlanShards reuses. With `stratify`,
+    each class is cut at the ratios on its own, in the order of the same seeded hash, so class
+    proportions are the same in every split as closely as whole images allow (CutClasses).
     """
 
     def __init__(
         self, ratios: Sequence[tuple[str, float]] = (), seed: int = DEFAULT_SEED, stratify: bool = False
     ):
         super().__init__()
-        self._ratios = tuple(ratios)
-        self._seed = seed
-        self._stratify = stratify
+        self._ratios, self._seed, self._stratify = tuple(ratios), seed, stratify
 
     def expand(self, records: beam.PCollection[RecordBatch]) -> beam.PCollection[RecordBatch]:
-        ratios, seed = self._ratios, self._seed
-        hashed = records | "HashRecords" >> HashRecords(seed)
+        ratios = self._ratios
+        hashed = records | "HashRecords" >> beam.Map(with_hashes, self._seed).with_output_types(RecordBatch)
         if not ratios:
             return hashed
         if self._stratify:
-            return hashed | "CutClasses" >> CutClasses(seed, ratios, f"{self.label}/CutClasses")
+            return hashed | "CutClasses" >> CutClasses(ratios, f"{self.label}/CutClasses")
         names = tuple(name for name, _ in ratios)
 
         def hash_split(batch: RecordBatch) -> RecordBatch:
@@ -96,10 +74,9 @@ KeyedBatch = tuple[tuple[str, int], RecordBatch]
 
 
 class KeyShardsFn(beam.DoFn):
-    """RecordBatch -> ((split, shard), RecordBatch), gathered per key over the bundle
-    (batching.KeyedGather: at most 50,000 records held). A record's shard is the range of
-    its split's weight its shuffle hash falls in (plan.shard_indexes), from the split's
-    totals (a side input: a record count and 65,536 bucket weights a split)."""
+    """RecordBatch -> ((split, shard), RecordBatch) parts, gathered per key over the bundle
+    (batching.KeyedGather: at most 50,000 records held); each record's shard from its split's
+    totals (plan.shard_indexes)."""
 
     def __init__(self, target_bytes: int | None, num_shards: int | None):
         self._target, self._num = target_bytes, num_shards
@@ -121,13 +98,11 @@ class KeyShardsFn(beam.DoFn):
         hashes = hash_columns(batch.hashes)[SHUFFLE_HASH]
         shards = np.empty(len(splits), dtype=np.int64)
         for code, split in enumerate(names):
-            scale = self._scales.get(split)
-            if scale is None:
-                scale = self._scales[split] = shard_scale(
-                    totals[split, RECORDS], totals[split, WEIGHTS], self._target, self._num
-                )
+            if split not in self._scales:
+                records, weights = totals[split, RECORDS], totals[split, WEIGHTS]
+                self._scales[split] = shard_scale(records, weights, self._target, self._num)
             mine = slice(None) if len(names) == 1 else codes == code
-            shards[mine] = shard_indexes(hashes[mine], *scale)
+            shards[mine] = shard_indexes(hashes[mine], *self._scales[split])
         width = int(shards.max(initial=0)) + 1
         distinct, inverse = np.unique(codes * width + shards, return_inverse=True)
         keys = [(names[d // width], d % width) for d in distinct.tolist()]
@@ -139,7 +114,7 @@ class KeyShardsFn(beam.DoFn):
 
 
 class CutShardsFn(beam.DoFn):
-    """((split, shard), [RecordBatch]) -> ShardTask: one shard's records in shuffled order."""
+    """((split, shard), [RecordBatch]) -> ShardTask: one shard's records in hash order."""
 
     def __init__(self, step: str):
         self._sizes = group_size(step)
@@ -152,33 +127,22 @@ class CutShardsFn(beam.DoFn):
 
 
 class PlanShards(beam.PTransform):
-    """Cuts each split into ShardTasks by ranges of its seeded shuffle hash, without
-    gathering a split (as TensorFlow Datasets' BeamWriter: the shard from the hash's range,
-    the totals as a side input, one group per shard).
+    """Cuts each split into ShardTasks by ranges of its seeded shuffle hash, as TensorFlow
+    Datasets' BeamWriter does: the totals as a side input, one group per shard.
 
-    One lifted combiner sums each split's record count and its planning weight (estimated
-    bytes) per hash bucket, 65,536 buckets a split (a side input of 512 KB a split); then
-    every record goes to the shard whose range of the split's weight holds its place in the
-    hash order (plan.shard_indexes), and one GroupByKey gathers each (split, shard): the
-    largest group is one shard's metadata (a few hundred bytes a record), whatever the
-    number of images.
-
-    With `target_bytes` every shard but the last is within a few records of the target
-    (within part of a hash bucket's weight at each end; a single image larger than the
-    target makes a shard of its own), the last holds the rest. With `max_records` too, a
-    record weighs at least target // max_records + 1 bytes in the plan (plan.weight_floor),
-    so a shard of tiny images holds about `max_records` of them and fewer bytes than the
-    target. With `num_shards`, that many equal parts of the weight (at most one a record).
-    A range that holds no record makes no shard; the shards are numbered again when
-    written. The order inside a shard is the hash order, so classes are mixed.
+    A lifted combiner sums each split's record count and planning weight (estimated bytes) per
+    hash bucket (65,536 buckets: 512 KB a split); each record goes to the shard whose range of
+    the split's weight holds its place in hash order (plan.shard_indexes), and one GroupByKey
+    gathers each (split, shard): the largest group is one shard's metadata. Every shard but the
+    last is within part of a bucket's weight of `target_bytes` at each end (a bigger record is a
+    shard of its own); with `max_records`, a record weighs at least target // max_records + 1
+    bytes, so a shard of tiny images holds about `max_records`. `num_shards`: that many equal
+    parts of the weight (at most one a record). An empty range makes no shard (shards are
+    numbered again when written).
     """
 
     def __init__(
-        self,
-        seed: int,
-        target_bytes: int | None,
-        num_shards: int | None,
-        max_records: int | None = None,
+        self, seed: int, target_bytes: int | None, num_shards: int | None, max_records: int | None = None
     ):
         super().__init__()
         if not target_bytes and not num_shards:
@@ -187,12 +151,13 @@ class PlanShards(beam.PTransform):
         self._floor = 0 if num_shards else weight_floor(target_bytes, max_records)
 
     def expand(self, records: beam.PCollection[RecordBatch]) -> beam.PCollection[ShardTask]:
-        hashed = records | "HashRecords" >> HashRecords(self._seed)  # the batches AssignSplits hashed
+        # The batches AssignSplits hashed keep their hashes: computed here only if they lack them.
+        hashed = records | "HashRecords" >> beam.Map(with_hashes, self._seed).with_output_types(RecordBatch)
         totals = pvalue.AsSingleton(
             hashed
             | "Totals" >> beam.CombineGlobally(SumPerKeyFn(split_weights, self._floor)).without_defaults(),
             default_value={},
-        )  # {(split, RECORDS): int, (split, WEIGHTS): 65,536 int64}: a few numpy arrays, no walk
+        )  # {(split, RECORDS): int, (split, WEIGHTS): 65,536 int64}
         keys = KeyShardsFn(None if self._num else self._target, self._num)
         return (
             hashed

@@ -1,16 +1,11 @@
 """Opt-in passes over the image files before shard planning: dedupe and size estimates.
 
-Shards are planned from file sizes before images are read. Two options need more:
-
-- `--dedupe` hashes every file's content (a streaming read; only (sha256, record) metadata
-  leaves the DoFn) and keeps the first path of each hash; every other copy is reported
-  as a failure with reason 'duplicate of <relpath>' (stage 'dedupe'). So
-  `listed == written + failed` still holds, and summary.json counts them in
-  `failed_by_stage.dedupe` and `duplicates`.
-- Options that change the stored bytes (resize, re-encode, colour, raw) make a record's
-  size differ from its file's. `EstimateSizes` reads each file's first bytes (the header)
-  and replaces `ImageRecord.size` with `estimate_stored_size(...)`, so size-based shards
-  still land near the target. With `--dedupe` the estimate comes from the same read.
+- `--dedupe` hashes every file's content (a streaming read; only (sha256, record) leaves the
+  DoFn) and keeps the smallest relpath of each hash; every other copy is a failure 'duplicate
+  of <relpath>' (stage 'dedupe'), so `listed == written + failed` still holds.
+- Options that change the stored bytes (resize, re-encode, colour, raw) make a record's size
+  differ from its file's: each file's header gives the estimated stored size, so size-based
+  shards still land near the target. With `--dedupe` the estimate comes from the same read.
 """
 
 from __future__ import annotations
@@ -30,16 +25,6 @@ from transforms.layout.prescan import estimated, hash_and_header, split_duplicat
 from transforms.records import ImageRecord, RecordBatch
 
 
-class EstimateSizesFn(beam.DoFn):
-    """RecordBatch -> the same records with their estimated stored sizes."""
-
-    def __init__(self, options: ImageOptions):
-        self._options = options
-
-    def process(self, batch: RecordBatch) -> Iterable[RecordBatch]:
-        yield RecordBatch(tuple(estimated(r, self._options) for r in batch.records))
-
-
 class EstimateSizes(beam.PTransform):
     """Replaces each record's file size by the size it will have once converted."""
 
@@ -48,23 +33,28 @@ class EstimateSizes(beam.PTransform):
         self._options = options
 
     def expand(self, records: beam.PCollection[RecordBatch]) -> beam.PCollection[RecordBatch]:
-        return records | beam.ParDo(EstimateSizesFn(self._options)).with_output_types(RecordBatch)
+        options = self._options
+
+        def estimate(batch: RecordBatch) -> RecordBatch:
+            return RecordBatch(tuple(estimated(r, options) for r in batch.records))
+
+        return records | beam.Map(estimate).with_output_types(RecordBatch)
 
 
 class HashContentFn(beam.DoFn):
-    """RecordBatch -> (content key, record) per image; unreadable files get a key of their own."""
+    """RecordBatch -> (content key, record) per image; unreadable files get a key of their own
+    (reported by WriteShards when it reads the file)."""
 
     def __init__(self, options: ImageOptions | None):
         self._options = options
-        max_pixels = (options or ImageOptions()).max_pixels
-        self._check = functools.partial(check_header, max_pixels=max_pixels)
+        self._check = functools.partial(check_header, max_pixels=(options or ImageOptions()).max_pixels)
         self._hashed = Metrics.counter(self.__class__, "images_hashed")
 
     def process(self, batch: RecordBatch) -> Iterable[tuple[str, ImageRecord]]:
         for record in batch.records:
             try:
                 key, header = hash_and_header(record.path, self._check, record.size)
-            except (OSError, ImageError):  # reported by WriteShards when it reads the file
+            except (OSError, ImageError):
                 yield f"unreadable:{record.path}", record
                 continue
             self._hashed.inc()
@@ -85,16 +75,15 @@ class DropDuplicatesFn(RebatchFn):
         self._sizes.update(len(records))
         kept, failures = split_duplicates(records)
         yield from self.batched(kept)
+        self._dropped.inc(len(failures))
         for failure in failures:
-            self._dropped.inc()
             yield pvalue.TaggedOutput(FAILED, failure)
 
 
 class DropDuplicates(beam.PTransform):
     """Keeps one record per distinct file content. Outputs `.records` (RecordBatch) and `.failed`.
 
-    Args:
-      options: when given, the kept records' sizes are replaced by estimates (see module).
+    `options`: when given, the kept records' sizes are replaced by estimates (see module).
     """
 
     def __init__(self, options: ImageOptions | None = None):

@@ -1,15 +1,12 @@
-"""CutClasses: stratified splits in bounded groups, the Beam shell of transforms/layout/strata.py.
+"""CutClasses: stratified splits in bounded groups, the Beam shell of strata.py.
 
-RecordBatches (with their seeded hashes, plan.with_hashes) in; RecordBatches with every
-record's split out, exactly as each class sorted whole would give (tests/layout/reference.py).
-
-One pass over the records after the class counts: every record goes to one group (a pack of
-small classes, or one hash bucket of a class above 512 records; strata.py) and is placed there.
-No record is placed apart from the groups, so no Flatten joins two streams (the local
-runner writes and reads back every record at a Flatten), and the bucket counts of the big
-classes come from the same pass that keys the records. Side inputs: the class counts (one
-int per class: 203,094 for GLDv2) and the bucket table (one entry per 256-512
-records of the classes above 512 records), both SideDicts sized without a walk.
+RecordBatches (with their seeded hashes) in; RecordBatches with every record's split out,
+exactly as each class sorted whole would give (tests/layout/reference.py). After the class
+counts, one pass keys every record to its group (a pack of small classes, or one hash bucket
+of a class above 512 records) and counts the big classes' buckets; one GroupByKey places every
+record (no Flatten of two streams: the local runner writes and reads back every record at a
+Flatten). Side inputs: the class counts (one int per class: 203,094 for GLDv2) and the bucket
+table (one entry per 256-512 records of the big classes), both SideDicts sized without a walk.
 """
 
 from __future__ import annotations
@@ -25,11 +22,10 @@ from apache_beam.transforms.window import GlobalWindows
 from transforms.batching import KeyedGather, SumPerKeyFn, group_size
 from transforms.coders import SideDict
 from transforms.layout import strata
-from transforms.layout.plan import SPLIT_HASH, cumulative, hash_columns, with_hashes
+from transforms.layout.plan import SPLIT_HASH, cumulative, hash_columns
 from transforms.records import BATCH_SIZE, RecordBatch
 
-# Records per hash bucket of a class above this size (and at most per pack of small classes):
-# the largest group is about this, the bucket table one entry per 256-512 records of such classes.
+# Records per hash bucket of a class above this size, and at most per pack of small classes.
 _SPLIT_BUCKET = 512
 
 # KeyClassesFn's output of bucket counts (big classes only).
@@ -40,23 +36,17 @@ KeyedClasses = tuple[GroupKey, RecordBatch]
 
 
 def class_counts(batch: RecordBatch) -> Iterable[tuple[str, int]]:
-    """(class, records) per class of `batch`: summed into the class counts (SumPerKeyFn). Plain
-    ints, not lists: the garbage collector walks every container a process holds, and 200,000
-    lists per copy of the counts made its full passes cost more than the counting."""
+    """(class, records) per class of `batch`, summed into the class counts (SumPerKeyFn)."""
     return collections.Counter(batch.class_keys()).items()
-
-
-def _items(table: dict) -> Iterable:
-    return table.items()
 
 
 class KeyClassesFn(beam.DoFn):
     """RecordBatch -> (group key, RecordBatch) parts, gathered per key over the bundle
     (batching.KeyedGather: at most 50,000 records held); on _COUNTS, one partial bucket table
-    a bundle ({(class, bucket): records}) of the classes above the pack size."""
+    a bundle ({(class, bucket): records} of the classes above the pack size)."""
 
-    def __init__(self, seed: int, bucket: int):
-        self._seed, self._bucket = seed, bucket
+    def __init__(self, bucket: int):
+        self._bucket = bucket
 
     def setup(self) -> None:
         self._totals: dict | None = None
@@ -69,14 +59,11 @@ class KeyClassesFn(beam.DoFn):
     def process(self, batch: RecordBatch, counts: dict) -> Iterator:
         if self._totals is not counts:  # the packs of a side input, once per worker
             self._packs, self._totals = strata.Packs(counts, self._bucket), counts
-        batch = with_hashes(batch, self._seed)
         hashes = hash_columns(batch.hashes)[SPLIT_HASH]
         codes, keys = strata.group_keys(batch.class_keys(), hashes, self._packs)
-        buckets = self._counts
-        if any(key[0] == strata._BUCKET for key in keys):
-            for key, n in zip(keys, np.bincount(codes, minlength=len(keys)).tolist()):
-                if key[0] == strata._BUCKET:
-                    buckets[key[1:]] = buckets.get(key[1:], 0) + n
+        for key, n in zip(keys, np.bincount(codes, minlength=len(keys)).tolist()):
+            if key[0] == strata._BUCKET:
+                self._counts[key[1:]] = self._counts.get(key[1:], 0) + n
         yield from self._gather.add_coded(batch, codes, keys)
 
     def finish_bundle(self) -> Iterator:
@@ -89,8 +76,7 @@ class KeyClassesFn(beam.DoFn):
 
 class ResolveClassesFn(beam.DoFn):
     """(group key, [RecordBatch]) -> RecordBatches with each record's split set, batched again
-    (BATCH_SIZE records; the bundle's rest when it finishes). A group is a pack of small
-    classes (at most `bucket` records) or one hash bucket of a bigger class."""
+    (BATCH_SIZE records; the bundle's rest when it finishes)."""
 
     def __init__(self, names: tuple[str, ...], cumulative: tuple[float, ...], step: str):
         self._names, self._cumulative = names, cumulative
@@ -108,29 +94,26 @@ class ResolveClassesFn(beam.DoFn):
         (kind, name, number), batches = element
         batch = RecordBatch.concat(batches)
         self._sizes.update(len(batch))
-        start = 0
-        if kind == strata._BUCKET:
-            if self._table is not table:  # the starts of a side input, once per worker
-                self._starts, self._table = strata.bucket_starts(table), table
-            start = self._starts[name, number]
+        big = kind == strata._BUCKET
+        if big and self._table is not table:  # the starts of a side input, once per worker
+            self._starts, self._table = strata.bucket_starts(table), table
         parts = strata.split_indexes_in_group(
             batch.class_keys(),
             hash_columns(batch.hashes)[SPLIT_HASH],
             batch.relpaths,
             batch.paths,
-            counts if kind == strata._BUCKET else None,  # a pack holds its classes whole
+            counts if big else None,  # a pack holds its classes whole
             self._cumulative,
-            start,
+            self._starts[name, number] if big else 0,
         )
-        names = self._names
-        self._pending.append(batch.with_columns(splits=tuple([names[p] for p in parts.tolist()])))
+        self._pending.append(batch.with_columns(splits=tuple([self._names[p] for p in parts.tolist()])))
         self._held += len(batch)
         if self._held >= BATCH_SIZE:
-            *full, rest = RecordBatch.concat(self._pending).chunks()
-            if len(rest) == BATCH_SIZE:
-                full, rest = [*full, rest], None
-            self._pending, self._held = ([rest], len(rest)) if rest else ([], 0)
-            yield from full
+            joined = RecordBatch.concat(self._pending)
+            full = len(joined) - len(joined) % BATCH_SIZE
+            yield from joined.slice(0, full).chunks()
+            rest = joined.slice(full, len(joined))
+            self._pending, self._held = ([rest] if len(rest) else []), len(rest)
 
     def finish_bundle(self) -> Iterator:
         if self._pending:
@@ -139,22 +122,12 @@ class ResolveClassesFn(beam.DoFn):
 
 
 class CutClasses(beam.PTransform):
-    """RecordBatches -> RecordBatches with each record's stratified split (of `ratios`).
+    """Hashed RecordBatches -> RecordBatches with each record's stratified split (of `ratios`)."""
 
-    The class counts come from a lifted combiner (a side input of one int per class); then
-    one ParDo keys every record by its group (strata.group_keys) and counts the hash buckets of
-    the classes above `bucket` records (a side input of one entry per bucket); one GroupByKey
-    (a group: a pack of small classes of at most `bucket` records, or one hash bucket) places
-    every record. The records must carry their seeded hashes (plan.with_hashes) or get them here.
-    """
-
-    def __init__(
-        self, seed: int, ratios: tuple[tuple[str, float], ...], name: str, bucket: int | None = None
-    ):
+    def __init__(self, ratios: tuple[tuple[str, float], ...], name: str):
         """name: the transform's full label, e.g. 'AssignSplits/CutClasses', for the group metric."""
         super().__init__()
-        self._seed, self._ratios, self._name = seed, ratios, name
-        self._bucket = bucket or _SPLIT_BUCKET
+        self._ratios, self._name = ratios, name
 
     def expand(self, records: beam.PCollection[RecordBatch]) -> beam.PCollection[RecordBatch]:
         counts = pvalue.AsSingleton(
@@ -163,21 +136,20 @@ class CutClasses(beam.PTransform):
             | "CountsSide" >> beam.Map(SideDict).with_output_types(SideDict),
             default_value={},
         )  # {class: records}: one small int a class
-        keyed = records | "KeyClasses" >> beam.ParDo(
-            KeyClassesFn(self._seed, self._bucket), counts
-        ).with_output_types(KeyedClasses).with_outputs(_COUNTS, main="groups")
+        keyed = records | "KeyClasses" >> beam.ParDo(KeyClassesFn(_SPLIT_BUCKET), counts).with_output_types(
+            KeyedClasses
+        ).with_outputs(_COUNTS, main="groups")
         table = pvalue.AsSingleton(
             keyed[_COUNTS]
-            | "BucketTable" >> beam.CombineGlobally(SumPerKeyFn(_items)).without_defaults()
+            | "BucketTable" >> beam.CombineGlobally(SumPerKeyFn(dict.items)).without_defaults()
             | "BucketTableSide" >> beam.Map(SideDict).with_output_types(SideDict),
             default_value={},
-        )  # {(class, bucket): records}: the classes above `bucket` records only
+        )  # {(class, bucket): records}: the big classes only
         resolve = ResolveClassesFn(
             tuple(name for name, _ in self._ratios), cumulative(self._ratios), f"{self._name}/GroupClasses"
         )
         return (
             keyed.groups
-            | "GroupClasses"
-            >> beam.GroupByKey()  # (group key, [RecordBatch]): <= `bucket` records, or one bucket
+            | "GroupClasses" >> beam.GroupByKey()  # (group key, [RecordBatch]): <= 512 records, or one bucket
             | "ResolveClasses" >> beam.ParDo(resolve, counts, table).with_output_types(RecordBatch)
         )

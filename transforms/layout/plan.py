@@ -1,9 +1,8 @@
 """Splits and the shard plan as plain arithmetic on record metadata (pure).
 
 In: RecordBatches of ImageRecords (path, label, size). Out: each record's seeded hashes, its
-split (a seeded hash, or per class for --stratify: strata.py), its estimated bytes, and its
-shard: a range of the seeded shuffle hash, as TensorFlow Datasets' BeamWriter assigns shards
-(tensorflow_datasets core/shuffle.py `get_bucket_number`), sized from its split's totals.
+split, its estimated bytes, and its shard: a range of the seeded shuffle hash sized from its
+split's totals (as TensorFlow Datasets' `shuffle.get_bucket_number`).
 """
 
 from __future__ import annotations
@@ -17,19 +16,13 @@ import numpy as np
 from transforms.records import RecordBatch
 
 DEFAULT_SEED = 42
-
-
 DEFAULT_SHARD_SIZE_MB = 128
-# Records a shard holds (about) at most with --shard_size_mb (as WebDataset's ShardWriter caps
-# `maxcount`): a 128 MB shard of 600-byte images would otherwise hold ~150,000 records, all
-# in one group and one writer's hands. Images above ~13 KB never meet it at 128 MB.
+# Records a shard holds (about) at most with --shard_size_mb (as WebDataset's `maxcount`): a
+# 128 MB shard of 600-byte images would otherwise be ~150,000 records in one group.
 DEFAULT_MAX_RECORDS_PER_SHARD = 10_000
 
-
-# Bytes a record adds to the file's own size besides its path and labels: feature keys,
-# the other values and the TFRecord framing (measured for the slim keys: 247).
+# Bytes a record adds besides its file, path and labels: feature keys, other values, framing.
 _RECORD_OVERHEAD = 250
-
 
 # The columns of RecordBatch.hashes (hash_columns): the split hash and the shuffle hash.
 SPLIT_HASH, SHUFFLE_HASH = 0, 1
@@ -42,11 +35,8 @@ def hash64(*parts: str) -> int:
 
 
 def record_hashes(relpaths: Iterable[str], seed: int) -> bytes:
-    """Each relpath's two seeded 64-bit hashes, 16 bytes a record (RecordBatch.hashes).
-
-    One sha256 over (seed, relpath) per record: its first 8 bytes (big-endian) are the split
-    hash, the next 8 the shuffle hash. The same on every platform and Python.
-    """
+    """Each relpath's two seeded 64-bit hashes, 16 bytes a record (RecordBatch.hashes): the
+    first 16 bytes of sha256(seed, NUL, relpath), the split hash then the shuffle hash."""
     prefix = hashlib.sha256(f"{seed}\0".encode())
     out = []
     for relpath in relpaths:
@@ -110,9 +100,8 @@ def cumulative(ratios: Sequence[tuple[str, float]]) -> tuple[float, ...]:
 
 
 def split_indexes(split_hashes: np.ndarray, ratios: Sequence[tuple[str, float]]) -> list[int]:
-    """The split (an index into `ratios`) of each split hash: the first split whose
-    cumulative ratio exceeds hash / 2**64 (the last split past them all). A record's split
-    depends on its own hash alone: adding images never moves another."""
+    """The split (an index into `ratios`) of each split hash: the first whose cumulative ratio
+    exceeds hash / 2**64. A record's split depends on its own hash: adding images moves no other."""
     points = split_hashes.astype(np.float64) / 2.0**64  # exact: a power of two
     index = np.searchsorted(np.array(cumulative(ratios)), points, side="right")
     return np.minimum(index, len(ratios) - 1).tolist()
@@ -124,8 +113,7 @@ def _utf8_len(text: str) -> int:
 
 def record_sizes(batch: RecordBatch) -> np.ndarray:
     """Each record's estimated bytes in a TFRecord file (file size + relpath + labels + the
-    Example's overhead), from the batch's columns: the text lengths counted once per distinct
-    label tuple, and per record only when a path is not ASCII."""
+    Example's overhead), from the batch's columns (label lengths once per distinct tuple)."""
     n = len(batch)
     relpaths = batch.relpaths
     if "".join(relpaths).isascii():
@@ -139,8 +127,7 @@ def record_sizes(batch: RecordBatch) -> np.ndarray:
 
 def weight_floor(target_bytes: int | None, max_records: int | None) -> int:
     """The least planning weight of a record, so that a shard of `target_bytes` holds about
-    `max_records` records at most (0: no floor; only with a target and a cap). Only records
-    smaller than the floor (tiny images: ~13 KB at the defaults) weigh more than their bytes."""
+    `max_records` records at most (0: no floor)."""
     if not target_bytes or not max_records:
         return 0
     return target_bytes // max_records + 1
@@ -157,9 +144,8 @@ RECORDS, WEIGHTS = "records", "weights"
 
 
 def split_weights(batch: RecordBatch, floor: int) -> list[tuple[tuple[str, str], object]]:
-    """((split, RECORDS), records) and ((split, WEIGHTS), weight per hash bucket) per split
-    of a hashed `batch` (weights: record_sizes raised to `floor`): what batching.SumPerKeyFn
-    sums into each split's totals."""
+    """((split, RECORDS), records) and ((split, WEIGHTS), weight per hash bucket) per split of a
+    hashed `batch` (record_sizes raised to `floor`), summed into the totals by SumPerKeyFn."""
     buckets = (hash_columns(batch.hashes)[SHUFFLE_HASH] >> _FINE).astype(np.int64)
     weights = np.maximum(record_sizes(batch), floor)
     counts = collections.Counter(batch.splits)
@@ -174,9 +160,8 @@ def split_weights(batch: RecordBatch, floor: int) -> list[tuple[tuple[str, str],
 def shard_scale(
     records: int, weights: np.ndarray, target_bytes: int | None, num_shards: int | None
 ) -> tuple[np.ndarray, float, int]:
-    """(cumulative weight before each hash bucket and the total, weight of a shard, last
-    shard) of a split from its totals: `num_shards` (at most one a record) equal parts of
-    its weight, or parts of `target_bytes`."""
+    """(cumulative weight before each hash bucket and the total, weight of a shard, last shard)
+    of a split: `num_shards` (at most one a record) equal parts of its weight, or `target_bytes`."""
     cum = np.concatenate(([0], np.cumsum(weights)))
     if num_shards:
         n = min(num_shards, records)
@@ -187,16 +172,13 @@ def shard_scale(
 
 
 def shard_indexes(shuffle_hashes: np.ndarray, cum: np.ndarray, shard: float, last: int) -> np.ndarray:
-    """Each record's shard: the range of its shuffle hash, as TFDS's get_bucket_number
-    assigns shards (without a modulo, so the shards keep the hash order), but a range of
-    the split's weight rather than of the hash: a record's place is the weight of the hash
-    buckets before its own plus its hash's fraction of its bucket's weight, and shard k
-    holds the places in [k x shard, (k + 1) x shard), the last shard the rest.
+    """Each record's shard: a range of the split's weight in shuffle-hash order. A record's
+    place is the weight of the hash buckets before its own plus its hash's fraction of its
+    bucket's weight; shard k holds the places in [k x shard, (k + 1) x shard), the last the rest.
 
-    So a shard's size is exact at the bucket edges and off by at most part of a bucket's
-    weight at each end (a bucket holds 1/65,536 of the split: a few records at 4 M images);
-    the hash range alone would leave it a sum of random records, ~3% (sd) at 1,000 records a
-    shard (`benchmarks/scale.py --spread`). Float64 arithmetic: the same on every platform.
+    A shard is off its target by at most part of a bucket's weight at each end (1/65,536 of the
+    split); an equal hash range alone (TFDS) would hold a random sum, ~3% (sd) at 1,000 records
+    a shard (`benchmarks/scale.py --spread`). Float64 arithmetic: the same on every platform.
     """
     buckets = (shuffle_hashes >> _FINE).astype(np.int64)
     within = (shuffle_hashes & _WITHIN).astype(np.float64) * 2.0 ** -(64 - FINE_BITS)  # exact

@@ -1,7 +1,6 @@
-"""Reading before the plan (pure): a file's content hash (--dedupe) and its stored size
-estimated from its header (options that re-encode).
-
-In: ImageRecord. Out: (sha256, header), or the record with its estimated size.
+"""Reads before the plan (pure): a file's content hash (--dedupe) and its stored size estimated
+from its header (options that re-encode). In: ImageRecord. Out: (sha256, header), or the record
+with its estimated size.
 """
 
 from __future__ import annotations
@@ -20,9 +19,6 @@ from transforms.records import ImageRecord
 DEDUPE_STAGE = "dedupe"
 
 
-_CHUNK = 1 << 20
-
-
 def with_estimated_size(record: ImageRecord, header: bytes, options: ImageOptions) -> ImageRecord:
     """The record with `size` replaced by the estimated stored size."""
     return dataclasses.replace(record, size=estimate_stored_size(header, record.size, options))
@@ -31,7 +27,7 @@ def with_estimated_size(record: ImageRecord, header: bytes, options: ImageOption
 def hash_and_header(path: str, check: HeaderCheck | None = None, size: int = 0) -> tuple[str, bytes]:
     """(hex sha256 of the file, its first HEADER_BYTES), reading the file in chunks.
 
-    A file of more than `reading.CHECK_ABOVE` bytes (`size`, as listed) is hashed only if
+    A file of more than CHECK_ABOVE bytes (`size`, as listed) is hashed only if
     `check(header, size)` accepts it; what it raises propagates before the rest is read.
     """
     digest = hashlib.sha256()
@@ -40,17 +36,18 @@ def hash_and_header(path: str, check: HeaderCheck | None = None, size: int = 0) 
         if check is not None and size > CHECK_ABOVE:
             check(header, size)
         digest.update(header)
-        while chunk := f.read(_CHUNK):
+        while chunk := f.read(1 << 20):
             digest.update(chunk)
     return digest.hexdigest(), header
 
 
 def estimated(record: ImageRecord, options: ImageOptions) -> ImageRecord:
-    """The record with its estimated stored size; as it is if its file cannot be read."""
+    """The record with its estimated stored size; as it is if its file cannot be read (reported
+    by WriteShards when it reads the file)."""
     try:
         with open_source(record.path) as f:
             header = f.read(HEADER_BYTES)
-    except OSError:  # reported by WriteShards when it reads the file
+    except OSError:
         return record
     return with_estimated_size(record, header, options)
 
@@ -58,9 +55,5 @@ def estimated(record: ImageRecord, options: ImageOptions) -> ImageRecord:
 def split_duplicates(records: Iterable[ImageRecord]) -> tuple[ImageRecord, list[Failure]]:
     """The record kept among same-content records (smallest relpath), and the others."""
     kept, *others = sorted(records, key=lambda r: (r.relpath, r.path))
-    return kept, [
-        Failure(
-            r.path, f"duplicate of {source_name(kept.path, kept.relpath)}", DEDUPE_STAGE, r.split, r.class_key
-        )
-        for r in others
-    ]
+    reason = f"duplicate of {source_name(kept.path, kept.relpath)}"
+    return kept, [Failure(r.path, reason, DEDUPE_STAGE, r.split, r.class_key) for r in others]

@@ -1,21 +1,13 @@
-"""Stratified splits in bounded groups (pure): which group a record of a class goes to, and
-its split once its group is gathered.
+"""Stratified splits in bounded groups (pure): which group a record of a class goes to, and its
+split once its group is gathered.
 
-In: per-class counts (a class's record count, from a combiner), each record's class and its
-seeded split hash; for the classes above `bucket` records, their bucket table (records per
-hash bucket). Out: each record's group key, then, inside a group, each record's split index,
-exactly the one the whole class sorted would give (tests/layout/reference.py): record i of a
-class of n (0-based in the seeded order: split hash, then relpath, then path) goes to the
-first split whose cumulative ratio exceeds (i + 0.5) / n.
-
-Every record of a class of up to `bucket` records is in one group with the rest of its class;
-small classes share a group, packed in class-name order up to `bucket` records a group (GLDv2's
-203,094 classes, most of a few images, make ~N / `bucket` groups, not one per class). A class
-above `bucket` records is cut into hash buckets of `bucket` / 2 to `bucket` records (bits from
-its count, class_bits) and each bucket is a group; the bucket table's prefix sums give the
-rank of the bucket's first record in its class. So a group holds at most `bucket` records of
-small classes, or one hash bucket (~`bucket` records: a bucket's count is random, about
-count / 2**bits), whatever the number of images.
+Record i of a class of n (0-based in the seeded order: split hash, then relpath, then path) goes
+to the first split whose cumulative ratio exceeds (i + 0.5) / n: exactly what sorting the whole
+class would give (tests/layout/reference.py), without gathering it. Classes of up to `bucket`
+records are packed whole, in class-name order, up to `bucket` records a group (GLDv2's 203,094
+classes make ~N / `bucket` groups). A bigger class is cut into hash buckets of `bucket` / 2 to
+`bucket` records on average, one group each; a bucket table's prefix sums give the rank of a
+bucket's first record in its class. So no group grows with the number of images.
 """
 
 from __future__ import annotations
@@ -26,8 +18,7 @@ from collections.abc import Mapping, Sequence
 
 import numpy as np
 
-# Group keys: (_PACK, "", pack number) for a pack of small classes, (_BUCKET, class, bucket)
-# for one hash bucket of a class above the pack size.
+# Group keys: (_PACK, "", pack number), or (_BUCKET, class, bucket) for a class above the pack size.
 _PACK, _BUCKET = 0, 1
 
 
@@ -38,12 +29,9 @@ def class_bits(count: int, bucket: int) -> int:
 
 
 class Packs:
-    """Where each class goes, from the class counts alone: a pack of small classes (contiguous
-    in class-name order, so a pack is found by a binary search over each pack's first name, with
-    no per-record lookup in a table of every class), or hash bucket bits (a class above `bucket`
-    records: few, a small dict). Classes in name order fill each pack up to `bucket` records;
-    the same on every worker, from the counts alone.
-    """
+    """Where each class goes, from the class counts alone (the same on every worker): a pack
+    of small classes, contiguous in class-name order (found by a binary search over each pack's
+    first name), or hash bucket bits (a class above `bucket` records: few, a small dict)."""
 
     def __init__(self, counts: Mapping[str, int], bucket: int):
         self.firsts: list[str] = []  # the first (smallest) class name of each pack
@@ -70,13 +58,8 @@ def group_keys(
     packs: Packs,
 ) -> tuple[np.ndarray, list[tuple[int, str, int]]]:
     """Each record's group key, as (codes, keys): record i goes to keys[codes[i]], its class's
-    pack or (a class above the pack size) its hash bucket; `keys` are distinct.
-
-    Per distinct class of the batch, a binary search over the packs' first names (a list of
-    ~N / bucket names: in cache, unlike a table of every class, where each lookup is a cache
-    miss: ~0.5 us at 200,000 classes); per record, numpy (and a dict lookup for the records
-    of the few classes above the pack size).
-    """
+    pack or (a class above the pack size) its hash bucket; `keys` are distinct. One binary
+    search per distinct class of the batch; per record, numpy."""
     index: dict[str, int] = {}
     codes = np.fromiter((index.setdefault(c, len(index)) for c in classes), np.int64, len(classes))
     names = list(index)
@@ -124,11 +107,9 @@ def split_indexes_in_group(
 
     Args:
       classes, split_hashes, relpaths, paths: the group's records, as columns.
-      counts: each class's whole record count; None for a pack, which holds its classes
-        whole (their counts are the group's: no lookup in a table of every class).
+      counts: each class's whole record count; None for a pack (it holds its classes whole).
       cumulative: the cumulative split ratios.
-      start: records of the class before this group (a hash bucket of a big class; 0 for a
-        pack, which holds its classes whole).
+      start: records of the class before this group (a hash bucket of a big class; 0 for a pack).
     """
     n = len(classes)
     index: dict[str, int] = {}

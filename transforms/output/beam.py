@@ -3,7 +3,9 @@
 In: ShardResults (WriteShards), the listed and labelled batches and every Failure. Out:
 failures.jsonl (merged from sorted parts), labels.txt, summary.json and the reader metadata,
 staged in the run's temp folder next to the temp shards, then renamed into place, summary.json
-last (transforms/output/publish.py): the summary dict.
+last (publish.py): the summary dict. Side inputs are counts (bounded by splits x classes, the
+stages and MAX_KINDS), one small ShardResult a shard and one path a failure part; the only
+group is a failure part (~PART_SIZE failures).
 """
 
 from __future__ import annotations
@@ -11,22 +13,22 @@ from __future__ import annotations
 import collections
 import dataclasses
 import json
-from collections.abc import Iterable, Sequence
+import operator
+from collections.abc import Iterable, Iterator, Sequence
 
 import apache_beam as beam
 from apache_beam import pvalue
 from apache_beam.io.filesystems import FileSystems
 
 from transforms import gcs
-from transforms.batching import SumPerKeyFn, images_in
+from transforms.batching import SumPerKeyFn, group_size, images_in
 from transforms.coders import SideDict
 from transforms.encoding.encoder import EncodeSettings
 from transforms.encoding.schema import schema_from_summary
-from transforms.failures import USER_ERROR_MARKER, Failure, diagnosis_of_kinds
+from transforms.failures import USER_ERROR_MARKER, Failure, diagnosis_of_kinds, reason_kind
 from transforms.labels.beam import split_class_counts
 from transforms.labels.rows import ORPHANS_FILE
-from transforms.output.beam_failures import FailureCountsFn, WriteFailurePartsFn
-from transforms.output.failure_log import FailureCounts, merge_parts, part_of
+from transforms.output.failure_log import FailureCounts, add_kinds, merge_parts, part_of, write_part
 from transforms.output.fence import Fence
 from transforms.output.publish import (
     ABORTED_FAILURES_FILE,
@@ -36,41 +38,69 @@ from transforms.output.publish import (
     SUMMARY_FILE,
     existing_files,
     folder_exists,
-    mark_aborted,
     publish,
     publish_failures_only,
     staging_dir,
 )
 from transforms.output.summary import accounting_error, build_summary, too_many_failures
-from transforms.output.tfds import tfds_name, write_reader_metadata
+from transforms.output.tfds import write_reader_metadata
 from transforms.records import ClassIndex, FileBatch, RecordBatch, ShardResult
 from transforms.writing.files import delete_paths, make_dirs, write_text
 from transforms.writing.index import index_path
 from transforms.writing.shard import shard_suffix
 
 
-def written_per_class(shard: ShardResult) -> Iterable[tuple[tuple[str, str], int]]:
-    """((split, class_key), images written) of one shard: summed by batching.SumPerKeyFn
-    (bounded by splits x classes)."""
-    return shard.written
+class FailureCountsFn(beam.CombineFn):
+    """Failures -> FailureCounts (lifted: one small accumulator per bundle: Counters by stage,
+    by (split, class) and by reason kind, at most MAX_KINDS kinds)."""
+
+    def create_accumulator(self) -> tuple[collections.Counter, ...]:
+        return collections.Counter(), collections.Counter(), collections.Counter()
+
+    def add_input(self, acc: tuple, f: Failure) -> tuple:
+        stages, classes, kinds = acc
+        stages[f.stage] += 1
+        if f.split is not None:
+            classes[(f.split, f.class_key or "")] += 1
+        add_kinds(kinds, [(reason_kind(f.reason), 1)])
+        return acc
+
+    def merge_accumulators(self, accs: Iterable[tuple]) -> tuple:
+        stages, classes, kinds = self.create_accumulator()
+        for more_stages, more_classes, more_kinds in accs:
+            stages.update(more_stages)
+            classes.update(more_classes)
+            add_kinds(kinds, more_kinds.items())
+        return stages, classes, kinds
+
+    def extract_output(self, acc: tuple) -> FailureCounts:
+        return FailureCounts(sum(acc[0].values()), *(tuple(sorted(c.items())) for c in acc))
+
+
+class WriteFailurePartsFn(beam.DoFn):
+    """(part, [Failure]) -> the part file's path. The group is one part (~PART_SIZE failures)."""
+
+    def __init__(self, staging: str, step: str):
+        self._staging, self._sizes = staging, group_size(step)
+
+    def process(self, element: tuple[int, Iterable[Failure]]) -> Iterator[str]:
+        part, failures = element
+        failures = list(failures)
+        self._sizes.update(len(failures))
+        yield write_part(self._staging, part, failures)
 
 
 class FinalizeFn(beam.DoFn):
-    """Runs once after every shard is written: stage the metadata, then publish it all.
-
-    The shards and metadata are staged in the run's temp folder and renamed into place by
-    `transforms.output.publish`, summary.json last, fenced by the claim's token (`fence`,
-    transforms/output/fence.py). Above `max_failure_ratio` only the
-    failures are published (`transforms.output.publish.publish_failures_only`: a dataset already in
-    the folder is kept) and the reason is left in the run's staging folder, where the
-    entry point finds it (exit 3) before deleting that folder.
+    """Runs once after every shard is written: stage the metadata, then publish it all
+    (publish.py, fenced by the claim's token). Above `max_failure_ratio` only the failures are
+    published (a dataset already in the folder is kept) and the reason is left in the staging
+    folder, where the entry point finds it (exit 3).
 
     Safe to run twice (a runner retries the bundle): as Beam's FileBasedSink skips sources
-    already renamed, a run whose staging folder is gone (a finished earlier try deletes it
-    last before the marker) or holds the abort reason was finalized already. The retry then
-    recomputes summary.json from its side inputs: the folder holding exactly that is this
-    run's finished dataset (its marker is removed if a crash left it); anything else means
-    another run took the folder over (ClaimLost, exit 2), and nothing is changed.
+    already renamed, a run whose staging folder is gone (a finished try deletes it last
+    before the marker) or holds the abort reason was finalized already. The retry recomputes
+    summary.json: the folder holding exactly that is this run's dataset (a marker a crash
+    left is removed); anything else means another run took the folder over (ClaimLost).
     """
 
     def __init__(
@@ -79,60 +109,48 @@ class FinalizeFn(beam.DoFn):
         temp_dir: str,
         compression: str,
         fence: Fence,
-        settings: EncodeSettings | None = None,
-        max_failure_ratio: float = 1.0,
-        dataset_name: str | None = None,
+        settings: EncodeSettings,
+        max_failure_ratio: float,
+        dataset_name: str,
     ):
-        self._fence = fence
         self._output_dir, self._temp_dir, self._compression = output_dir, temp_dir, compression
-        self._settings = settings
-        self._max_failure_ratio = max_failure_ratio
-        self._dataset_name = dataset_name
+        self._fence, self._settings = fence, settings
+        self._max_failure_ratio, self._dataset_name = max_failure_ratio, dataset_name
 
     def process(
-        self,
-        _,
-        listed_total,
-        listed,
-        written,
-        failures: FailureCounts,
-        failure_parts,
-        shards,
-        class_index,
-        extras=None,
+        self, _, listed_total, listed, written, failures: FailureCounts, parts, shards, class_index, extras
     ) -> Iterable[dict]:
         if listed_total == 0:
             delete_paths([self._temp_dir])
             raise ValueError(f"{USER_ERROR_MARKER} the input holds no image files")
-        if not folder_exists(self._temp_dir) or gcs.exists(FileSystems.join(self._temp_dir, ABORTED_FILE)):
-            yield from self._finalized(listed_total, listed, written, failures, shards, class_index, extras)
+        summary = build_summary(
+            listed_total, dict(listed), dict(written), failures, shards, class_index, self._settings
+        )
+        summary.update(extras or {})  # sections added by optional steps (e.g. "labels")
+        aborted = gcs.exists(FileSystems.join(self._temp_dir, ABORTED_FILE))
+        if aborted or not folder_exists(self._temp_dir):  # finalized already (see the class docstring)
+            if not aborted:  # (stopped short on purpose: the entry point reads why)
+                yield self._finalized(summary)
             return
         alive = self._fence.keep_alive()  # a job-kept claim is beaten while this runs (checked first)
         try:
-            yield from self._publish(
-                listed_total, listed, written, failures, failure_parts, shards, class_index, extras
-            )
+            yield from self._publish(summary, failures, parts, shards, class_index)
         finally:
             alive.stop()
 
-    def _publish(
-        self, listed_total, listed, written, failures, failure_parts, shards, class_index, extras
-    ) -> Iterable[dict]:
+    def _publish(self, summary, failures, parts, shards, class_index) -> Iterable[dict]:
         staging = staging_dir(self._temp_dir)
         make_dirs(staging)
-        staged = {
-            name: FileSystems.join(staging, name) for name in (FAILURES_FILE, LABELS_FILE, SUMMARY_FILE)
-        }
-        merge_parts(failure_parts, staged[FAILURES_FILE])  # streamed: one line held per part
-        failed = failures.failed
+        staged = {n: FileSystems.join(staging, n) for n in (FAILURES_FILE, LABELS_FILE, SUMMARY_FILE)}
+        merge_parts(parts, staged[FAILURES_FILE])  # streamed: one line held per part
+        failed, listed_total = failures.failed, summary["listed"]
         if too_many_failures(failed, listed_total, self._max_failure_ratio):
-            # The job itself succeeds (a raise here would print the runner's traceback); the
-            # entry point finds the reason in the staging folder and exits with
-            # EXIT_TOO_MANY_FAILURES. A dataset already in the folder is kept.
+            # The job succeeds (a raise would print the runner's traceback); the entry point
+            # finds the reason in the staging folder and exits with EXIT_TOO_MANY_FAILURES.
             kept = publish_failures_only(self._output_dir, staged[FAILURES_FILE], self._fence)
             where = FileSystems.join(self._output_dir, ABORTED_FAILURES_FILE if kept else FAILURES_FILE)
-            mark_aborted(
-                self._temp_dir,
+            write_text(
+                FileSystems.join(self._temp_dir, ABORTED_FILE),
                 f"{failed} of {listed_total} images failed ({failed / listed_total:.1%}), "
                 f"more than --max_failure_ratio {self._max_failure_ratio:g} allows; no dataset was "
                 f"written{' (the dataset already there is kept)' if kept else ''}, the failures are in {where}; "
@@ -140,39 +158,31 @@ class FinalizeFn(beam.DoFn):
             )
             return
         write_text(staged[LABELS_FILE], "".join(n + "\n" for n in class_index.names))
-        summary = self._summary(listed_total, listed, written, failures, shards, class_index, extras)
         problem = accounting_error(summary)
         if problem:  # a bug, not bad input: fail loudly and publish nothing
             raise RuntimeError(f"images lost or double-counted ({problem}); nothing was published")
         write_text(staged[SUMMARY_FILE], _summary_text(summary))
         # Shards (with their index files) in plan order per split, then the metadata,
-        # summary.json last.
+        # summary.json last. Which shards have an index file: one listing per temp folder.
         moves = []
-        suffix = shard_suffix(self._compression)
-        by_split: dict[str, list[ShardResult]] = collections.defaultdict(list)
-        for s in shards:
-            by_split[s.split].append(s)
-        split_shards: dict[str, list[int]] = {}
-        # Which shards have an index file: one listing per temp folder, not a request per shard.
         indexed = existing_files([index_path(s.temp_path) for s in shards])
+        by_split: dict[str, list[ShardResult]] = collections.defaultdict(list)
+        for s in sorted(shards, key=lambda s: (s.index, s.temp_path)):  # plan order
+            by_split[s.split].append(s)
         for split, results in sorted(by_split.items()):
-            results = sorted(results, key=lambda s: (s.index, s.temp_path))  # plan order
-            n = len(results)
-            split_shards[split] = [s.records for s in results]
             for i, result in enumerate(results):
-                final = f"{split}-{i:05d}-of-{n:05d}{suffix}"
+                final = f"{split}-{i:05d}-of-{len(results):05d}{shard_suffix(self._compression)}"
                 moves.append((result.temp_path, final))
                 if index_path(result.temp_path) in indexed:
                     moves.append((index_path(result.temp_path), index_path(final)))
-        formats = {f for s in shards for f in s.formats}
         reader_files = write_reader_metadata(
             staging,
             summary,
             schema_from_summary(summary),
-            split_shards,
+            {split: [s.records for s in results] for split, results in by_split.items()},
             self._compression,
-            formats,
-            name=self._dataset_name or tfds_name(self._output_dir),
+            {f for s in shards for f in s.formats},
+            name=self._dataset_name,
         )
         if FileSystems.exists(FileSystems.join(staging, ORPHANS_FILE)):  # written by WriteOrphans
             reader_files.append(ORPHANS_FILE)
@@ -181,18 +191,8 @@ class FinalizeFn(beam.DoFn):
         publish(self._output_dir, moves, fence=self._fence, cleanup=(self._temp_dir,))
         yield summary
 
-    def _summary(self, listed_total, listed, written, failures, shards, class_index, extras) -> dict:
-        summary = build_summary(
-            listed_total, dict(listed), dict(written), failures, shards, class_index, self._settings
-        )
-        summary.update(extras or {})  # sections added by optional steps (e.g. "labels")
-        return summary
-
-    def _finalized(self, *inputs) -> Iterable[dict]:
-        """A retried finalize of a run finalized already (see the class docstring)."""
-        if gcs.exists(FileSystems.join(self._temp_dir, ABORTED_FILE)):
-            return  # stopped short on purpose: the entry point reads why
-        summary = self._summary(*inputs)
+    def _finalized(self, summary: dict) -> dict:
+        """A retried finalize of a published run: its summary.json must be this one."""
         path = FileSystems.join(self._output_dir, SUMMARY_FILE)
         if not gcs.exists(path):
             raise self._fence.lost()
@@ -200,7 +200,7 @@ class FinalizeFn(beam.DoFn):
             if f.read().decode("utf-8") != _summary_text(summary):
                 raise self._fence.lost()
         self._fence.remove_marker()
-        yield summary
+        return summary
 
 
 def _summary_text(summary: dict) -> str:
@@ -212,7 +212,7 @@ class WriteMetadata(beam.PTransform):
 
     `files` are the PCollections of listed images (FileBatches, Failures; or RecordBatches
     and Failures after a join) and `records` the labelled ones (RecordBatches), counted for
-    summary.json.
+    summary.json; `summary_extras` a one-dict PCollection of extra summary sections, or None.
     """
 
     def __init__(
@@ -227,25 +227,22 @@ class WriteMetadata(beam.PTransform):
         shards: beam.PCollection[ShardResult],
         class_index: beam.PCollection[ClassIndex],
         fence: Fence,
-        settings: EncodeSettings | None = None,
-        max_failure_ratio: float = 1.0,
-        dataset_name: str | None = None,
-        summary_extras: beam.PCollection[dict] | None = None,
+        settings: EncodeSettings,
+        max_failure_ratio: float,
+        dataset_name: str,
+        summary_extras: beam.PCollection[dict] | None,
     ):
         super().__init__()
         self._fn = FinalizeFn(
             output_dir, temp_dir, compression, fence, settings, max_failure_ratio, dataset_name
         )
         self._staging = staging_dir(temp_dir)
-        self._files, self._records = tuple(files), records
-        self._failed, self._shards, self._class_index = failed, shards, class_index
-        self._extras = summary_extras
+        self._files, self._records, self._failed = tuple(files), records, failed
+        self._shards, self._class_index, self._extras = shards, class_index, summary_extras
 
     def expand(self, pbegin: beam.pvalue.PBegin) -> beam.PCollection[dict]:
-        # Lifted combiners without a default element (an empty input leaves the side inputs
-        # at their defaults): one cheap call per batch, no extra steps.
-        # Each input counted where it is made (a Map fused into its producer, no decode of
-        # the batches again), then the counts summed.
+        # Lifted combiners without defaults (an empty input leaves the side inputs at theirs);
+        # each input counted where it is made (a Map fused into its producer), then summed.
         counts = [
             pcoll | f"CountListed{i}" >> beam.Map(images_in).with_output_types(int)
             for i, pcoll in enumerate(self._files)
@@ -262,8 +259,6 @@ class WriteMetadata(beam.PTransform):
             | "ListedSide" >> beam.Map(SideDict).with_output_types(SideDict)
         )
         extras = self._extras if self._extras is not None else pbegin | "NoExtras" >> beam.Create([{}])
-        # Failures: counted by a combiner (stages, classes), written as sorted parts of
-        # ~PART_SIZE failures (one group a part), merged into failures.jsonl by FinalizeFn.
         failure_counts = pvalue.AsSingleton(
             self._failed | "CountFailures" >> beam.CombineGlobally(FailureCountsFn()).without_defaults(),
             default_value=FailureCounts(),
@@ -272,7 +267,8 @@ class WriteMetadata(beam.PTransform):
         # small ShardResult a shard: per class, a shard's counts add up to the dataset's size).
         written = (
             self._shards
-            | "CountWritten" >> beam.CombineGlobally(SumPerKeyFn(written_per_class)).without_defaults()
+            | "CountWritten"
+            >> beam.CombineGlobally(SumPerKeyFn(operator.attrgetter("written"))).without_defaults()
             | "WrittenSide" >> beam.Map(SideDict).with_output_types(SideDict)
         )
         shards = self._shards | "ShardsOnly" >> beam.Map(lambda s: dataclasses.replace(s, written=()))

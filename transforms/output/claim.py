@@ -1,71 +1,85 @@
 """Claiming an output folder: one live run at a time, a dead run's leftovers cleaned.
 
-In: an output folder (local or gs://), a run id and --overwrite. Out: a `Claim` that the
-run holds until it ends, or OutputBusy / NotWritable with a one-line reason.
+In: an output folder (local or gs://), a run id and --overwrite. Out: a `Claim` held until
+the run ends, or OutputBusy / NotWritable with a one-line reason. The claim is the marker
+`.img2tfrecord-in-progress.json`, created exclusively; its liveness never rests on a pid.
+docs/reliability.md ("One run per folder") states the promises.
 
-The claim is the marker file `.img2tfrecord-in-progress.json` (transforms/output/publish.py). It
-is created exclusively, so two runs started together into one folder cannot both claim
-it, and its liveness never rests on a pid, which another process may own after a
-restart (a container's fresh PID namespace keeps the host name and reuses low pids):
+- **Local folders: a lock held by the live process** (`flock`, which the kernel drops however
+  the process dies; NFS too). A claim takes it exclusively, writes its content, then holds it
+  shared, as the fenced steps do (fence.py). A marker whose lock can be taken is a dead run's
+  and is taken over, unless it says `"job": true` and its modification time (the job's beat)
+  is younger than the lease. After locking, a run checks that the marker's name still points
+  at the file it locked, so a claim slipped between another's create and lock loses cleanly.
+  The marker is the writability probe too: a fresh one that cannot be written is removed.
+- **gs:// folders: a lease.** The marker is uploaded with `if_generation_match=0`, its
+  heartbeat refreshed by fence.py's KeepAlive; one older than LEASE_SECONDS is a dead run's,
+  taken over by an upload conditional on its generation (of two, exactly one wins).
 
-- **Local folders: a lock held by the live process.** The marker is created with
-  `O_CREAT | O_EXCL` and locked with `flock` by the run's process, which keeps it open
-  until it ends. The kernel drops the lock when the process dies, however it dies
-  (SIGKILL, OOM, a restarted container), so a marker is live exactly while a lock on it is
-  held. A claim takes the lock exclusively, writes its content, then holds it shared: the
-  steps that change the folder (transforms/output/fence.py) hold it shared too, from any
-  process, while they check the run id in it and change the folder, so no claim can slip in
-  between. An existing marker whose lock can be taken belongs to a dead run: the new run
-  keeps the lock and writes its own content into that same file (a takeover); a run that
-  finds the lock held is refused. A marker whose job runs outside the launcher
-  (`"job": true`, e.g. PortableRunner) is also live while its modification time, which the
-  job's steps refresh, is younger than the lease. After locking, each run checks that the marker's name
-  still points at the file it locked, so a claim made between another run's create and
-  lock loses cleanly instead of sharing the folder. Over NFS, Linux maps `flock` onto the
-  server's byte-range locks, so this also holds between machines. The marker is the
-  writability probe too: when its content cannot be written (a full disk, a quota), a
-  fresh marker is removed before the error is reported, so a failed claim leaves nothing.
-- **gs:// folders: a lease.** Buckets have no locks. The marker is uploaded with
-  `if_generation_match=0` (it fails if the object exists) and the claiming process
-  refreshes a heartbeat in the object's custom metadata every HEARTBEAT_SECONDS. A marker
-  whose heartbeat is older than LEASE_SECONDS (by this machine's clock) belongs to a dead
-  run and is taken over by a write conditional on its generation, so of two runs taking
-  over together exactly one wins.
-
-Once the claim is held, staging folders of dead runs (`beam-temp-img2tfrecord-*`) and
-writability probes left by earlier versions (`.img2tfrecord-probe-*`) are deleted. A run
-killed at any instant therefore leaves at most its marker (complete, cut short or empty)
-and its staging folder, both of which the next run takes over or deletes.
+Once claimed, dead runs' staging folders and earlier versions' probes are deleted.
 """
 
 from __future__ import annotations
 
 import contextlib
-import errno
-import fcntl
-import logging
+import functools
+import json
 import os
+import socket
 import time
 
 from apache_beam.io.filesystems import FileSystems
+from google.api_core import exceptions as gexc
 
-from transforms.output.marker import (
-    CLAIM_TRIES,
-    PROBE_PREFIX,
+from transforms import gcs
+from transforms.output.fence import (
+    HEARTBEAT_KEY,
+    REQUEST_RETRY,
     Claim,
-    NotWritable,
-    _reason,
+    Fence,
+    KeepAlive,
+    heartbeat_age,
     lease_seconds,
-    marker_content,
-    marker_owner,
+    lock,
     parse_marker,
+    read_fd,
+    same_file,
 )
 from transforms.output.publish import MARKER_FILE, TEMP_PREFIX, OutputBusy, is_dataset_file, list_children
 from transforms.writing.files import delete_paths
 
-# flock errors meaning "this filesystem has no locks" (some FUSE mounts): the claim is then
-# exclusive at creation only, and an existing marker counts as a dead run's.
-_NO_LOCKS = frozenset({errno.ENOLCK, errno.EOPNOTSUPP, errno.ENOTSUP, errno.EINVAL, errno.ENOSYS})
+# Writability probes of earlier versions (created and deleted before the marker was
+# written): a run killed in between left one behind. The claim deletes them.
+PROBE_PREFIX = ".img2tfrecord-probe-"
+
+# Attempts at claiming while other runs create, take over or remove the marker meanwhile.
+CLAIM_TRIES = 5
+
+
+class NotWritable(ValueError):
+    """The output folder cannot be written; the message says why (one line)."""
+
+
+def not_writable(output_dir: str, error: OSError | str) -> NotWritable:
+    reason = error if isinstance(error, str) else error.strerror or str(error)
+    return NotWritable(f"--output_dir {output_dir} is not writable: {reason}")
+
+
+def marker_content(run_id: str, job: bool = False) -> bytes:
+    """The marker's JSON: who claimed the folder, when, and whether the job keeps the claim.
+    The run id is the claim's token on local folders; host, pid and time are for people."""
+    content = {"run_id": run_id, "host": socket.gethostname(), "pid": os.getpid(), "started": time.time()}
+    if job:
+        content["job"] = True
+    return json.dumps(content).encode("utf-8")
+
+
+def marker_owner(previous: dict) -> str:
+    """`previous` marker's owner for a message: 'run <id>, pid <n> on <host>'."""
+    parts = [f"run {previous.get('run_id', 'unknown')}"]
+    if previous.get("pid") is not None:
+        parts.append(f"pid {previous['pid']} on {previous.get('host', '?')}")
+    return ", ".join(parts)
 
 
 # Descriptors of the markers this process holds locked. A forked child (a shard writer,
@@ -81,76 +95,26 @@ def _close_held_in_child() -> None:
     _HELD_FDS.clear()
 
 
-os.register_at_fork(after_in_child=_close_held_in_child)
+@functools.cache
+def _watch_forks() -> None:
+    """Registers the fork hook at the first local claim (importing changes no process state)."""
+    os.register_at_fork(after_in_child=_close_held_in_child)
 
 
 class LocalClaim(Claim):
     """A claim on a local folder: the marker is open and `flock`ed by this process."""
 
-    def __init__(self, output_dir: str, run_id: str, resumed: str | None, fd: int | None, job: bool = False):
-        super().__init__(output_dir, run_id, resumed, job)
-        self._fd = fd
-        if fd is not None:
-            _HELD_FDS.add(fd)
-
-    def owns_marker(self) -> bool:
-        return (
-            self._fd is not None
-            and same_file(self._fd, self.marker_path)
-            and parse_marker(read_fd(self._fd)).get("run_id") == self.run_id
-        )
-
-    def _remove_marker(self) -> None:
-        with contextlib.suppress(FileNotFoundError):
-            os.unlink(self.marker_path)
+    def __init__(self, output_dir: str, run_id: str, resumed: str | None, fd: int, job: bool):
+        super().__init__(output_dir, run_id, resumed, job, None)
+        self._fd: int | None = fd
+        _watch_forks()
+        _HELD_FDS.add(fd)
 
     def _close(self) -> None:
         if self._fd is not None:
             fd, self._fd = self._fd, None
             _HELD_FDS.discard(fd)
             os.close(fd)  # drops the lock
-
-
-def same_file(fd: int, path: str) -> bool:
-    try:
-        here, there = os.fstat(fd), os.stat(path)
-    except FileNotFoundError:
-        return False
-    return (here.st_dev, here.st_ino) == (there.st_dev, there.st_ino)
-
-
-def _lock(fd: int) -> bool:
-    """Takes the marker's lock without waiting: False if another process holds it."""
-    try:
-        fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
-    except BlockingIOError:
-        return False
-    except OSError as e:
-        if e.errno not in _NO_LOCKS:
-            raise
-        logging.warning(
-            "the filesystem of the output folder has no file locks: a killed run's marker is taken over"
-        )
-    return True
-
-
-def share_lock(fd: int) -> None:
-    """Holds the marker's lock shared (waiting out a claim in progress); nothing on a
-    filesystem without locks."""
-    try:
-        fcntl.flock(fd, fcntl.LOCK_SH)
-    except OSError as e:
-        if e.errno not in _NO_LOCKS:
-            raise
-
-
-def read_fd(fd: int) -> bytes:
-    chunks = []
-    offset = 0
-    while chunk := os.pread(fd, 1 << 16, offset):
-        chunks.append(chunk)
-        offset += len(chunk)
-    return b"".join(chunks)
 
 
 def _write_fd(fd: int, data: bytes) -> None:
@@ -171,12 +135,8 @@ def _file_in_the_way(path: str) -> str:
 
 
 def claim_local(output_dir: str, run_id: str, job: bool = False) -> LocalClaim:
-    """Creates and locks the marker of a local folder, or takes over a dead run's.
-
-    Raises:
-      NotWritable: the folder cannot be created or the marker written (nothing is left).
-      OutputBusy: a live run holds the folder.
-    """
+    """Creates and locks the marker of a local folder, or takes over a dead run's. Raises
+    NotWritable (the folder or the marker cannot be written; nothing is left) or OutputBusy."""
     marker = os.path.join(output_dir, MARKER_FILE)
     try:
         os.makedirs(output_dir, exist_ok=True)
@@ -186,7 +146,7 @@ def claim_local(output_dir: str, run_id: str, job: bool = False) -> LocalClaim:
             "pass the path of a folder (it is created if missing)"
         ) from None
     except OSError as e:
-        raise NotWritable(f"--output_dir {output_dir} is not writable: {_reason(e)}") from None
+        raise not_writable(output_dir, e) from None
     for _ in range(CLAIM_TRIES):
         try:
             fd, fresh = os.open(marker, os.O_RDWR | os.O_CREAT | os.O_EXCL, 0o644), True
@@ -196,12 +156,12 @@ def claim_local(output_dir: str, run_id: str, job: bool = False) -> LocalClaim:
             except FileNotFoundError:
                 continue  # published or abandoned meanwhile
             except OSError as e:
-                raise NotWritable(f"--output_dir {output_dir} is not writable: {_reason(e)}") from None
+                raise not_writable(output_dir, e) from None
         except OSError as e:
-            raise NotWritable(f"--output_dir {output_dir} is not writable: {_reason(e)}") from None
+            raise not_writable(output_dir, e) from None
         try:
             previous = {} if fresh else parse_marker(read_fd(fd))
-            if not _lock(fd):
+            if not lock(fd, shared=False):
                 raise OutputBusy(
                     f"--output_dir {output_dir} is being written by another img2tfrecord run ({marker_owner(previous)})"
                 )
@@ -220,11 +180,11 @@ def claim_local(output_dir: str, run_id: str, job: bool = False) -> LocalClaim:
             except OSError as e:
                 if fresh:
                     os.unlink(marker)  # ours, still locked: a failed claim leaves nothing
-                raise NotWritable(f"--output_dir {output_dir} is not writable: {_reason(e)}") from None
+                raise not_writable(output_dir, e) from None
             # Shared from now on, so the job's fenced steps can lock it too. (The change is not
             # atomic: a claim that slips in sees a live marker or takes it over, then this
             # run finds another run id in it and is refused.)
-            share_lock(fd)
+            lock(fd, shared=True)
             if parse_marker(read_fd(fd)).get("run_id") != run_id:
                 raise OutputBusy(
                     f"--output_dir {output_dir} was claimed by another img2tfrecord run meanwhile"
@@ -237,24 +197,73 @@ def claim_local(output_dir: str, run_id: str, job: bool = False) -> LocalClaim:
     raise OutputBusy(f"--output_dir {output_dir}: other img2tfrecord runs keep claiming it; try again")
 
 
+class RemoteClaim(Claim):
+    """A claim on a gs:// folder: the marker object at `generation`, kept alive by a thread."""
+
+    def __init__(self, output_dir: str, run_id: str, resumed: str | None, generation: int, job: bool):
+        super().__init__(output_dir, run_id, resumed, job, generation)
+        self._alive = KeepAlive(Fence.of(self), active=True)
+
+    def _close(self) -> None:
+        self._alive.stop()  # no beat lands after the claim is released
+
+
+def claim_remote(output_dir: str, run_id: str, job: bool = False) -> RemoteClaim:
+    """Creates the marker of a gs:// folder, or takes over a dead run's. Raises NotWritable
+    (no permission, no such bucket, no answer) or OutputBusy (a fresh heartbeat)."""
+    blob = gcs.blob(f"{output_dir.rstrip('/')}/{MARKER_FILE}")
+
+    def upload(generation: int) -> int:
+        blob.metadata = {HEARTBEAT_KEY: repr(time.time())}
+        blob.upload_from_string(
+            marker_content(run_id, job),
+            content_type="application/json",
+            if_generation_match=generation,
+            retry=REQUEST_RETRY,
+        )
+        return blob.generation
+
+    try:
+        for _ in range(CLAIM_TRIES):
+            try:
+                return RemoteClaim(output_dir, run_id, None, upload(0), job)
+            except gexc.PreconditionFailed:
+                pass
+            existing = blob.bucket.get_blob(blob.name, retry=REQUEST_RETRY)
+            if existing is None:
+                continue  # published or abandoned meanwhile
+            previous = parse_marker(existing.download_as_bytes(retry=REQUEST_RETRY))
+            if previous.get("run_id") == run_id:  # our own create, retried after a lost answer
+                return RemoteClaim(output_dir, run_id, None, existing.generation, job)
+            age = heartbeat_age(existing)
+            if age < lease_seconds():
+                raise OutputBusy(
+                    f"--output_dir {output_dir} is being written by another img2tfrecord run "
+                    f"({marker_owner(previous)}, alive {age:.0f} s ago; a dead run's claim expires after "
+                    f"{lease_seconds():.0f} s)"
+                )
+            try:
+                generation = upload(existing.generation)
+            except gexc.PreconditionFailed:
+                continue  # another run took it over first
+            return RemoteClaim(output_dir, run_id, previous.get("run_id", "unknown"), generation, job)
+    except gexc.GoogleAPICallError as e:
+        raise not_writable(output_dir, (str(e).strip().splitlines() or [type(e).__name__])[0]) from None
+    except gexc.RetryError as e:
+        raise not_writable(output_dir, str(e.cause or e)) from None
+    raise OutputBusy(f"--output_dir {output_dir}: other img2tfrecord runs keep claiming it; try again")
+
+
 def claim_output(output_dir: str, overwrite: bool, run_id: str, job: bool = False) -> Claim:
     """Claims `output_dir` for run `run_id` and deletes what dead runs left there.
 
-    A folder holding a finished dataset, or shards no run of ours is known to have left,
-    is only claimed with `overwrite`; the leftovers of a dead run (its marker is there)
-    are taken over without it, so that a scheduler's retry of the same command succeeds.
-    `job`: the job runs outside this process and keeps the claim alive (fence.py).
-
-    Raises:
-      OutputBusy: a live run holds the folder, or it holds a dataset and not `overwrite`.
-      NotWritable: the folder cannot be written (nothing is left in it).
+    A folder holding a finished dataset (or shards of unknown origin) needs `overwrite`, else
+    OutputBusy; a dead run's leftovers do not, so a scheduler's retry succeeds. NotWritable
+    leaves nothing. `job`: the job runs outside this process and keeps the claim alive.
     """
-    if "://" in output_dir:
-        from transforms.output.lease import claim_remote  # the GCS client only where needed
-
-        claim: Claim = claim_remote(output_dir, run_id, job=job)
-    else:
-        claim = claim_local(output_dir, run_id, job)
+    claim = (
+        claim_remote(output_dir, run_id, job) if "://" in output_dir else claim_local(output_dir, run_id, job)
+    )
     try:
         names = list_children(output_dir)
         if claim.resumed is None and not overwrite and any(is_dataset_file(n) for n in names):

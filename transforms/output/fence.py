@@ -1,51 +1,111 @@
-"""The claim's token, carried by the job: every change to the published folder is fenced by it.
+"""The in-progress marker, the claim and its token: every change to the output is fenced.
 
-In: the output folder, the run id and, on gs://, the marker's generation (the claim's token,
-claim.py / lease.py). Out: `Fence`, a small picklable value that the graph ships to the steps
-that touch the output folder, and ClaimLost (a one-line user error, exit 2) once another run
-took the folder over. Two uses:
+In: a held claim (claim.py). Out: `Fence`, a small picklable token the graph ships to the
+steps that touch the output folder, and ClaimLost (one line, exit 2) once another run took
+the folder over; also the marker's content, lock and lease, shared with claim.py.
+docs/reliability.md ("Fencing") states the guarantees and their limits.
 
-- **Fenced changes** (`with fence.held() as keep:`): publishing (moving shards, writing
-  metadata, deleting stale files, removing the marker) runs inside it and calls `keep()`
-  between its steps.
-  - *Local folders:* the marker is opened and `flock`ed shared for the whole block and its
-    content must still name this run. A claim takes the lock exclusively (claim.py), so no
-    other run can take the folder over while a step is inside the block: the check and the
-    change are one atomic unit.
-  - *gs://:* buckets have no locks and a precondition only guards the object it writes, so
-    the block renews the lease by a metadata patch conditional on the marker's generation
-    (`if_generation_match`) first, and `keep()` renews it again when half a heartbeat has
-    passed: a renewal that succeeds proves the marker is still this run's and keeps any other
-    run from taking it over for a whole lease (LEASE_SECONDS by the claimer's clock). The
-    marker itself is deleted with `if_generation_match`, so it can only remove its own.
-- **A claim as long as the job** (`job`: the runner runs the steps outside the launcher,
-  e.g. PortableRunner, Dataflow): the job's long-running step (WriteShards) beats the lease
-  while it works (`keep_alive`), and checks the token at the start of every bundle, so a
-  killed launcher does not free the folder while the job runs, and an orphaned job that lost
-  the folder stops at its next beat. Local markers of such runs carry `"job": true` and their
-  modification time is the heartbeat.
-
-Beats on gs:// are conditional on the metageneration read just before
-(`if_metageneration_match`), and skipped while the last beat is younger than a heartbeat, so
-many workers beating together make about one write a heartbeat (GCS allows one write a
-second on one object). Limits are stated in docs/reliability.md.
+- `with fence.held() as keep:` wraps every change. Locally the marker is `flock`ed shared for
+  the block and must still name this run; a claim needs the lock exclusively, so check and
+  change are atomic. On gs:// (no locks) the block renews the lease by a patch conditional
+  on the marker's generation, and `keep()` again once half a heartbeat has passed: a renewal
+  that succeeds proves the marker is this run's and keeps others out for a whole lease.
+- `KeepAlive` beats the lease from a thread: the launcher's on gs://, and the job's long
+  steps when the job runs outside the launcher (`job`), so a killed launcher does not free
+  the folder and an orphaned job that lost it stops at its next beat (a local marker's beat
+  is its modification time). Beats are conditional on the metageneration just read and
+  skipped while the last is younger than a heartbeat: about one write a heartbeat however
+  many workers beat (GCS allows one a second on one object).
 """
 
 from __future__ import annotations
 
 import contextlib
 import dataclasses
+import errno
+import fcntl
+import json
+import logging
 import os
 import threading
 import time
 from collections.abc import Callable, Iterator
 
 from apache_beam.io.filesystems import FileSystems
+from google.api_core import exceptions as gexc
 
+from transforms import gcs
 from transforms.failures import USER_ERROR_MARKER
-from transforms.output.claim import read_fd, same_file, share_lock
-from transforms.output.marker import HEARTBEAT_KEY, Claim, heartbeat_seconds, heartbeat_thread, parse_marker
-from transforms.output.publish import MARKER_FILE
+from transforms.output.publish import MARKER_FILE, temp_dir_for
+from transforms.retry import DEFAULT_RETRY
+from transforms.testhooks import lease_seconds as _test_lease
+from transforms.writing.files import delete_paths
+
+# Leases (gs://; a local marker whose job runs outside the launcher): how often the live run
+# beats, and how old a beat may be before its run counts as dead (six missed beats).
+HEARTBEAT_SECONDS = 20.0
+LEASE_SECONDS = 120.0
+HEARTBEAT_KEY = "img2tfrecord-heartbeat"
+
+# flock errors of a filesystem without locks (some FUSE mounts): a marker there is a dead run's.
+_NO_LOCKS = frozenset({errno.ENOLCK, errno.EOPNOTSUPP, errno.ENOTSUP, errno.EINVAL, errno.ENOSYS})
+
+
+def lease_seconds() -> float:
+    """LEASE_SECONDS, or the shorter lease a fault-injection test asked for (transforms/testhooks.py)."""
+    return _test_lease(LEASE_SECONDS)
+
+
+def heartbeat_seconds() -> float:
+    """HEARTBEAT_SECONDS, or a sixth of a test's shorter lease."""
+    return min(HEARTBEAT_SECONDS, lease_seconds() / 6)
+
+
+def parse_marker(content: bytes) -> dict:
+    """A marker's JSON as a dict; {} for a marker cut short or empty (a kill while it was written)."""
+    try:
+        found = json.loads(content.decode("utf-8"))
+    except ValueError:
+        return {}
+    return found if isinstance(found, dict) else {}
+
+
+def same_file(fd: int, path: str) -> bool:
+    try:
+        here, there = os.fstat(fd), os.stat(path)
+    except FileNotFoundError:
+        return False
+    return (here.st_dev, here.st_ino) == (there.st_dev, there.st_ino)
+
+
+def lock(fd: int, shared: bool) -> bool:
+    """Locks the marker: shared waits out a claim in progress; exclusive does not wait and
+    returns False if another process holds it. True on a filesystem without locks."""
+    try:
+        fcntl.flock(fd, fcntl.LOCK_SH if shared else fcntl.LOCK_EX | fcntl.LOCK_NB)
+    except BlockingIOError:
+        return False
+    except OSError as e:
+        if e.errno not in _NO_LOCKS:
+            raise
+        if not shared:
+            logging.warning(
+                "the filesystem of the output folder has no file locks: a killed run's marker is taken over"
+            )
+    return True
+
+
+def read_fd(fd: int) -> bytes:
+    chunks, offset = [], 0
+    while chunk := os.pread(fd, 1 << 16, offset):
+        chunks.append(chunk)
+        offset += len(chunk)
+    return b"".join(chunks)
+
+
+# One request's retries (503s, resets): the one retry policy's, so a claim never hangs on a
+# bucket that does not answer (transforms/retry.py).
+REQUEST_RETRY = DEFAULT_RETRY.as_api_retry()
 
 
 class ClaimLost(RuntimeError):
@@ -54,14 +114,8 @@ class ClaimLost(RuntimeError):
 
 @dataclasses.dataclass(frozen=True)
 class Fence:
-    """A claim's token (see the module docstring).
-
-    Attributes:
-      output_dir: the claimed folder.
-      run_id: the run that claimed it (the token of a local marker).
-      generation: the gs:// marker's generation (its token); None locally.
-      job: the job's steps keep the claim alive (`keep_alive`).
-    """
+    """A claim's token: the run id locally, the marker's `generation` on gs:// (None locally);
+    `job`: the job's steps keep the claim alive (`keep_alive`)."""
 
     output_dir: str
     run_id: str
@@ -83,22 +137,17 @@ class Fence:
             f"({self.run_id}) stopped without changing it (the folder is the other run's)"
         )
 
-    def check(self) -> None:
-        """Raises ClaimLost unless the marker is still this run's."""
-        with self.held():
-            pass
-
     @contextlib.contextmanager
     def held(self) -> Iterator[Callable[[], None]]:
         """The block in which a step changes the published folder; yields `keep()`, to call
         between its steps (see the module docstring). Raises ClaimLost."""
         if self.generation is not None:
-            _GcsMarker(self).renew(force=True)
+            self.beat(force=True)
             renewed = [time.monotonic()]
 
             def keep() -> None:
                 if time.monotonic() - renewed[0] > heartbeat_seconds() / 2:
-                    _GcsMarker(self).renew(force=True)
+                    self.beat(force=True)
                     renewed[0] = time.monotonic()
 
             yield keep
@@ -108,7 +157,7 @@ class Fence:
         except FileNotFoundError:
             raise self.lost() from None
         try:
-            share_lock(fd)  # waits out a claim in progress (a few writes)
+            lock(fd, shared=True)
             if parse_marker(read_fd(fd)).get("run_id") != self.run_id or not same_file(fd, self.marker_path):
                 raise self.lost()
             if self.job:
@@ -117,104 +166,121 @@ class Fence:
         finally:
             os.close(fd)
 
-    def beat(self) -> None:
-        """Refreshes the lease if it is due (the job's steps); raises ClaimLost."""
-        if self.generation is not None:
-            _GcsMarker(self).renew(force=False)
-        else:
-            self.check()  # local: the check touches the marker of a job-kept claim
+    def beat(self, force: bool = False) -> None:
+        """Refreshes the lease (`force` False: only if the last beat is older than a heartbeat).
+        Locally, checks the marker (and touches a job-kept one). Raises ClaimLost."""
+        if self.generation is None:
+            with self.held():
+                pass
+        elif not renew(gcs.blob(self.marker_path), self.generation, force):
+            raise self.lost()
 
     def remove_marker(self) -> None:
         """Removes the marker if it is still this run's (the dataset is finished)."""
         if self.generation is not None:
-            _GcsMarker(self).delete()
+            with contextlib.suppress(gexc.PreconditionFailed, gexc.NotFound):
+                gcs.blob(self.marker_path).delete(if_generation_match=self.generation, retry=REQUEST_RETRY)
             return
         with contextlib.suppress(ClaimLost), self.held():
             os.unlink(self.marker_path)
 
     def keep_alive(self) -> KeepAlive:
-        """A heartbeat for a step of the job (started/stopped per bundle)."""
-        return KeepAlive(self)
+        """A heartbeat for a step of the job (started/stopped per bundle); inert unless `job`.
+        A job-kept claim is checked at once: an orphaned job stops before writing into the folder."""
+        if self.job:
+            self.beat()
+        return KeepAlive(self, self.job)
+
+
+def heartbeat_age(blob) -> float:
+    """Seconds since the last heartbeat of the gs:// marker `blob` (its upload if it has none)."""
+    try:
+        beat = float((blob.metadata or {}).get(HEARTBEAT_KEY, blob.updated.timestamp()))
+    except ValueError:
+        beat = blob.updated.timestamp()
+    return time.time() - beat
+
+
+def renew(blob, generation: int, force: bool) -> bool:
+    """Patches the heartbeat of the gs:// marker `blob`, conditional on `generation` and on the
+    metageneration just read; `force` False skips a beat younger than a heartbeat. False once
+    the marker is not the claim's any more (published, abandoned or taken over)."""
+
+    def ours() -> bool:
+        try:
+            blob.reload(retry=REQUEST_RETRY)
+        except gexc.NotFound:
+            return False
+        return blob.generation == generation
+
+    if not ours():
+        return False
+    if not force and heartbeat_age(blob) < heartbeat_seconds():
+        return True
+    blob.metadata = {HEARTBEAT_KEY: repr(time.time())}
+    try:
+        blob.patch(
+            if_generation_match=generation, if_metageneration_match=blob.metageneration, retry=REQUEST_RETRY
+        )
+    except gexc.NotFound:
+        return False
+    except gexc.PreconditionFailed:
+        return ours()  # taken over (lost), or another beat of this run landed first (renewed)
+    return True
 
 
 class KeepAlive:
-    """Beats a job-kept claim every heartbeat while a bundle runs; `check()` raises ClaimLost in
-    the bundle's thread once a beat found the folder taken over. Inert for launcher-kept claims."""
+    """Beats `fence` every heartbeat in a daemon thread while `active`; `check()` raises
+    ClaimLost in the caller's thread once a beat found the folder taken over."""
 
-    def __init__(self, fence: Fence):
+    def __init__(self, fence: Fence, active: bool):
         self._fence, self._lost = fence, None
-        self._thread: threading.Thread | None = None
-        self._stop: threading.Event | None = None
-        if fence.job:
-            fence.beat()  # at once: an orphaned job stops before writing into the folder
-            self._thread, self._stop = heartbeat_thread(self._beat, heartbeat_seconds())
+        self._stop = threading.Event()
+        self._thread = threading.Thread(target=self._loop, name="img2tfrecord-heartbeat", daemon=True)
+        if active:
+            self._thread.start()
 
-    def _beat(self) -> bool:
-        try:
-            self._fence.beat()
-        except ClaimLost as e:
-            self._lost = e
-            return False
-        except Exception:  # noqa: BLE001 - a missed beat is retried at the next one
-            pass
-        return True
+    def _loop(self) -> None:
+        while not self._stop.wait(heartbeat_seconds()):
+            try:
+                self._fence.beat()
+            except ClaimLost as e:
+                self._lost = e
+                return
+            except Exception as e:  # noqa: BLE001 - a missed beat is retried at the next one
+                logging.debug("heartbeat of %s failed: %s", self._fence.marker_path, e)
 
     def check(self) -> None:
         if self._lost is not None:
             raise self._lost
 
     def stop(self) -> None:
-        if self._stop is not None:
-            self._stop.set()
+        """Stops beating and waits for a beat in flight (bounded by REQUEST_RETRY), so no beat
+        lands after it returns."""
+        self._stop.set()
+        if self._thread.ident is not None:  # started
             self._thread.join()
-            self._stop = None
 
 
-class _GcsMarker:
-    """The gs:// marker object of a Fence, through google-cloud-storage (Beam's GCS client)."""
+class Claim:
+    """A held claim on an output folder (claim.py); `resumed` is the id of the dead run whose
+    marker was taken over ('unknown' if cut short), or None; the rest as Fence's."""
 
-    def __init__(self, fence: Fence):
-        from transforms import gcs
+    def __init__(self, output_dir: str, run_id: str, resumed: str | None, job: bool, generation: int | None):
+        self.output_dir, self.run_id, self.resumed = output_dir, run_id, resumed
+        self.job, self.generation = job, generation
 
-        self._fence = fence
-        self._blob = gcs.blob(fence.marker_path)
-
-    def renew(self, force: bool) -> None:
-        """Patches the heartbeat, conditional on the generation (and the metageneration just
-        read); `force` False skips a beat younger than a heartbeat. Raises ClaimLost."""
-        from google.api_core import exceptions as gexc
-
-        from transforms.output.lease import REQUEST_RETRY, heartbeat_age
-
-        fence, blob = self._fence, self._blob
-
-        def reload() -> None:
-            try:
-                blob.reload(retry=REQUEST_RETRY)
-            except gexc.NotFound:
-                raise fence.lost() from None
-            if blob.generation != fence.generation:
-                raise fence.lost()
-
-        reload()
-        if (
-            not force
-            and heartbeat_age(blob.metadata, blob.updated.timestamp(), time.time()) < heartbeat_seconds()
-        ):
-            return
-        blob.metadata = {HEARTBEAT_KEY: repr(time.time())}
+    def release(self, abandon: bool = False) -> None:
+        """Ends the claim (publishing removes the marker). `abandon`: the run stops before
+        publishing (a user error, a dry run): its staging folder goes and, if the claim was
+        fresh, its marker too; a taken-over marker stays (it covers the dead run's leftovers)."""
         try:
-            blob.patch(
-                if_generation_match=fence.generation,
-                if_metageneration_match=blob.metageneration,
-                retry=REQUEST_RETRY,
-            )
-        except gexc.NotFound:
-            raise fence.lost() from None
-        except gexc.PreconditionFailed:
-            reload()  # taken over (lost), or another beat of this run landed first (renewed)
+            if abandon:
+                delete_paths([temp_dir_for(self.output_dir, self.run_id)])
+                if self.resumed is None:
+                    Fence.of(self).remove_marker()
+        finally:
+            self._close()
 
-    def delete(self) -> None:
-        from transforms.output.lease import delete_marker
-
-        delete_marker(self._blob, self._fence.generation)
+    def _close(self) -> None:
+        """Lets go of the lock or stops the heartbeat."""

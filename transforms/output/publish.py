@@ -1,29 +1,17 @@
 """The output folder's life cycle: stage a run in it, publish atomically, retry safely.
 
-A run works in `<output_dir>/beam-temp-img2tfrecord-<run_id>/` and leaves a marker file
-(`.img2tfrecord-in-progress.json`) in the output folder from the moment it claims it
-(transforms/output/claim.py: exclusive, and how a live run's marker is told from a dead
-one's) until its dataset is published. Publishing renames the staged shards, then
-failures.jsonl and labels.txt, and summary.json last: summary.json present and no marker
-means a finished dataset. A run killed at any point (SIGKILL included) therefore leaves
-no summary.json without a marker, and the next run of the same command, seeing the
-marker of a dead run, knows that whatever it finds belongs to an interrupted run of its
-own and replaces it (idempotent retries). A finished dataset, or shards that no run of
-ours is known to have left, are only replaced with --overwrite, and then completely: old
-shards the new run does not produce are deleted. A run that stops short of a dataset
-(too many failures) keeps a finished dataset it was to replace (publish_failures_only).
-
-Everything goes through Beam's FileSystems, so the same code serves local folders and
-gs:// buckets; local paths are never used as glob patterns. On gs:// (where a rename is a
-copy plus a delete) publishing works on lists: one listing per staging folder tells what is
-left to move, and the moves, overwritten files and stale files go to GCS in batch requests
-(up to 100 operations a request, transforms/gcs.py under the one retry policy), not one
-round trip per file.
+A run stages in `<output_dir>/beam-temp-img2tfrecord-<run_id>/` and keeps the marker
+`.img2tfrecord-in-progress.json` from its claim until its dataset is published: summary.json
+present and no marker means a finished dataset (docs/reliability.md, "Atomic output"). Local
+folders and gs:// go through the same code (Beam's FileSystems, transforms/gcs.py; local
+paths are never glob patterns); on gs:// one listing per folder tells what is left to move
+and the moves and deletes go in batch requests, not one round trip per file.
 """
 
 from __future__ import annotations
 
 import contextlib
+import itertools
 import os
 import re
 from collections.abc import Callable
@@ -36,7 +24,7 @@ from transforms import gcs
 from transforms.gcs import DELIMITER, split_gcs_path
 from transforms.paths import escape_glob
 from transforms.testhooks import pause_if_asked
-from transforms.writing.files import delete_paths, write_text
+from transforms.writing.files import delete_paths
 
 SUMMARY_FILE = "summary.json"
 LABELS_FILE = "labels.txt"
@@ -44,8 +32,7 @@ FAILURES_FILE = "failures.jsonl"
 # Metadata files of a dataset, in publishing order: summary.json, written last, marks it finished.
 METADATA_FILES = (FAILURES_FILE, LABELS_FILE, SUMMARY_FILE)
 MARKER_FILE = ".img2tfrecord-in-progress.json"
-# The failures of a run that stopped short (too many failures) while a finished dataset,
-# kept, was in the folder; removed by the next published dataset.
+# Failures of a run that stopped short (exit 3) next to a kept dataset; the next one removes it.
 ABORTED_FAILURES_FILE = "aborted-failures.jsonl"
 # In a run's staging folder: why it stopped short (read by the entry point, exit 3).
 ABORTED_FILE = "aborted.txt"
@@ -117,21 +104,15 @@ def existing_files(paths: list[str]) -> set[str]:
             found.add(path)
     for folder, wanted in folders.items():
         bucket, prefix = split_gcs_path(folder)
-        names = {
-            f"gs://{bucket}/{name}"
-            for name, size in gcs.lister(bucket)(prefix, DELIMITER)
-            if size is not None
-        }
-        found.update(names.intersection(wanted))
+        listed = gcs.lister(bucket)(prefix, DELIMITER)  # (name, size), size None for a folder
+        found.update(
+            {f"gs://{bucket}/{name}" for name, size in listed if size is not None}.intersection(wanted)
+        )
     return found
 
 
 def delete_files(paths: list[str]) -> None:
-    """Deletes files (not folders) if they exist; on gs:// in batch requests.
-
-    Raises:
-      StoreUnreachable: a gs:// file that exists could not be deleted (one line).
-    """
+    """Deletes files (not folders) if they exist; on gs:// in batch requests (StoreUnreachable)."""
     remote = [p for p in paths if p.startswith("gs://")]
     delete_paths([p for p in paths if not p.startswith("gs://")])
     gcs.delete_batch(remote)
@@ -147,7 +128,7 @@ def rename_files(pairs: list[tuple[str, str]]) -> None:
 
 
 class Fence(Protocol):
-    """What publishing needs of a claim's token (transforms/output/fence.py, which imports this module)."""
+    """What publishing needs of a claim's token (fence.py, which imports this module)."""
 
     def held(self) -> AbstractContextManager[Callable[[], None]]: ...
 
@@ -166,20 +147,15 @@ def _remove_marker(output_dir: str, fence: Fence | None) -> None:
         delete_paths([FileSystems.join(output_dir, MARKER_FILE)])
 
 
-def publish_failures_only(output_dir: str, staged_failures: str, fence: Fence | None = None) -> bool:
-    """Publishes the failures of a run that stops short of a dataset (too many failures).
+def publish_failures_only(output_dir: str, staged_failures: str, fence: Fence) -> bool:
+    """Publishes the failures of a run that stops short of a dataset (too many failures);
+    True if an old dataset was kept. Fenced like publish; safe to run again after a crash.
 
-    A finished dataset already in the folder (the run was replacing it with --overwrite)
-    is kept whole: the failures go next to it as ABORTED_FAILURES_FILE and the marker is
-    removed, so the folder holds its old, finished dataset again. Otherwise the failures
-    are published as failures.jsonl and the marker stays (no dataset: the folder is an
-    unfinished run's, which the next run takes over). Safe to run again after a crash.
-    Fenced by `fence` (transforms/output/fence.py), like publish.
-
-    Returns:
-      True if an old dataset was kept.
+    A finished dataset already in the folder (replaced with --overwrite) is kept whole: the
+    failures go next to it as ABORTED_FAILURES_FILE and the marker is removed. Otherwise they
+    are published as failures.jsonl and the marker stays (an unfinished run's folder).
     """
-    with _fenced(fence):
+    with fence.held():
         if not gcs.exists(FileSystems.join(output_dir, SUMMARY_FILE)):
             publish(output_dir, [(staged_failures, FAILURES_FILE)], keep_marker=True, fence=fence)
             return False
@@ -188,17 +164,12 @@ def publish_failures_only(output_dir: str, staged_failures: str, fence: Fence | 
             if "://" in final:
                 delete_paths([final])  # copy-based renames may refuse to overwrite
             rename_files([(staged_failures, final)])
-        _remove_marker(output_dir, fence)
+        fence.remove_marker()
     return True
 
 
-def mark_aborted(temp_dir: str, reason: str) -> None:
-    """Records in the run's staging folder why it stopped short of publishing a dataset."""
-    write_text(FileSystems.join(temp_dir, ABORTED_FILE), reason)
-
-
 def aborted_reason(output_dir: str, run_id: str) -> str | None:
-    """Why run `run_id` did not publish its dataset, if it stopped on purpose (see mark_aborted)."""
+    """Why run `run_id` did not publish its dataset, if it stopped on purpose (FinalizeFn)."""
     path = FileSystems.join(temp_dir_for(output_dir, run_id), ABORTED_FILE)
     if not gcs.exists(path):
         return None
@@ -215,66 +186,49 @@ def publish(
 ) -> None:
     """Makes a staged run the dataset in `output_dir`. Safe to run again after a crash.
 
-    `moves` are (staged path, final name) pairs, shards first and summary.json last.
-    The old summary.json goes first (from then on the folder holds no finished dataset),
-    then every other dataset file this run does not produce, so nothing old survives
-    next to the new shards. The moves follow in three steps, each renaming its files at
-    once (in parallel batches on gs://): the shards and reader files, then failures.jsonl
-    and labels.txt, then summary.json. Moves whose staged file is gone were done by an
-    earlier try (a finalize retried by the runner). Then `cleanup` (the run's staging
-    folder) is deleted and the marker removed last.
-
-    Every change is made inside `fence.held()` (transforms/output/fence.py): while the claim
-    is provably this run's, renewed between the steps; a run that lost its claim raises
-    ClaimLost before its first change.
-
-    Args:
-      keep_marker: leave the in-progress marker (a run that publishes only its failures).
-      fence: the claim's token (None: unfenced, for tests of the renames alone).
-      cleanup: paths deleted once everything is in place, before the marker goes.
+    `moves` are (staged path, final name) pairs. The old summary.json goes first (from then on
+    the folder holds no finished dataset), then every other dataset file this run does not
+    produce. The moves follow in three steps, each renamed at once (batches on gs://): the
+    shards and reader files, then failures.jsonl and labels.txt, then summary.json; a move
+    whose staged file is gone was done by an earlier try. Then `cleanup` (the run's staging
+    folder) is deleted and the marker removed, unless `keep_marker` (a run that publishes only
+    its failures). Every change is made inside `fence.held()`, renewed between the steps
+    (`fence` None: unfenced, for tests of the renames alone).
 
     Raises:
       FileNotFoundError: a staged file is missing and was never published.
       ClaimLost: another run took the folder over.
     """
+
+    def step_of(move: tuple[str, str]) -> int:
+        return {FAILURES_FILE: 1, LABELS_FILE: 1, SUMMARY_FILE: 2}.get(move[1], 0)
+
+    finals = {name: staged for staged, name in moves}
     with _fenced(fence) as keep:
-        _publish(output_dir, moves, keep)
+        staged_now = existing_files([staged for staged, _ in moves])
+        if SUMMARY_FILE not in finals or finals[SUMMARY_FILE] in staged_now:
+            # Not yet published by this run (or an earlier try of it): retire the old one.
+            delete_paths([FileSystems.join(output_dir, SUMMARY_FILE)])
+        children = list_children(output_dir)
+        stale = [n for n in children if is_dataset_file(n) and n not in finals]
+        delete_files([FileSystems.join(output_dir, n) for n in stale])
+        for _, step in itertools.groupby(sorted(moves, key=step_of), key=step_of):
+            keep()
+            pairs, replaced = [], []
+            for staged, name in step:
+                final = FileSystems.join(output_dir, name)
+                if staged in staged_now:
+                    pairs.append((staged, final))
+                    if "://" in final and name in children:
+                        replaced.append(final)  # copy-based renames may refuse to overwrite
+                elif name not in children:
+                    raise FileNotFoundError(
+                        f"staged file {staged} is missing and {final} was never published"
+                    )
+            delete_files(replaced)
+            if pairs:  # every file of the step at once (on gs:// copies, then deletes, in batches)
+                rename_files(pairs)
+            pause_if_asked("publish")
         delete_paths(list(cleanup))
         if not keep_marker:
             _remove_marker(output_dir, fence)
-
-
-def _publish(output_dir: str, moves: list[tuple[str, str]], keep) -> None:
-    finals = {name: staged for staged, name in moves}
-    staged_now = existing_files([staged for staged, _ in moves])
-    if SUMMARY_FILE not in finals or finals[SUMMARY_FILE] in staged_now:
-        # Not yet published by this run (or an earlier try of it): retire the old one.
-        delete_paths([FileSystems.join(output_dir, SUMMARY_FILE)])
-    children = list_children(output_dir)
-    stale = [n for n in children if is_dataset_file(n) and n not in finals]
-    delete_files([FileSystems.join(output_dir, n) for n in stale])
-    for step in _publish_steps(moves):
-        keep()
-        pairs, replaced = [], []
-        for staged, name in step:
-            final = FileSystems.join(output_dir, name)
-            if staged in staged_now:
-                pairs.append((staged, final))
-                if "://" in final and name in children:
-                    replaced.append(final)  # copy-based renames may refuse to overwrite
-            elif name not in children:
-                raise FileNotFoundError(f"staged file {staged} is missing and {final} was never published")
-        delete_files(replaced)
-        if pairs:  # every file of the step at once (on gs:// copies, then deletes, in batches)
-            rename_files(pairs)
-        pause_if_asked("publish")
-
-
-def _publish_steps(moves: list[tuple[str, str]]) -> list[list[tuple[str, str]]]:
-    """`moves` in publishing order, in steps renamed at once: the shards and reader files,
-    then failures.jsonl and labels.txt, then summary.json (each step only if not empty)."""
-    last = {FAILURES_FILE: 1, LABELS_FILE: 1, SUMMARY_FILE: 2}
-    steps: list[list[tuple[str, str]]] = [[], [], []]
-    for staged, name in moves:
-        steps[last.get(name, 0)].append((staged, name))
-    return [step for step in steps if step]

@@ -25,68 +25,54 @@ def build_summary(
     `duplicates`; `schema`, `rename_keys`, `store` and `image_format` say how to parse.
     """
 
-    def counts() -> dict:
-        return {"listed": 0, "written": 0, "failed": 0}
-
     splits: dict[str, dict] = {}
 
-    def split_entry(split: str) -> dict:
-        if split not in splits:
-            splits[split] = {**counts(), "shards": 0, "bytes": 0, "classes": {}}
-        return splits[split]
+    def add(split: str, cls: str | None, field: str, n: int) -> None:
+        zeros = {"listed": 0, "written": 0, "failed": 0}
+        entry = splits.setdefault(split, {**zeros, "shards": 0, "bytes": 0, "classes": {}})
+        entry[field] += n
+        if cls is not None:
+            entry["classes"].setdefault(cls, dict(zeros))[field] += n
 
-    def class_entry(split: str, cls: str) -> dict:
-        return split_entry(split)["classes"].setdefault(cls, counts())
-
-    for (split, cls), n in listed.items():
-        split_entry(split)["listed"] += n
-        class_entry(split, cls)["listed"] += n
-    for (split, cls), n in written.items():
-        split_entry(split)["written"] += n
-        class_entry(split, cls)["written"] += n
-    reasons: collections.Counter = collections.Counter(dict(failures.by_stage))
-    for (split, cls), n in failures.by_class:
-        split_entry(split)["failed"] += n
-        class_entry(split, cls)["failed"] += n
+    for field, counts in (
+        ("listed", listed.items()),
+        ("written", written.items()),
+        ("failed", failures.by_class),
+    ):
+        for (split, cls), n in counts:
+            add(split, cls, field, n)
     for s in shards:
-        split_entry(s.split)["shards"] += 1
-        split_entry(s.split)["bytes"] += s.bytes
+        add(s.split, None, "shards", 1)
+        add(s.split, None, "bytes", s.bytes)
+    for entry in splits.values():
+        entry["classes"] = dict(sorted(entry["classes"].items()))
     written_per_class: collections.Counter = collections.Counter()
     for (_, cls), n in written.items():
         written_per_class[cls] += n
-    for entry in splits.values():
-        entry["classes"] = dict(sorted(entry["classes"].items()))
+    settings = settings or EncodeSettings()
+    by_stage = dict(sorted(failures.by_stage))
     return {
         "listed": listed_total,
         "written": sum(written.values()),
         "failed": failures.failed,
-        "failed_by_stage": dict(sorted(reasons.items())),
+        "failed_by_stage": by_stage,
         "written_per_class": dict(sorted(written_per_class.items())),
         "num_classes": len(class_index.names),
         "class_names": list(class_index.names),
         "label_offset": class_index.offset,
         "splits": dict(sorted(splits.items())),
-        **_image_fields(settings or EncodeSettings(), reasons),
-    }
-
-
-def _image_fields(settings: EncodeSettings, reasons: collections.Counter) -> dict:
-    """How images were stored and which schema to parse them with (see transforms.encoding.schema)."""
-    return {
+        # How images were stored and which schema to parse them with (transforms.encoding.schema).
         "schema": settings.schema,
         "rename_keys": dict(settings.rename_keys),
         "store": settings.store,
         "image_format": settings.image_format,
-        "duplicates": reasons.get(DEDUPE_STAGE, 0),
+        "duplicates": by_stage.get(DEDUPE_STAGE, 0),
     }
 
 
 def accounting_error(summary: dict) -> str | None:
-    """Where `listed == written + failed` does not hold in a summary, or None.
-
-    Checked at the top level, per split and per class before anything is published: a
-    mismatch means an image was lost (or counted twice) by a bug, and must not pass silently.
-    """
+    """Where `listed == written + failed` does not hold (overall, per split, per class), or None:
+    checked before anything is published, as a mismatch means a bug lost or double-counted an image."""
 
     def mismatch(where: str, c: dict) -> str | None:
         if c["listed"] != c["written"] + c["failed"]:

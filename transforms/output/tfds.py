@@ -1,18 +1,16 @@
 """Metadata next to the shards so that existing readers load them without glue code.
 
-- TFDS: `dataset_info.json` + `features.json` (+ one `<feature>.labels.txt` per ClassLabel),
-  the files `tfds.builder_from_directory(output_dir)` reads. The split entries carry a
-  file-name template matching `<split>-SSSSS-of-NNNNN.tfrecord` and the record count of
-  every shard; `features.json` is derived from the schema preset (nested at '/', the way
-  TFDS flattens feature names into Example keys).
+- TFDS: `dataset_info.json` (split shard lengths, a `<split>-SSSSS-of-NNNNN` template),
+  `features.json` (from the schema, nested at '/' as TFDS flattens feature names into
+  Example keys) and `<feature>.labels.txt`: what `tfds.builder_from_directory` reads.
 - ODAPI: `label_map.pbtxt` (`item { id: 1 name: "cat" }`).
 
-Pure functions build the documents (no TFDS import: it is not a runtime dependency);
-`write_reader_metadata` writes them.
+Pure functions build the documents (TFDS is not a runtime dependency).
 """
 
 from __future__ import annotations
 
+import itertools
 import json
 import re
 
@@ -22,7 +20,6 @@ from transforms.encoding.schema import Schema
 from transforms.images.decoding import (
     BYTES_FEATURE,
     IMAGE_FEATURE,
-    RAW_FEATURE,
     STORE_ENCODED,
     image_feature_kind,
 )
@@ -43,71 +40,46 @@ _FEATURES = "tensorflow_datasets.core.features."
 _DTYPES = {"int64": "int64", "float": "float32", "bytes": "string"}
 
 
+def _feature(cls: str, **body) -> dict:
+    return {"pythonClassName": _FEATURES + cls, **body}
+
+
 def _tensor(kind: str, scalar: bool) -> dict:
     if kind == "bytes":
-        text = {"pythonClassName": _FEATURES + "text_feature.Text", "text": {}}
+        text = _feature("text_feature.Text", text={})
         return text if scalar else _sequence(text)
-    dims = [] if scalar else ["-1"]
-    return {
-        "pythonClassName": _FEATURES + "tensor_feature.Tensor",
-        "tensor": {"shape": {"dimensions": dims}, "dtype": _DTYPES[kind], "encoding": "none"},
-    }
+    shape = {"dimensions": [] if scalar else ["-1"]}
+    return _feature(
+        "tensor_feature.Tensor", tensor={"shape": shape, "dtype": _DTYPES[kind], "encoding": "none"}
+    )
 
 
 def _sequence(feature: dict) -> dict:
-    return {
-        "pythonClassName": _FEATURES + "sequence_feature.Sequence",
-        "sequence": {"feature": feature, "length": "-1"},
-    }
-
-
-def _class_label(num_classes: int) -> dict:
-    return {
-        "pythonClassName": _FEATURES + "class_label_feature.ClassLabel",
-        "classLabel": {"numClasses": str(num_classes)},
-    }
-
-
-def _image() -> dict:
-    # Decoded by TFDS with tf.image.decode_image(channels=3): RGB whatever was stored.
-    return {
-        "pythonClassName": _FEATURES + "image_feature.Image",
-        "image": {"shape": {"dimensions": ["-1", "-1", "3"]}, "dtype": "uint8"},
-    }
-
-
-def _raw_pixels() -> dict:
-    # Stored as one bytes value; TFDS decodes it with tf.io.decode_raw to a flat uint8 vector.
-    return {
-        "pythonClassName": _FEATURES + "tensor_feature.Tensor",
-        "tensor": {"shape": {"dimensions": ["-1"]}, "dtype": "uint8", "encoding": "bytes"},
-    }
+    return _feature("sequence_feature.Sequence", sequence={"feature": feature, "length": "-1"})
 
 
 def _image_feature(kind: str) -> dict:
-    return {IMAGE_FEATURE: _image, BYTES_FEATURE: lambda: _tensor("bytes", True), RAW_FEATURE: _raw_pixels}[
-        kind
-    ]()
+    if kind == IMAGE_FEATURE:  # decoded by TFDS with tf.image.decode_image(channels=3): RGB
+        return _feature(
+            "image_feature.Image", image={"shape": {"dimensions": ["-1", "-1", "3"]}, "dtype": "uint8"}
+        )
+    if kind == BYTES_FEATURE:
+        return _tensor("bytes", True)
+    # RAW_FEATURE: one bytes value, decoded by TFDS with tf.io.decode_raw to a flat uint8 vector.
+    shape = {"dimensions": ["-1"]}
+    return _feature("tensor_feature.Tensor", tensor={"shape": shape, "dtype": "uint8", "encoding": "bytes"})
 
 
 def _features_dict(features: dict) -> dict:
-    return {
-        "pythonClassName": _FEATURES + "features_dict.FeaturesDict",
-        "featuresDict": {"features": features},
-    }
+    return _feature("features_dict.FeaturesDict", featuresDict={"features": features})
 
 
 def class_label_names(class_names: list[str], offset: int) -> list[str]:
     """ClassLabel names by id: ids below `offset` get a placeholder name (unique: one that is a
     class name is skipped), in time linear in `offset` plus the class count."""
     taken = set(class_names)
-    fillers, n = [], 0
-    while len(fillers) < offset:
-        name = _BACKGROUND if n == 0 else f"{_BACKGROUND}_{n}"
-        if name not in taken:
-            fillers.append(name)
-        n += 1
-    return fillers + list(class_names)
+    names = (_BACKGROUND if n == 0 else f"{_BACKGROUND}_{n}" for n in itertools.count())
+    return list(itertools.islice((name for name in names if name not in taken), offset)) + list(class_names)
 
 
 def is_single_label(summary: dict) -> bool:
@@ -119,10 +91,10 @@ def is_single_label(summary: dict) -> bool:
 def features_json(schema: Schema, num_labels: int, single_label: bool, image: str = IMAGE_FEATURE) -> dict:
     """The TFDS `features.json` document for records written with `schema`.
 
-    The image becomes what `image` says (transforms.images.decoding.image_feature_kind): an `Image`
-    (decoded to RGB), the encoded bytes as `Text`, or raw pixels as a flat uint8 `Tensor`
-    (reshape by the height, width and channels features); the label a `ClassLabel` (a `Sequence` of them for multi-label data and
-    per-object labels), other bytes `Text`, numbers `Tensor`.
+    The image becomes what `image` says (images.decoding.image_feature_kind): an `Image`
+    (decoded to RGB), the encoded bytes as `Text`, or raw pixels as a flat uint8 `Tensor`;
+    the label a `ClassLabel` (a `Sequence` of them for multi-label data and per-object
+    labels), other bytes `Text`, numbers `Tensor`.
 
     Raises:
       ValueError: a key clashes with a group of nested keys.
@@ -133,7 +105,7 @@ def features_json(schema: Schema, num_labels: int, single_label: bool, image: st
         if key == schema.image_key:
             feature = _image_feature(image)
         elif key == schema.label_key:
-            label = _class_label(num_labels)
+            label = _feature("class_label_feature.ClassLabel", classLabel={"numClasses": str(num_labels)})
             one = single_label and (scalar or not key.startswith(PER_OBJECT_PREFIX))
             feature = label if one else _sequence(label)
         else:
@@ -157,11 +129,6 @@ def features_json(schema: Schema, num_labels: int, single_label: bool, image: st
     return _features_dict(wrap(root))
 
 
-def class_label_file(schema: Schema) -> str:
-    """Where TFDS looks for the ClassLabel names: `<key with '/' as '-'>.labels.txt`."""
-    return schema.label_key.replace("/", "-") + ".labels.txt"
-
-
 def tfds_name(output_dir: str) -> str:
     """A TFDS dataset name (snake_case) from the output folder's name."""
     base = output_dir.rstrip("/").rsplit("/", 1)[-1]
@@ -169,41 +136,11 @@ def tfds_name(output_dir: str) -> str:
     return name if name and name[0].isalpha() else f"img2tfrecord_{name}".rstrip("_")
 
 
-def dataset_info_json(name: str, split_shards: dict[str, list[int]], split_bytes: dict[str, int]) -> dict:
-    """The TFDS `dataset_info.json` document (the DatasetInfo proto as JSON).
-
-    Args:
-      name: dataset name.
-      split_shards: split -> record count of each shard, in shard order.
-      split_bytes: split -> bytes written.
-    """
-    return {
-        "name": name,
-        "description": "Images converted to TFRecord by img2tfrecord.",
-        "version": TFDS_VERSION,
-        "fileFormat": "tfrecord",
-        "moduleName": "img2tfrecord",
-        "splits": [
-            {
-                "name": split,
-                "numBytes": str(split_bytes.get(split, 0)),
-                "shardLengths": [str(n) for n in lengths],
-                "filepathTemplate": TFDS_FILEPATH_TEMPLATE,
-            }
-            for split, lengths in sorted(split_shards.items())
-        ],
-    }
-
-
-def _quote(text: str) -> str:
-    return json.dumps(text, ensure_ascii=False)  # a valid text-format string literal
-
-
 def label_map_pbtxt(class_names: list[str], offset: int) -> str:
     """An Object Detection API label map: one `item { id name }` per class."""
+    quoted = [json.dumps(name, ensure_ascii=False) for name in class_names]  # text-format literals
     return "".join(
-        f"item {{\n  id: {i + offset}\n  name: {_quote(name)}\n  display_name: {_quote(name)}\n}}\n"
-        for i, name in enumerate(class_names)
+        f"item {{\n  id: {i + offset}\n  name: {q}\n  display_name: {q}\n}}\n" for i, q in enumerate(quoted)
     )
 
 
@@ -219,11 +156,8 @@ def write_reader_metadata(
     """Writes the reader metadata files into `output_dir` (or a staging folder); returns their names.
 
     TFDS reads uncompressed TFRecords only, so gzip output gets no TFDS files. The image
-    feature follows the store mode and the stored `image_formats` (image_feature_kind): an
-    `Image` only when TFDS decodes every stored format to 3-D.
-
-    Args:
-      name: the TFDS dataset name; by default derived from `output_dir`'s name.
+    feature follows the store mode and the stored `image_formats`: an `Image` only when TFDS
+    decodes every stored format to 3-D. `name`: the TFDS name (default: from `output_dir`).
     """
     names = summary.get("class_names", [])
     offset = summary.get("label_offset", 0)
@@ -236,9 +170,25 @@ def write_reader_metadata(
     labels = class_label_names(names, offset)
     image = image_feature_kind(summary.get("store", STORE_ENCODED), frozenset(image_formats))
     features = features_json(schema, len(labels), is_single_label(summary), image=image)
-    write_text(FileSystems.join(output_dir, class_label_file(schema)), "".join(n + "\n" for n in labels))
+    label_file = schema.label_key.replace("/", "-") + ".labels.txt"  # where TFDS looks for the names
+    write_text(FileSystems.join(output_dir, label_file), "".join(n + "\n" for n in labels))
     write_text(FileSystems.join(output_dir, FEATURES_FILE), json.dumps(features, indent=2) + "\n")
-    split_bytes = {s: v.get("bytes", 0) for s, v in summary.get("splits", {}).items()}
-    info = dataset_info_json(name or tfds_name(output_dir), split_shards, split_bytes)
+    splits = summary.get("splits", {})
+    info = {  # the DatasetInfo proto as JSON
+        "name": name or tfds_name(output_dir),
+        "description": "Images converted to TFRecord by img2tfrecord.",
+        "version": TFDS_VERSION,
+        "fileFormat": "tfrecord",
+        "moduleName": "img2tfrecord",
+        "splits": [
+            {
+                "name": split,
+                "numBytes": str(splits.get(split, {}).get("bytes", 0)),
+                "shardLengths": [str(n) for n in lengths],
+                "filepathTemplate": TFDS_FILEPATH_TEMPLATE,
+            }
+            for split, lengths in sorted(split_shards.items())
+        ],
+    }
     write_text(FileSystems.join(output_dir, DATASET_INFO_FILE), json.dumps(info, indent=2) + "\n")
-    return written + [class_label_file(schema), FEATURES_FILE, DATASET_INFO_FILE]
+    return written + [label_file, FEATURES_FILE, DATASET_INFO_FILE]

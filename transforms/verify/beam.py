@@ -32,18 +32,11 @@ class CheckShardFn(beam.DoFn):
 
 
 class VerifyShards(beam.PTransform):
-    """Checks each shard path in parallel: PCollection[str] -> PCollection[ShardCheck].
+    """Checks each shard path in parallel: PCollection[str] -> PCollection[ShardCheck]. No side
+    input (the format and class names are configuration), no group but the Reshuffle of paths."""
 
-    The side data is configuration only (the DatasetFormat and the class names of
-    summary.json); no GroupByKey beyond the Reshuffle of the shard paths.
-    """
-
-    def __init__(
-        self, fmt: DatasetFormat | str, class_names: list[str], offset: int = 0, decode_all: bool = False
-    ):
+    def __init__(self, fmt: DatasetFormat, class_names: list[str], offset: int = 0, decode_all: bool = False):
         super().__init__()
-        fmt = DatasetFormat(fmt) if isinstance(fmt, str) else fmt
-        fmt.schema  # noqa: B018 - fail early on an unknown schema
         self._fn = CheckShardFn(fmt, list(class_names), offset, decode_all)
 
     def expand(self, paths: beam.PCollection[str]) -> beam.PCollection[ShardCheck]:

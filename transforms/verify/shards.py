@@ -1,30 +1,27 @@
 """Checking written shards: framing, CRCs, Example parsing, image decoding, index files.
 
-`check_shard` is the pure core: it reads one shard record by record (`iter_records`),
-parses every Example with the dataset's spec (its DatasetFormat: schema with renames, store
-mode), decodes a sample of the images (or all) the way the dataset's readers decode them,
-and counts records and bytes per class. Decoding checks: the image decodes as
-`load_dataset` decodes it (raw pixels: exactly height x width x channels bytes) to the
-stored shape, and, when a reader of the dataset decodes with `expand_animations=True` (TFDS's
-`Image` in features.json, the tfds/odapi presets' decoders), to a 3-D image; for those readers
-every record (decoded or not) is also checked for a format of DECODED_4D_FORMATS. It stops
-at the first bad record and reports its byte offset. `VerifyShards` runs it as a Beam transform (one element per shard) for outputs too
-big for one machine; `inspect` uses the same function for its statistics and samples.
+`check_shard` reads one shard record by record (`iter_records`), parses every Example with
+the dataset's spec (its DatasetFormat: schema with renames, store mode), decodes a sample of
+the images (or all) as the dataset's readers do, and counts records and bytes per class. An
+image must decode as `load_dataset` decodes it (raw pixels: exactly height x width x channels
+bytes) to the stored shape and, when a reader decodes with `expand_animations=True` (TFDS's
+`Image`, the tfds/odapi presets), to 3-D; for those readers every record is also checked for a
+format of DECODED_4D_FORMATS. It stops at the first bad record and reports its byte offset.
+beam.py runs it one shard per element; `inspect` uses it for its statistics and samples.
 """
 
 from __future__ import annotations
 
 import collections
 import dataclasses
+import io
 import json
 import zlib
-from collections.abc import Iterable
 
 from apache_beam.io.filesystem import CompressionTypes
 
 from transforms import gcs
 from transforms.encoding.dataset_format import DatasetFormat
-from transforms.encoding.schema import Schema
 from transforms.encoding.tfrecord import RECORD_OVERHEAD, RecordError, iter_records
 from transforms.images.check import detect_format
 from transforms.images.decoding import decodes_4d, raw_size
@@ -37,19 +34,11 @@ _PARSE_BATCH = 256
 class ShardCheck:
     """What one shard holds, and the first problem found in it.
 
-    Attributes:
-      path: the shard.
-      records: records read before the first problem (all of them if `error` is None).
-      bytes: serialized Example bytes of those records.
-      decoded: images decoded.
-      error: the first problem, or None.
-      offset: byte offset (in the uncompressed stream) of the record with the problem.
-      classes: (class key, records, bytes) per class, sorted.
-      samples: (class key, encoded image, file name) of up to `samples_per_class` images per
-        class (raw pixels are given as PNG; the file name is '' when the schema has none).
-      formats: (image format, records), sorted, when the schema has a format key.
-      widths, heights: (bucket, records), sorted, when the schema has the key: the bucket is
-        the smallest power of two (at least 16) not below the size (see size_bucket).
+    `records` and `bytes` (serialized Examples) count the records before the first problem
+    (`error`, at byte `offset` of the uncompressed stream). `classes`: (class key, records,
+    bytes), sorted. `samples`: (class key, encoded image (raw pixels as PNG), file name or '')
+    of up to `samples_per_class` images a class. `formats`, `widths`, `heights`: (image format
+    or size_bucket, records), sorted, when the schema has the key.
     """
 
     path: str
@@ -74,22 +63,9 @@ class ShardCheck:
         return json.dumps(d, ensure_ascii=False)
 
 
-def is_sampled(i: int) -> bool:
-    """The records decoded by default: 0, 1, 2, 4, 8, 16, ... (spread over the whole shard)."""
-    return i < 2 or (i & (i - 1)) == 0
-
-
 def size_bucket(pixels: int) -> int:
     """The distribution bucket of an image side: the smallest power of two >= it, at least 16."""
-    bucket = 16
-    while bucket < pixels:
-        bucket *= 2
-    return bucket
-
-
-def class_key_of(ids: Iterable[int], class_names: list[str], offset: int) -> str:
-    """The '|'-joined class names of label ids (the summary's per-class key)."""
-    return "|".join(class_names[int(i) - offset] for i in ids)
+    return max(16, 1 << (pixels - 1).bit_length())
 
 
 class _Checker:
@@ -114,13 +90,11 @@ class _Checker:
             for role in ("format", "width", "height", "filename")
             if self._schema.roles.get(role) in self._schema.kinds
         }
-        self.formats: collections.Counter = collections.Counter()
-        self.widths: collections.Counter = collections.Counter()
-        self.heights: collections.Counter = collections.Counter()
-        self.counts: collections.Counter = collections.Counter()
-        self.sizes: collections.Counter = collections.Counter()
+        # Records by format, width and height bucket; records, bytes and samples kept by class.
+        self.formats, self.widths, self.heights, self.counts, self.sizes, self._kept_per_class = (
+            collections.Counter() for _ in range(6)
+        )
         self.kept: list[tuple[str, bytes, str]] = []
-        self._kept_per_class: collections.Counter = collections.Counter()
         self.decoded = 0
 
     def check(self, batch: list[tuple[int, int, bytes]]) -> None:
@@ -137,19 +111,26 @@ class _Checker:
                 except self._tf.errors.InvalidArgumentError as e:
                     raise RecordError(offset, f"Example does not parse: {_first_line(e.message)}") from None
         for (i, offset, data), ex in zip(batch, rows, strict=True):
-            ids = _as_list(ex[self._schema.label_key])
+            ids = ex[self._schema.label_key]
+            ids = ids if isinstance(ids, list) else [ids]
             if any(not 0 <= x - self._offset < len(self._names) for x in ids):
                 raise RecordError(
                     offset, f"label ids {ids} outside the {len(self._names)} classes of summary.json"
                 )
-            if self._strict and not self._fmt.raw:
-                self._check_format(ex[self._schema.image_key], offset)
-            key = class_key_of(ids, self._names, self._offset)
+            if self._strict and not self._fmt.raw:  # every record, without decoding
+                fmt = detect_format(ex[self._schema.image_key])
+                if decodes_4d(fmt):
+                    readers = " and ".join(self._strict)
+                    raise RecordError(
+                        offset, f"{fmt} image, which {readers} decode to 4-D (expand_animations=True)"
+                    )
+            key = "|".join(self._names[int(x) - self._offset] for x in ids)  # the summary's class key
             self.counts[key] += 1
             self.sizes[key] += len(data)
             self._count_info(ex)
             want_sample = self._kept_per_class[key] < self._samples
-            if self._decode_all or is_sampled(i) or want_sample:
+            sampled = i < 2 or not i & (i - 1)  # decoded by default: 0, 1, 2, 4, 8, 16, ...
+            if self._decode_all or sampled or want_sample:
                 encoded = ex[self._schema.image_key]
                 image = self._decode(ex, encoded, offset)
                 if want_sample:
@@ -169,31 +150,16 @@ class _Checker:
 
     def _parse(self, serialized: list[bytes]) -> list[dict]:
         """Parses a batch; returns per record the values of the keys the checks need."""
-        tf = self._tf
+        tf, schema = self._tf, self._schema
         parsed = tf.io.parse_example(serialized, self._spec)
         columns = {}
-        wanted = (
-            self._schema.image_key,
-            self._schema.label_key,
-            *self._shape_keys,
-            *self._info_keys.values(),
-        )
-        for key in dict.fromkeys(wanted):
+        for key in dict.fromkeys(
+            (schema.image_key, schema.label_key, *self._shape_keys, *self._info_keys.values())
+        ):
             value = parsed[key]
-            if isinstance(value, tf.SparseTensor):
-                columns[key] = tf.RaggedTensor.from_sparse(value).to_list()
-            else:
-                columns[key] = value.numpy().tolist()
+            sparse = isinstance(value, tf.SparseTensor)
+            columns[key] = tf.RaggedTensor.from_sparse(value).to_list() if sparse else value.numpy().tolist()
         return [{k: v[row] for k, v in columns.items()} for row in range(len(serialized))]
-
-    def _check_format(self, encoded: bytes, offset: int) -> None:
-        """Every record, without decoding: no stored format that a strict reader decodes 4-D."""
-        fmt = detect_format(encoded)
-        if decodes_4d(fmt):
-            raise RecordError(
-                offset,
-                f"{fmt} image, which {' and '.join(self._strict)} decode to 4-D (expand_animations=True)",
-            )
 
     def _decode(self, ex: dict, encoded: bytes, offset: int):
         """Decodes one image as the dataset's readers do; returns it (uint8, H x W x C)."""
@@ -234,21 +200,14 @@ class _Checker:
 
 def _png(image) -> bytes:
     """PNG bytes of a uint8 (H, W, C) image (raw samples for inspect's report)."""
-    import io
-
     import numpy as np
     from PIL import Image
 
     pixels = np.asarray(image)
-    modes = {1: "L", 2: "LA", 3: "RGB", 4: "RGBA"}
-    img = Image.fromarray(pixels[..., 0] if pixels.shape[-1] == 1 else pixels, modes[pixels.shape[-1]])
+    img = Image.fromarray(pixels[..., 0] if pixels.shape[-1] == 1 else pixels)  # L, LA, RGB, RGBA
     out = io.BytesIO()
     img.save(out, format="PNG")
     return out.getvalue()
-
-
-def _as_list(value) -> list:
-    return value if isinstance(value, list) else [value]
 
 
 def _first_line(text: str) -> str:
@@ -256,11 +215,8 @@ def _first_line(text: str) -> str:
 
 
 def check_index(path: str, offsets: list[tuple[int, int]]) -> None:
-    """Compares `<path>.idx` (if any) with the records' real (offset, length).
-
-    Raises:
-      RecordError: at the first record the index gets wrong.
-    """
+    """Compares `<path>.idx` (if any) with the records' real (offset, length); raises
+    RecordError at the first record the index gets wrong."""
     idx = index_path(path)
     if not gcs.exists(idx):
         return
@@ -276,25 +232,18 @@ def check_index(path: str, offsets: list[tuple[int, int]]) -> None:
 
 def check_shard(
     path: str,
-    fmt: DatasetFormat | Schema,
+    fmt: DatasetFormat,
     class_names: list[str],
     offset: int = 0,
     *,
     decode_all: bool = False,
     samples_per_class: int = 0,
 ) -> ShardCheck:
-    """Reads and checks every record of one shard (local or gs://, gzip by suffix).
-
-    Args:
-      fmt: the dataset's format (a bare Schema: encoded images, no TFDS Image feature).
-    """
-    if isinstance(fmt, Schema):
-        fmt = DatasetFormat(fmt.name, fmt.renames)
+    """Reads and checks every record of one shard (local or gs://, gzip by suffix)."""
     checker = _Checker(fmt, class_names, offset, decode_all, samples_per_class)
-    records = size = 0
-    positions: list[tuple[int, int]] = []
+    positions: list[tuple[int, int]] = []  # (offset, length) of every record read
     batch: list[tuple[int, int, bytes]] = []
-    error, bad_offset = None, None
+    error = bad_offset = None
     try:
         with gcs.open_read(path, compression_type=CompressionTypes.AUTO) as f:
             try:
@@ -303,22 +252,19 @@ def check_shard(
                     batch.append((i, at, data))
                     if len(batch) == _PARSE_BATCH:
                         checker.check(batch)
-                        records, size = records + len(batch), size + sum(len(d) for *_, d in batch)
                         batch = []
             except (EOFError, zlib.error, OSError) as e:  # a broken gzip stream
                 end = positions[-1][0] + positions[-1][1] if positions else 0
                 raise RecordError(end, f"compressed stream broken: {e}") from None
         checker.check(batch)
-        records, size = records + len(batch), size + sum(len(d) for *_, d in batch)
         check_index(path, positions)
     except RecordError as e:
         error, bad_offset = e.reason, e.offset
-        good = [length - RECORD_OVERHEAD for at, length in positions if at < e.offset]
-        records, size = len(good), sum(good)
+    good = [length - RECORD_OVERHEAD for at, length in positions if bad_offset is None or at < bad_offset]
     return ShardCheck(
         path=path,
-        records=records,
-        bytes=size,
+        records=len(good),
+        bytes=sum(good),
         decoded=checker.decoded,
         error=error,
         offset=bad_offset,

@@ -1,9 +1,6 @@
-"""WriteShards: each ShardTask written whole into the run's temp folder (transforms/writing/shard.py).
-
-Each ShardTask is written in its planned order by WriteShardFn's own thread or, on local
-runs, by forked worker processes (one per core; see transforms/writing/processes.py), which
-read, check and encode the shard's images and stream them into a temporary TFRecord file;
-only a small ShardResult comes back. transforms/output/beam.py publishes them.
+"""WriteShards: each ShardTask written whole, in plan order, into the run's temp folder by
+WriteShardFn's own thread or, on local runs, by forked worker processes (processes.py); only a
+small ShardResult comes back. transforms/output/beam.py publishes them.
 """
 
 from __future__ import annotations
@@ -24,10 +21,7 @@ from transforms.progress import Progress, lookup
 from transforms.records import ClassIndex, ShardTask
 from transforms.retry import DEFAULT_RETRY, RetryPolicy
 from transforms.writing.processes import ShardProcesses
-from transforms.writing.shard import COMPRESSIONS, ShardJob, ShardOutcome, write_shard
-
-SHARD_TEMPLATE = "-SSSSS-of-NNNNN"
-
+from transforms.writing.shard import ShardJob, ShardOutcome, write_shard
 
 # Records WriteShardFn holds before its worker processes write them (a round of shards).
 HELD_RECORDS = 20_000
@@ -36,17 +30,13 @@ HELD_RECORDS = 20_000
 class WriteShardFn(beam.DoFn):
     """ShardTask -> ShardResult (with per-class written counts); FAILED per image as a tagged output.
 
-    `processes` > 1 writes that many shards at once in forked worker processes, in rounds
-    of up to HELD_RECORDS records of the bundle's shards (transforms/writing/processes.py;
-    local runs). With 1 each
-    shard is written in the DoFn's own thread (Dataflow: one SDK process per core already). `threads` > 1 reads and
-    checks the next images in a thread pool while the current one is written (order
-    unchanged), per writer: the DoFn, or each worker process; 0 means one thread per core
-    in the DoFn, and in a worker process what `_write_in_worker` says (no thread for local
-    files, read-ahead threads for a bucket). `progress_key` names the run's process-local
-    Progress (transforms/progress.py), if any. `claim` (the output claim's Fence,
-    transforms/output/fence.py) is kept alive while each bundle runs, for a job that keeps its
-    claim (a remote runner), and a bundle stops once the claim was lost.
+    `processes` > 1 writes that many shards at once in forked worker processes (local runs),
+    in rounds of up to HELD_RECORDS records of the bundle's shards; with 1 each shard is
+    written in the DoFn's own thread (Dataflow: one SDK process per core already). `threads`:
+    read-ahead threads per writer (0: one per core here; in a worker, processes.py decides).
+    `progress_key` names the run's process-local Progress (transforms/progress.py), if any.
+    `claim` (the output claim's Fence, transforms/output/fence.py) is kept alive while each
+    bundle runs, for a job that keeps its claim (a remote runner); a bundle stops once it is lost.
     """
 
     def __init__(
@@ -101,9 +91,8 @@ class WriteShardFn(beam.DoFn):
             outcome = write_shard(task, class_index, self._job, self._pool, self._count_written)
             yield from self._outputs(outcome)
             return
-        # Written by the processes in rounds of up to HELD_RECORDS records (PlanShards emits
-        # every shard in one bundle locally): each round shares its last shards out evenly,
-        # and the records held never follow the dataset's size.
+        # In rounds (PlanShards emits every shard in one bundle locally): the records held
+        # never follow the dataset's size, and each round shares its last shards out evenly.
         self._tasks.append(task)
         self._held += len(task)
         self._class_index = class_index
@@ -128,11 +117,10 @@ class WriteShardFn(beam.DoFn):
         tasks, self._tasks, self._held = self._tasks, [], 0
         if self._workers is None:
             # The workers are forked by, and never outlive, the thread that runs the bundle.
-            self._workers = ShardProcesses(self._processes, self._threads, self._progress, self._class_index)
+            self._workers = ShardProcesses(self._processes, self._threads, self._progress)
         try:
             for outcome in self._workers.write(tasks, self._class_index, self._job):
-                self._count_shard(outcome)
-                yield from self._outputs(outcome)
+                yield from self._outputs(outcome, in_worker=True)
         except BaseException:
             self._stop_workers(cancel=True)
             raise
@@ -148,12 +136,10 @@ class WriteShardFn(beam.DoFn):
         if self._progress is not None:
             self._progress.add(written=1, nbytes=nbytes)
 
-    def _count_shard(self, outcome: ShardOutcome) -> None:  # written in a worker: counted per shard
-        if outcome.result is not None:
+    def _outputs(self, outcome: ShardOutcome, in_worker: bool = False) -> Iterable:
+        if in_worker and outcome.result is not None:  # counted per shard, not per image
             self._encoded.inc(outcome.result.records)
             self._bytes.inc(outcome.result.bytes)
-
-    def _outputs(self, outcome: ShardOutcome) -> Iterable:
         self._failed.inc(len(outcome.failures))
         for failure in outcome.failures:
             yield pvalue.TaggedOutput(FAILED, failure)
@@ -184,8 +170,6 @@ class WriteShards(beam.PTransform):
         claim: object | None = None,
     ):
         super().__init__()
-        if compression not in COMPRESSIONS:
-            raise ValueError(f"compression must be one of {sorted(COMPRESSIONS)}")
         if threads < 0:
             raise ValueError("threads must be 0 (one per core) or positive")
         if processes < 1:

@@ -13,11 +13,7 @@ from transforms.paths import escape_glob
 
 
 def read_file(path: str) -> bytes:
-    """All bytes of `path` (local or gs://), transient errors retried with backoff.
-
-    Raises:
-      ReadError (an OSError): the reason the file cannot be read.
-    """
+    """All bytes of `path` (local or gs://), transient errors retried; ReadError (an OSError) if not."""
     return read_with_retries(path)
 
 
@@ -33,9 +29,8 @@ def make_dirs(path: str) -> None:
 def delete_paths(paths: list[str]) -> None:
     """Deletes files and folders (recursively) that exist; missing ones are skipped.
 
-    Beam's delete matches its argument as a glob pattern, so local paths are deleted
-    directly and remote ones escaped; a remote folder is a prefix, deleted as `path/`.
-    gs:// goes through transforms/gcs.py (the one retry policy, batch deletes).
+    gs:// goes through transforms/gcs.py (batch deletes); other remote paths through Beam's
+    delete, which takes a glob (so escaped; a folder is a prefix, deleted as `path/`).
     """
     for path in paths:
         if path.startswith("gs://"):
@@ -56,8 +51,7 @@ def delete_paths(paths: list[str]) -> None:
 
 
 def write_bytes(path: str, data: bytes, mime_type: str = "application/octet-stream") -> None:
-    """Writes a whole file: gs:// in one request per attempt of the one retry policy
-    (transforms/gcs.py), other paths through Beam's filesystems."""
+    """Writes a whole file: gs:// in one request per attempt (transforms/gcs.py), others through Beam."""
     if path.startswith("gs://"):
         gcs.upload(path, data, mime_type)
         return

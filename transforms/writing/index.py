@@ -1,9 +1,8 @@
 """Per-shard index files (`<shard>.idx`) for NVIDIA DALI and the PyTorch `tfrecord` package.
 
-The format is that of DALI's `tfrecord2idx` tool (and `tfrecord.tools.tfrecord2idx`): one
-`offset length` line per record, where `length` counts the whole framed record (header,
-data and CRC). The writer knows each record's size, so the index is built while writing and
-renamed next to its shard at finalize time. Only uncompressed shards can be indexed.
+The format of DALI's `tfrecord2idx` tool: one `offset length` line per record, `length` counting
+the whole framed record (header, data and CRC). Built from the record sizes the writer knows;
+uncompressed shards only.
 """
 
 from __future__ import annotations
@@ -16,16 +15,6 @@ from transforms.writing.files import write_text
 INDEX_SUFFIX = ".idx"
 
 
-def index_text(record_sizes: Iterable[int]) -> str:
-    """The index of a shard whose records hold `record_sizes` data bytes, in order."""
-    lines, offset = [], 0
-    for size in record_sizes:
-        framed = size + RECORD_OVERHEAD
-        lines.append(f"{offset} {framed}\n")
-        offset += framed
-    return "".join(lines)
-
-
 def parse_index(text: str) -> list[tuple[int, int]]:
     """(offset, length) pairs of an index file's text."""
     return [(int(a), int(b)) for a, b in (line.split() for line in text.splitlines() if line.strip())]
@@ -36,7 +25,11 @@ def index_path(shard_path: str) -> str:
 
 
 def write_index(shard_path: str, record_sizes: Iterable[int]) -> str:
-    """Writes `<shard_path>.idx`; returns its path."""
+    """Writes `<shard_path>.idx` for records of `record_sizes` data bytes, in order; returns its path."""
+    lines, offset = [], 0
+    for size in record_sizes:
+        lines.append(f"{offset} {size + RECORD_OVERHEAD}\n")
+        offset += size + RECORD_OVERHEAD
     path = index_path(shard_path)
-    write_text(path, index_text(record_sizes))  # ASCII digits and spaces
+    write_text(path, "".join(lines))
     return path

@@ -1,12 +1,9 @@
 """Writing one shard: read, check and encode its images in plan order into a temp TFRecord file.
 
-`write_shard` is the whole job of one ShardTask as a plain function, so that WriteShardFn
-can run it in its own thread (Dataflow, remote runners, `--write_processes 1`) or hand it
-to a worker process (transforms/writing/processes.py), which then needs nothing but the
-task's paths and labels. `ShardFile` frames the records itself and writes them to a plain
-buffered file (local, uncompressed) or through Beam's FileSystems (gzip, gs://): the same
-bytes as the writer of Beam's `_TFRecordSink`, without its per-record layers (see
-tests/writing/test_write_processes.py).
+`write_shard` is the whole job of one ShardTask as a plain function, run by WriteShardFn's own
+thread (remote runners, `--write_processes 1`) or by a worker process (processes.py).
+`ShardFile` frames the records itself: the same bytes as Beam's TFRecord sink writes (tested
+in tests/writing/test_write_processes.py), without its per-record layers.
 """
 
 from __future__ import annotations
@@ -15,11 +12,9 @@ import collections
 import dataclasses
 import functools
 import os
-import shutil
 import uuid
-from collections.abc import Callable, Iterable, Sequence
+from collections.abc import Callable, Sequence
 from concurrent.futures import ThreadPoolExecutor
-from typing import BinaryIO
 
 from apache_beam.io.filesystem import CompressionTypes
 from apache_beam.io.filesystems import FileSystems
@@ -52,12 +47,9 @@ def shard_suffix(compression: str) -> str:
 class ShardFile:
     """A TFRecord file being written (a context manager; `close` ends it).
 
-    Byte for byte what `_TFRecordSink.open_writer` writes. A local uncompressed shard
-    collects each record's header, chunks (see `serialize_example_chunks`) and footer and
-    writes about a megabyte of records with one `os.writev`, so the image bytes are copied
-    once, by the kernel, from the object they were read into. Gzip and remote shards go
-    through `transforms.gcs.create` (gs:// under the one retry policy, others through Beam's
-    FileSystems), one write per framed record as the sink does.
+    A local uncompressed shard sends about a megabyte of framed records (header, the Example's
+    chunks, footer) to one `os.writev`, so the image bytes are copied once, by the kernel. Gzip
+    and remote shards go through `gcs.create`, one write per framed record as the sink does.
     """
 
     def __init__(self, path: str, compression: str = "none"):
@@ -68,9 +60,7 @@ class ShardFile:
         self._file = None
         if compression == "none" and "://" not in path and hasattr(os, "writev"):
             os.makedirs(os.path.dirname(path) or ".", exist_ok=True)
-            self._fd = os.open(
-                path, os.O_WRONLY | os.O_CREAT | os.O_TRUNC | getattr(os, "O_CLOEXEC", 0), 0o666
-            )
+            self._fd = os.open(path, os.O_WRONLY | os.O_CREAT | os.O_TRUNC, 0o666)  # not inherited
         else:
             self._file = gcs.create(path, compression_type=COMPRESSIONS[compression])
 
@@ -124,15 +114,9 @@ class ShardFile:
 
 @dataclasses.dataclass(frozen=True)
 class ShardJob:
-    """How every shard of a run is written. Small and picklable: it goes to worker processes.
-
-    Attributes:
-      temp_dir: the run's temp folder; shards go to `<temp_dir>/<split>/`.
-      compression: 'none' or 'gzip'.
-      settings: how images are checked, converted and encoded.
-      write_index: also write `<shard>.idx` (uncompressed shards only).
-      reader, retry: how an image's bytes are read (transient errors retried).
-    """
+    """How every shard of a run is written (small and picklable: it goes to worker processes):
+    into `<temp_dir>/<split>/`, 'none' or 'gzip', with `<shard>.idx` files if `write_index`
+    (uncompressed only), images read by `reader` (transient errors retried by `retry`)."""
 
     temp_dir: str
     compression: str = "none"
@@ -155,13 +139,9 @@ class ShardJob:
 
 @dataclasses.dataclass(frozen=True)
 class ShardOutcome:
-    """What writing one ShardTask (or part of one) gave.
-
-    Attributes:
-      result: the temp shard written, or None if no image was written.
-      failures: the images that could not be read or decoded.
-      sizes: the data bytes of each written record, in order (for the index of joined parts).
-    """
+    """What writing one ShardTask (or part of one) gave: the temp shard (None if no image was
+    written), the images that could not be read or decoded, and each written record's data
+    bytes in order (for the index of joined parts)."""
 
     result: ShardResult | None
     failures: tuple[Failure, ...]
@@ -181,38 +161,28 @@ def write_shard(
     """Reads, checks and encodes `task`'s images in order and writes them to a temp shard.
 
     Images that cannot be read or decoded become Failures (stages 'read' and 'decode'); any
-    other exception is a bug and propagates. `pool` reads, checks and encodes the next
-    images ahead (see transforms/images/prefetch.py) or, with `reads_only`, only reads them (the
-    rest holds the GIL: done in this thread, it costs no hand-over). `on_written(nbytes)` is
-    called after each written image. `hint_ahead` > 0 asks the kernel to read that many
-    local files ahead (`OpenAhead`, or `will_need` for a custom reader). With `whole` False the task is one part of a shard
-    (see `split_shards`): its index file, if any, is written by `join_parts`.
+    other exception is a bug and propagates. `pool` reads, checks and encodes the next images
+    ahead (transforms/images/prefetch.py) or, with `reads_only`, only reads them (the rest
+    holds the GIL). `on_written(nbytes)` is called after each written image. `hint_ahead` > 0
+    opens that many local files ahead (OpenAhead; the default reader only). With `whole`
+    False the task is one part of a shard: its index file is written by processes.join_parts.
     """
-    settings, reader, retry = job.settings, job.reader, job.retry
-    # Large files are checked from their first bytes before being read whole (transforms/images/limits.py).
+    settings, retry = job.settings, job.retry
+    # Large files are checked from their first bytes before being read whole (images/limits.py).
     check = functools.partial(check_header, max_pixels=settings.max_pixels)
-    if reader is read_bytes:
-        reader = functools.partial(read_bytes, check=check)
+    reader = functools.partial(read_bytes, check=check) if job.reader is read_bytes else job.reader
 
     def read(record: ImageRecord) -> bytes:
         return read_with_retries(record.path, reader, retry)
 
-    def load(record: ImageRecord) -> tuple[list[bytes], ImageInfo]:
-        return encode_image_chunks(record, read(record), class_index, settings)
+    def load(record: ImageRecord, data: bytes | None = None) -> tuple[list[bytes], ImageInfo]:
+        return encode_image_chunks(record, read(record) if data is None else data, class_index, settings)
 
-    def encode_after(
-        record: ImageRecord, data: Callable[[], bytes]
-    ) -> Callable[[], tuple[list[bytes], ImageInfo]]:
-        return lambda: encode_image_chunks(record, data(), class_index, settings)
-
-    # The records are built from the task's columns as they are consumed: a part holds up
-    # to PART_RECORDS of them (processes.py), a shard written whole up to --max_records_per_shard.
+    # Records are built from the task's columns as they are consumed (a part holds up to
+    # processes.PART_RECORDS of them).
     records = task.iter_records()
-    paths = task.batch.paths
-    # Read here, by read_bytes: each file is opened once, `hint_ahead` images early (OpenAhead).
-    opened = OpenAhead(
-        paths, hint_ahead if pool is None and job.reader is read_bytes and not reads_only else 0
-    )
+    ahead = hint_ahead if pool is None and job.reader is read_bytes and not reads_only else 0
+    opened = OpenAhead(task.batch.paths, ahead)
 
     def load_opened(i: int, record: ImageRecord) -> tuple[list[bytes], ImageInfo]:
         fd = opened.take(i)
@@ -224,26 +194,24 @@ def write_shard(
             raise
         except OSError:  # transient: read again from the path, with the usual retries
             data = read(record)
-        return encode_image_chunks(record, data, class_index, settings)
+        return load(record, data)
 
-    if reads_only:
-        loaded = ((r, encode_after(r, data)) for r, data in map_in_order(read, records, pool))
-    elif opened.ahead:
+    def load_read(record: ImageRecord, got: Callable[[], bytes]) -> tuple[list[bytes], ImageInfo]:
+        return load(record, got())
+
+    if reads_only:  # `pool` reads ahead; this thread checks and encodes
+        loaded = ((r, functools.partial(load_read, r, got)) for r, got in map_in_order(read, records, pool))
+    elif ahead:
         loaded = ((r, functools.partial(load_opened, i, r)) for i, r in enumerate(records))
     else:
         loaded = map_in_order(load, records, pool)
-    hint_ahead = 0 if opened.ahead else hint_ahead
     failures: list[Failure] = []
     sizes: list[int] = []
     formats: set[str] = set()
     per_class: collections.Counter = collections.Counter()
-    for path in paths[:hint_ahead]:
-        will_need(path)
     paused = PAUSE_ENV in os.environ  # the test hook (looked up once, not per image)
     with ShardFile(job.temp_path(task), job.compression) as shard, opened:
-        for i, (record, result) in enumerate(loaded):
-            if hint_ahead and i + hint_ahead < len(paths):
-                will_need(paths[i + hint_ahead])
+        for record, result in loaded:
             try:
                 chunks, info = result()
             except ImageError as e:
@@ -266,31 +234,19 @@ def write_shard(
         return ShardOutcome(None, tuple(failures))
     if job.write_index and whole:
         write_index(shard.path, sizes)
+    written = tuple(sorted(per_class.items()))
     result = ShardResult(
-        task.split,
-        task.index,
-        shard.path,
-        len(sizes),
-        sum(sizes),
-        tuple(sorted(formats)),
-        tuple(sorted(per_class.items())),
+        task.split, task.index, shard.path, len(sizes), sum(sizes), tuple(sorted(formats)), written
     )
     return ShardOutcome(result, tuple(failures), tuple(sizes))
-
-
-def will_need(path: str) -> None:
-    """Asks the kernel to start reading a local file into the page cache; never blocks or fails."""
-    fd = open_hinted(path)
-    if fd is not None:
-        os.close(fd)
 
 
 def open_hinted(path: str) -> int | None:
     """A local file opened after asking the kernel to read it into the page cache, or None.
 
-    Opened non-blocking (a FIFO must not hang here); None for a remote path or when the
-    file cannot be opened: any error is left for the real read to report. For an archive
-    member's address only the member's bytes are hinted, and None is returned.
+    Opened non-blocking (a FIFO must not hang here); None for a remote path or when the file
+    cannot be opened (the real read reports it). For an archive member only its bytes are
+    hinted, and None is returned: the read opens the archive itself.
     """
     if "://" in path or not hasattr(os, "posix_fadvise"):
         return None
@@ -302,7 +258,7 @@ def open_hinted(path: str) -> int | None:
     try:
         if address is None:
             os.posix_fadvise(fd, 0, 0, os.POSIX_FADV_WILLNEED)
-        else:  # an archive member: hint its bytes only; the read opens the archive itself
+        else:
             os.posix_fadvise(fd, address.offset, address.size, os.POSIX_FADV_WILLNEED)
             os.close(fd)
             return None
@@ -312,12 +268,9 @@ def open_hinted(path: str) -> int | None:
 
 
 class OpenAhead:
-    """The files of a shard opened `ahead` images before they are read (`open_hinted`).
-
-    The kernel reads them in while earlier images are checked and written (a cold disk
-    then serves several reads at once), and the read uses the open descriptor: one open
-    and one close a file. A context manager: leaving it closes what was not read.
-    """
+    """The files of a shard opened `ahead` images before they are read (`open_hinted`): the
+    kernel reads them in while earlier images are written (a cold disk serves several reads at
+    once), and the read uses the open descriptor. Leaving the context closes what was not read."""
 
     def __init__(self, paths: Sequence[str], ahead: int):
         self.ahead = ahead
@@ -342,83 +295,6 @@ class OpenAhead:
         fds, self._fds = self._fds, {}
         for fd in fds.values():
             os.close(fd)
-
-
-def can_split(job: ShardJob) -> bool:
-    """True if a shard may be written in parts and joined: local and uncompressed.
-
-    A TFRecord file is its records one after the other, so the parts of an uncompressed
-    shard appended in order are byte for byte the shard written whole. (Gzip members
-    would not be, and objects in a bucket cannot be appended to.)
-    """
-    return job.compression == "none" and "://" not in job.temp_dir
-
-
-def split_shards(tasks: list[ShardTask], workers: int) -> list[list[ShardTask]]:
-    """The order in which `workers` processes write `tasks`, each as a list of its parts.
-
-    Largest shards first, so that the small ones fill in at the end; the last `workers`
-    shards are cut into `workers` parts each, so that no process idles while another
-    writes a whole last shard alone (with 2 workers and 5 equal shards, the fifth
-    would otherwise take a fifth of the time on one core).
-    """
-    ordered = sorted(tasks, key=lambda t: -t.sizes_sum())
-    plan = [[task] for task in ordered]
-    for i in range(max(0, len(plan) - workers), len(plan) if workers > 1 else 0):
-        task = plan[i][0]
-        n = len(task)
-        bounds = [n * k // workers for k in range(workers + 1)]
-        parts = [task.part(a, b) for a, b in zip(bounds, bounds[1:])]
-        plan[i] = [p for p in parts if len(p)] or [task]
-    return plan
-
-
-def join_parts(parts: list[ShardOutcome], job: ShardJob) -> ShardOutcome:
-    """One shard from the outcomes of its parts, in order: the part files appended to the first."""
-    failures = tuple(f for p in parts for f in p.failures)
-    sizes = tuple(s for p in parts for s in p.sizes)
-    written = [p.result for p in parts if p.result is not None]
-    if not written:
-        return ShardOutcome(None, failures)
-    first = written[0]
-    with open(first.temp_path, "r+b", buffering=0) as out:
-        out.seek(0, os.SEEK_END)
-        for part in written[1:]:
-            with open(part.temp_path, "rb") as src:
-                _copy(src, out, os.fstat(src.fileno()).st_size)
-    delete_paths([p.temp_path for p in written[1:]])
-    if job.write_index:
-        write_index(first.temp_path, sizes)
-    result = dataclasses.replace(
-        first,
-        records=sum(r.records for r in written),
-        bytes=sum(r.bytes for r in written),
-        formats=tuple(sorted({f for r in written for f in r.formats})),
-        written=tuple(sorted(written_counts(written).items())),
-    )
-    return ShardOutcome(result, failures, sizes)
-
-
-def written_counts(shards: Iterable[ShardResult]) -> dict[tuple[str, str], int]:
-    """Images written per (split, class_key), summed over the shards' own counts."""
-    written: collections.Counter = collections.Counter()
-    for shard in shards:
-        for key, n in shard.written:
-            written[key] += n
-    return dict(written)
-
-
-def _copy(src: BinaryIO, dst: BinaryIO, size: int) -> None:
-    """Appends `size` bytes of `src` at `dst`'s position, inside the kernel where it can."""
-    if not hasattr(os, "copy_file_range"):
-        shutil.copyfileobj(src, dst)
-        return
-    dst.flush()
-    while size > 0:
-        copied = os.copy_file_range(src.fileno(), dst.fileno(), size)
-        if copied == 0:
-            raise OSError(f"{src.name} ended early while being joined to {dst.name}")
-        size -= copied
 
 
 def _failure(record: ImageRecord, reason: str, stage: str) -> Failure:
