@@ -1,8 +1,7 @@
 """Dataflow Flex Template entry point (FLEX_TEMPLATE_PYTHON_PY_FILE).
 
-The template launcher passes every parameter as `--name=value`, the on/off flags too, which
-the CLI spells as a bare `--overwrite`: `--flag=true|false` of those is mapped back before the
-ordinary CLI runs, so the template and the CLI accept the same options.
+The launcher passes every parameter as `--name=value`, on/off flags too: `--flag=true|false`
+becomes the CLI's bare `--flag` or nothing, so the template and the CLI take the same options.
 """
 
 from __future__ import annotations
@@ -10,7 +9,7 @@ from __future__ import annotations
 import argparse
 import sys
 
-from beam_pipeline.cli.options import ConvertOptions, UserError
+from beam_pipeline.cli.options import UserError, add_flags
 from beam_pipeline.main import main
 
 _TRUE = {"true", "1", "yes"}
@@ -20,7 +19,7 @@ _FALSE = {"false", "0", "no", ""}
 def convert_defaults() -> dict[str, object]:
     """ConvertOptions' flags (by name, without the leading dashes) and their defaults."""
     parser = argparse.ArgumentParser(add_help=False)
-    ConvertOptions._add_argparse_args(parser)  # Beam's way for an options class to add its flags
+    add_flags(parser)
     return vars(parser.parse_args([]))
 
 

@@ -60,7 +60,7 @@ EXIT_OK, EXIT_FAILED, EXIT_USAGE, EXIT_TOO_MANY_FAILURES = 0, 1, 2, 3
 EXIT_INTERRUPTED = 130  # 128 + SIGINT, as shells report it
 
 
-# Logs "Created job with id: [...]" when a Dataflow job is submitted.
+# Logs "Created job with id: [...]" (read by schedulers) when a Dataflow job is submitted.
 DATAFLOW_SUBMIT_LOGGER = "apache_beam.runners.dataflow"
 
 
@@ -69,8 +69,7 @@ class TooManyFailures(Exception):
 
 
 def _not_user_error(record: logging.LogRecord) -> bool:
-    """A logging filter: False for records about a user error (USER_ERROR_MARKER in the
-    message or the exception)."""
+    """A logging filter: False for records about a user error (message or exception)."""
     error = record.exc_info[1] if record.exc_info else None
     return user_error_text(record.getMessage()) is None and (
         error is None or user_error_text(str(error)) is None
@@ -79,12 +78,10 @@ def _not_user_error(record: logging.LogRecord) -> bool:
 
 @contextlib.contextmanager
 def quiet_user_errors():
-    """While in the block, log records about a user error are not printed.
-
-    A stage that finds the user's mistake raises an error marked with USER_ERROR_MARKER
-    (transforms/failures.py); Beam logs it with its traceback before the runner re-raises it,
-    and run() reports it as one line (exit 2). The filter sits on every handler of the root
-    logger and on logging's last resort, whatever logging the caller set up.
+    """While in the block, log records about a user error are not printed: Beam logs a
+    stage's USER_ERROR_MARKER error (transforms/failures.py) with its traceback before the
+    runner re-raises it, and run() reports it in one line (exit 2). The filter sits on every
+    handler of the root logger and on logging's last resort.
     """
     handlers = [h for h in (*logging.getLogger().handlers, logging.lastResort) if h is not None]
     for handler in handlers:
@@ -130,8 +127,8 @@ def run(
 ) -> dict:
     """Runs one conversion and returns its summary (the content of summary.json).
 
-    `on_result` (tests, benchmarks) is called with Beam's PipelineResult once the job has
-    finished, e.g. to read its metrics. `graph_seams` (benchmarks): build_pipeline's keywords.
+    `on_result` (tests, benchmarks): called with Beam's PipelineResult once the job finished.
+    `graph_seams` (benchmarks): build_pipeline's keywords.
 
     Raises:
       UserError: bad options, missing input, unwritable or occupied output.
@@ -240,11 +237,9 @@ def _demo(argv: list[str]) -> int:
 
 
 def _read_back(argv: list[str], reader: str) -> int:
-    """verify and inspect (beam_pipeline/readers/).
-
-    TensorFlow's C++ start-up lines are silenced (TF_CPP_MIN_LOG_LEVEL=2; the oneDNN notice
-    ignores it, so oneDNN's custom ops are off too: these commands parse records and decode
-    images, where they change nothing). Either variable set by the user wins.
+    """verify and inspect (beam_pipeline/readers/), without TensorFlow's C++ start-up lines
+    (the oneDNN notice ignores TF_CPP_MIN_LOG_LEVEL, so its custom ops are off: they change
+    nothing in parsing and decoding). Either variable set by the user wins.
     """
     os.environ.setdefault("TF_CPP_MIN_LOG_LEVEL", "2")
     os.environ.setdefault("TF_ENABLE_ONEDNN_OPTS", "0")
@@ -264,8 +259,6 @@ def main(argv: list[str] | None = None) -> int:
     """The CLI. `convert` is the default command, so schedulers may pass flags only."""
     argv = list(sys.argv[1:] if argv is None else argv)
     logging.basicConfig(level=logging.WARNING, format="%(levelname)s %(name)s: %(message)s")
-    # Dataflow submissions log the job id and console URL at INFO; schedulers (Airflow's
-    # Dataflow hook) read the job id from the line "Created job with id: [...]".
     logging.getLogger(DATAFLOW_SUBMIT_LOGGER).setLevel(logging.INFO)
     prog = cli_help.prog_name()
     if not argv:  # the verb list, and exit 2
@@ -290,9 +283,7 @@ def main(argv: list[str] | None = None) -> int:
 
 def _exit_on_interrupt(cli_pid: int, signum: int, frame: object) -> None:
     """Ctrl-C: one line instead of the runner's tracebacks, then the exit a kill would give.
-
-    Stopping at once is safe: a run's output stays marked unfinished until its last file is
-    published, and the next run into the folder replaces it, as after a SIGKILL
+    Safe: an unfinished output is replaced by the next run, as after a SIGKILL
     (tests/output/test_reliability_output.py). Forked shard writers exit silently.
     """
     if os.getpid() == cli_pid:

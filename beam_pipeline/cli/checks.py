@@ -1,18 +1,14 @@
-"""The checks convert makes before the job starts: a user error is one line (exit 2).
+"""The checks convert makes before the job starts, each failing in one line (exit 2).
 
-In order: the runner (a remote one given a local path, a classic template: refused before
-anything else), Google credentials for gs:// paths, the input (exists, holds images or
-archives, is listable), the labels table's header and --label_map, the two commonest
-all-images-fail mistakes (a flat folder without --labels; a table none of whose keys matches
-an image), then the output folder's claim (run by main.py). Each stops at the first evidence
-that all is well and holds nothing that grows with the dataset: remote inputs are looked at
-one listing page (REMOTE_PAGE) deep, the key check reads at most MAX_KEY_ROWS table keys.
+In main.py's order: the runner, credentials for gs:// paths, the input, the labels table and
+--label_map, the two commonest all-images-fail mistakes (a flat folder without --labels; no
+table key matching an image), then the output folder's claim. Each stops at the first
+evidence that all is well and holds nothing that grows with the dataset: a remote input is
+looked at one listing page (REMOTE_PAGE) deep, the key check reads at most MAX_KEY_ROWS keys.
 """
 
 from __future__ import annotations
 
-import csv
-import json
 import os
 import sys
 import urllib.parse
@@ -35,7 +31,7 @@ from transforms.gcs import first_page, literal_or_glob, split_gcs_path
 from transforms.labels.beam_webdataset import WEBDATASET
 from transforms.labels.label_map import load_label_map
 from transforms.labels.rows import IMAGE_KEYS, TableError, TableSpec
-from transforms.labels.table import check_table, image_key, normalize_key
+from transforms.labels.table import check_table, image_key, iter_row_batches
 from transforms.listing.archives import archive_kind
 from transforms.listing.local import is_archive_input, walk_folders
 from transforms.output.claim import NotWritable, claim_output
@@ -50,8 +46,7 @@ _LOCAL_RUNNERS = ("", "direct", "fnapi", "bundlebaseddirect", "switchingdirect",
 _THIS_MACHINE = ("localhost", "127.0.0.1", "::1", "0.0.0.0", "")
 _HERE = ("embed", "[local]", "[auto]")
 
-# How many objects a check looks at in a remote input: one listing page. Past that it gives
-# up; the pipeline itself reports an input without images.
+# Objects a check looks at in a remote input (one listing page); past that the pipeline reports.
 REMOTE_PAGE = 1000
 
 # The key check reads at most this many table rows (a set of short strings, a few MB).
@@ -67,11 +62,9 @@ def _elsewhere(address: str) -> bool:
 
 
 def remote_workers(options: PipelineOptions) -> str | None:
-    """Where the job's steps run when that is not this machine (they cannot read its files), or None.
-
-    Remote: DataflowRunner; a job service or cluster on another host; SDK workers in Docker
-    containers (PortableRunner's default) or in a worker pool on another host. Beam's local
-    runners, and a job service here with LOOPBACK, PROCESS or a worker pool here, are local.
+    """Where the job's steps run when that is not this machine (they cannot read its files), or None:
+    Dataflow, a job service or cluster on another host, SDK workers in Docker (PortableRunner's
+    default) or in a worker pool on another host.
     """
     runner = options.view_as(StandardOptions).runner or ""
     name = str(runner).rsplit(".", 1)[-1].lower().removesuffix("runner")
@@ -105,9 +98,8 @@ def remote_workers(options: PipelineOptions) -> str | None:
 
 
 def check_runner_reaches_paths(options: PipelineOptions, opts: ConvertOptions) -> None:
-    """A remote runner given a local path (else the job fails or hangs on workers that cannot
-    see it), or a classic template, whose launches would share this launch's run id, temp
-    folder and claim and skip the checks (the Flex Template runs the CLI at each launch)."""
+    """Refuses a local path given to a remote runner (its workers would fail or hang), and a
+    classic template (its launches would share this launch's run id, temp folder and claim)."""
     if options.view_as(GoogleCloudOptions).template_location:
         raise UserError(
             "--template_location: a classic template would reuse this launch's run id, temp folder "
@@ -132,9 +124,8 @@ def check_runner_reaches_paths(options: PipelineOptions, opts: ConvertOptions) -
 
 
 def check_gcs_credentials(paths: list[str]) -> None:
-    """Raises UserError at once when a gs:// path is given and no Google credentials exist
-    (else Beam retries the look-up for ~30 s, then the first listing until its 120 s deadline).
-    Skipped when STORAGE_EMULATOR_HOST points the clients at a local emulator."""
+    """Raises UserError at once for a gs:// path without Google credentials (else Beam retries
+    for ~30 s, then lists until its 120 s deadline). Skipped for STORAGE_EMULATOR_HOST."""
     remote = [p for p in paths if p and p.startswith("gs://")]
     if not remote or os.environ.get("STORAGE_EMULATOR_HOST"):
         return
@@ -158,8 +149,8 @@ def _first_line(error: Exception) -> str:
 
 
 def _first_page(root: str) -> list[str]:
-    """The paths of one listing page (REMOTE_PAGE objects) below a bucket prefix: on gs://
-    one request, never the whole listing. Raises UserError when it cannot be listed."""
+    """The paths of one listing page (REMOTE_PAGE objects, one request on gs://) below a
+    bucket prefix. Raises UserError when it cannot be listed."""
     try:
         if root.startswith("gs://"):
             bucket, _ = split_gcs_path(root)
@@ -181,9 +172,8 @@ def _unlistable(error: OSError) -> None:
 def check_input(root: str) -> None:
     """Fails fast on a missing input or one without a single image file or archive.
 
-    A tar file or a glob of them must match at least one archive. A local folder is walked
-    whole, as the listing walks it (any depth, folder links followed): a folder that cannot
-    be listed would silently drop its images. A remote one is looked at one page deep.
+    A tar file or glob must match an archive. A local folder is walked whole, as the listing
+    walks it: a folder that cannot be listed would silently drop its images.
     """
     if is_archive_input(root):
         try:
@@ -208,26 +198,26 @@ def check_input(root: str) -> None:
 
 
 def check_labels(opts: ConvertOptions) -> None:
-    """Fails fast on a missing table, missing columns, an unreadable --label_map, and on the
-    mistakes that would fail every image (check_class_folders, check_keys_match)."""
+    """Fails fast on a missing table or column, an unreadable --label_map, and the mistakes
+    that would fail every image (check_class_folders, check_keys_match)."""
     root = normalize_root(opts.input)
     if not opts.labels_path:
         check_class_folders(root, opts.splits == "folders")
         return
     try:
+        spec = table_spec(opts)
         if opts.labels_path != WEBDATASET:
-            check_table(table_spec(opts))
+            check_table(spec)
         if opts.label_map:
             load_label_map(opts.label_map)
     except ValueError as e:
         raise UserError(str(e)) from None
     if opts.unlabeled == "fail":  # (skip: an empty dataset, reported by the pipeline)
-        check_keys_match(root, table_spec(opts), opts.image_key)
+        check_keys_match(root, spec, opts.image_key)
 
 
 def _local_images(root: str) -> Iterator[str]:
-    """The relative paths of the image files under local `root`, one at a time, walked as the
-    listing walks it. A folder that cannot be listed is check_input's to report."""
+    """The relative paths of the image files under local `root`, walked as the listing walks it."""
     for folder, names in walk_folders(root, onerror=lambda error: None):
         for name in names:
             if has_image_extension(name):
@@ -235,11 +225,9 @@ def _local_images(root: str) -> Iterator[str]:
 
 
 def check_class_folders(root: str, split_from_folders: bool) -> None:
-    """Raises UserError when no image sits inside a class folder (and no --labels was given):
-    every image would fail "not inside a class folder".
-
-    Stops at the first image deep enough. On gs:// only a complete first page (a small
-    prefix) can prove that no image is in a folder.
+    """Raises UserError when no image sits inside a class folder (and no --labels): every image
+    would fail. Stops at the first image deep enough; on gs:// only a complete first page
+    (a small prefix) can prove it.
     """
     depth = 3 if split_from_folders else 2
     if "://" in root:
@@ -273,55 +261,29 @@ def check_class_folders(root: str, split_from_folders: bool) -> None:
     )
 
 
-def _file_keys(path: str, spec: TableSpec) -> Iterator[str]:
-    """The key column of one table file, read alone (the full row parse is the pipeline's job),
-    normalized as the join normalizes it (normalize_key): ~10x faster than the row parser."""
-    with FileSystems.open(path) as f:
-        lines = (line.decode("utf-8", "replace") for line in iter(f.readline, b""))
-        if spec.format == "jsonl":
-            for line in lines:
-                try:
-                    obj = json.loads(line) if line.strip() else None
-                except ValueError:
-                    continue
-                value = obj.get(spec.key_column) if isinstance(obj, dict) else None
-                if value is not None and not isinstance(value, (dict, list)):
-                    yield normalize_key(str(value))
-            return
-        reader = csv.reader(lines, delimiter="\t" if spec.format == "tsv" else ",")
-        header = [h.strip().removeprefix("\ufeff") for h in next(reader, [])]
-        if spec.key_column not in header:
-            return
-        column = header.index(spec.key_column)
-        for cells in reader:
-            if len(cells) > column:
-                yield normalize_key(cells[column])
-
-
 def _table_keys(spec: TableSpec) -> set[str] | None:
-    """The keys of the table's rows, or None when it has more than MAX_KEY_ROWS rows."""
+    """The keys of the table's rows, parsed as the pipeline parses them, or None when it has
+    more than MAX_KEY_ROWS rows."""
     keys: set[str] = set()
     for path in check_table(spec):
-        for key in _file_keys(path, spec):
-            if key:
-                keys.add(key)
-            if len(keys) > MAX_KEY_ROWS:
-                return None
+        with FileSystems.open(path) as f:
+            for batch in iter_row_batches(f, spec, path):
+                keys.update(key for key in batch.keys if key)
+                if len(keys) > MAX_KEY_ROWS:
+                    return None
     return keys
 
 
 def check_keys_match(root: str, spec: TableSpec, mode: str) -> None:
-    """Raises UserError when no image key (by --image_key `mode`) is a key of the table: every
-    image would fail "label missing". The message names the --image_key that would match.
-
-    Local inputs and tables of up to MAX_KEY_ROWS rows only (else the pipeline's per-image
-    failures and the exit-3 line tell). Stops at the first match.
+    """Raises UserError when no image key (--image_key `mode`) is in the table: every image
+    would fail. The message names the --image_key that would match. Local inputs and tables
+    of up to MAX_KEY_ROWS rows only; stops at the first match.
     """
     if "://" in root:
         return
     try:
         keys = _table_keys(spec)
-    except (TableError, OSError, csv.Error):
+    except (TableError, OSError):
         return  # check_table or the pipeline reports an unreadable table
     if not keys:
         return
@@ -350,10 +312,8 @@ def check_keys_match(root: str, spec: TableSpec, mode: str) -> None:
 
 def claim_output_folder(output_dir: str, overwrite: bool, run_id: str, job: bool = False) -> Claim:
     """Claims the output folder for run `run_id` (writable, no live run, no dataset unless
-    --overwrite), or raises UserError.
-
-    The partial output of an interrupted run (its marker is there, its process is not) is
-    taken over without asking, so that a retried job succeeds (transforms/output/claim.py).
+    --overwrite), or raises UserError. An interrupted run's output is taken over, so that a
+    retried job succeeds (transforms/output/claim.py).
     """
     if "://" in output_dir:
         try:  # a missing bucket or no permission to list: say so before anything else

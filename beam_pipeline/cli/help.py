@@ -77,7 +77,7 @@ class Formatter(argparse.HelpFormatter):
 
 def convert_help(prog: str, everything: bool = False) -> str:
     """`convert --help` (without the local-runner group and Beam's options) or `--help_all`."""
-    from beam_pipeline.cli.options import LOCAL_RUNNER_GROUP, ConvertOptions
+    from beam_pipeline.cli import options
 
     hidden = "" if everything else "; --help_all adds the local runner's flags and Beam's"
     parser = argparse.ArgumentParser(
@@ -92,15 +92,7 @@ def convert_help(prog: str, everything: bool = False) -> str:
     parser.add_argument(
         "--help_all", action="store_true", default=argparse.SUPPRESS, help="Every flag, and Beam's options."
     )
-    ConvertOptions._add_argparse_args(parser)
-    for action in parser._actions:
-        if action.dest == "labels_path":  # given as --labels (route_labels_flag)
-            action.option_strings = ["--labels"]
-    if not everything:
-        for group in parser._action_groups:
-            if group.title == LOCAL_RUNNER_GROUP:
-                for action in group._group_actions:
-                    action.help = argparse.SUPPRESS
+    options.add_flags(parser, labels_flag="--labels", local_runner=everything)
     text = parser.format_help()
     return text + "\n" + beam_help(prog) if everything else text
 

@@ -1,7 +1,5 @@
-"""The local runner's defaults: the in-process FnApiRunner and its writer processes.
-
-Used by every verb that runs a pipeline locally (convert, verify --beam).
-"""
+"""The local runner's defaults (convert, verify --beam): the in-process FnApiRunner and its
+writer processes."""
 
 from __future__ import annotations
 
@@ -18,10 +16,9 @@ from transforms.writing.processes import default_processes, prestart, set_malloc
 LOCAL_RUNNER = "FnApiRunner"
 
 
-# glibc malloc in the runner's process: blocks from this size up get their own mapping. The
-# runner holds PCollections between stages as encoded bytes (~100-200 KB a batch of 1,000
-# records); from the heap, the freed ones stay as holes and the heap's free part grew with the
-# image count (benchmarks/README.md). Mapped, each is given back whole when freed.
+# glibc malloc in the runner's process: blocks from this size up get their own mapping, given
+# back whole when freed. The runner's encoded batches (~100-200 KB) left holes in the heap
+# that grew with the image count (benchmarks/README.md).
 RUNNER_MMAP_THRESHOLD = 64 * 1024
 
 
@@ -32,12 +29,10 @@ def _given(argv: list[str], flag: str) -> bool:
 def local_defaults(options: PipelineOptions, argv: list[str]) -> None:
     """Local runs use the in-process runner, one Beam worker, and every core unless told otherwise.
 
-    Every core is kept busy by WriteShardFn's worker processes (`--write_processes`, one per
-    core) writing whole shards: the per-image work holds the GIL. One `in_memory` worker
-    avoids `multi_threading`'s gRPC data plane (a per-element cost, and a rare decode error
-    in Beam 2.77; benchmarks/README.md); more workers without a mode get `multi_threading`.
-    In `multi_processing` mode the DoFns already run in worker processes, so shards are
-    written there (`--write_processes` 1 unless given).
+    The cores are WriteShardFn's worker processes (`--write_processes`): the per-image work
+    holds the GIL. One `in_memory` worker avoids `multi_threading`'s gRPC data plane (a
+    per-element cost, a rare decode error in Beam 2.77; benchmarks/README.md). In
+    `multi_processing` mode the DoFns already run in worker processes: shards are written there.
     """
     standard = options.view_as(StandardOptions)
     if standard.runner not in LOCAL_RUNNERS:
@@ -64,10 +59,9 @@ _writers: tuple[int, int] | None = None
 
 @contextlib.contextmanager
 def writers_prestarted():
-    """Around a local run: the writer processes that local_defaults configured forked on
-    entry, before the runner holds any image's metadata, so they do not inherit (and later
-    copy) its buffers (transforms/writing/processes.py `prestart`). Any not taken by
-    WriteShardFn are stopped on exit. Enter it in the thread that waits for the run.
+    """Around a local run: local_defaults' writer processes forked on entry, before the runner
+    holds any metadata they would inherit (transforms/writing/processes.py `prestart`); any
+    not taken by WriteShardFn stopped on exit. Enter it in the thread that waits for the run.
     """
     global _writers
     writers, _writers = _writers, None

@@ -1,6 +1,5 @@
-"""ConvertOptions: the converter's own flags, parsed next to every Beam pipeline option, their
-checks (validate, check_args) and the settings they make for the stages (EncodeSettings,
-TableSpec, JoinSettings)."""
+"""ConvertOptions: the converter's flags (parsed with Beam's), their checks (validate,
+check_args) and the settings they give the stages (EncodeSettings, TableSpec, JoinSettings)."""
 
 from __future__ import annotations
 
@@ -46,195 +45,198 @@ class UserError(Exception):
     """A mistake in the command line or the input: reported in one line, no traceback."""
 
 
-# The group of the flags that runs on the local runner rarely need: `convert --help` leaves it
-# to `--help_all` (beam_pipeline/cli/help.py).
+# The flags that runs on the local runner rarely need: `convert --help` leaves them to `--help_all`.
 LOCAL_RUNNER_GROUP = "local runner"
 
 
 class ConvertOptions(PipelineOptions):
-    """Options of `img2tfrecord convert`, in the groups `convert --help` shows them in.
-
-    Each flag's default is printed by the help (beam_pipeline/cli/help.py), so the texts do
-    not repeat it. `--labels_path` is shown and documented as `--labels` (route_labels_flag).
-    """
+    """Options of `img2tfrecord convert` (add_flags)."""
 
     @classmethod
     def _add_argparse_args(cls, parser: argparse.ArgumentParser) -> None:
-        group = parser.add_argument_group("input")
-        group.add_argument("--input", metavar="PATH", help="Required: images (folder, gs:// prefix, tars).")
-        group.add_argument("--dedupe", action="store_true", help="Drop byte-identical duplicates.")
-        group.add_argument(
-            "--max_pixels", type=int, default=DEFAULT_MAX_PIXELS, metavar="N", help="Larger images fail."
-        )
+        add_flags(parser)
 
-        group = parser.add_argument_group("labels")
-        group.add_argument(
-            "--labels_path",
-            default="",
-            metavar="PATH",
-            help="Labels table (CSV, TSV, JSON Lines; local, gs://, a glob) or 'webdataset'; "
-            "'': class folders.",
-        )
-        group.add_argument(
-            "--labels_format", choices=("auto",) + FORMATS, default="auto", help="auto: from the extension."
-        )
-        group.add_argument("--key_column", default="id", metavar="COL", help="Column of the image key.")
-        group.add_argument("--label_column", default="label", metavar="COL", help="Column of the label(s).")
-        group.add_argument(
-            "--image_key",
-            choices=IMAGE_KEYS,
-            default="stem",
-            help="What the key column holds: file stem, file name or path in --input.",
-        )
-        group.add_argument(
-            "--label_separator", default="|", metavar="SEP", help="Splits one cell into several labels."
-        )
-        group.add_argument(
-            "--label_type",
-            choices=LABEL_TYPES,
-            default="auto",
-            help="int: class ids as given; str: names; auto: int if all are.",
-        )
-        group.add_argument(
-            "--label_map",
-            default="",
-            metavar="PATH",
-            help="Class names in id order, one a line, or a .csv/.tsv of id,name.",
-        )
-        group.add_argument(
-            "--extra_columns",
-            default="",
-            metavar="SPEC",
-            help="Columns kept as features: name:int|float|str,...",
-        )
-        group.add_argument(
-            "--unlabeled",
-            choices=UNLABELED_POLICIES,
-            default="fail",
-            help="Images without a label row: a failure, skipped (counted) or kept.",
-        )
-        group.add_argument(
-            "--duplicate_keys",
-            choices=DUPLICATE_POLICIES,
-            default="fail",
-            help="Rows of one key that disagree: a failure, first wins, or all (multi-label).",
-        )
-        group.add_argument(
-            "--label_offset", type=int, choices=(0, 1), default=0, help="Id of the first class."
-        )
 
-        group = parser.add_argument_group("splits and shards")
-        group.add_argument(
-            "--splits",
-            default="",
-            metavar="SPEC",
-            help="'folders' (<split>/<class>/...) or ratios 'train=0.8,validation=0.2' by a "
-            "seeded hash of each path. Empty: all 'train'.",
-        )
-        group.add_argument(
-            "--split_column", default="", metavar="COL", help="Labels table column of the split."
-        )
-        group.add_argument("--stratify", action="store_true", help="Keep class ratios in every split.")
-        group.add_argument(
-            "--seed", type=int, default=DEFAULT_SEED, metavar="N", help="Seed of the shuffle and split hash."
-        )
-        group.add_argument(
-            "--shard_size_mb",
-            type=float,
-            default=DEFAULT_SHARD_SIZE_MB,
-            metavar="MB",
-            help="Target shard size.",
-        )
-        group.add_argument(
-            "--max_records_per_shard",
-            type=int,
-            default=DEFAULT_MAX_RECORDS_PER_SHARD,
-            metavar="N",
-            help="Caps shards of tiny images, at about N (0: no cap).",
-        )
-        group.add_argument(
-            "--num_shards", type=int, default=0, metavar="N", help="Shards per split (0: by size)."
-        )
+def add_flags(parser, *, labels_flag: str = "--labels_path", local_runner: bool = True) -> None:
+    """ConvertOptions' flags, in the groups `convert --help` shows them in.
 
-        group = parser.add_argument_group("images and schema")
-        group.add_argument(
-            "--image_format",
-            choices=IMAGE_FORMATS,
-            default="keep",
-            help="keep: the file's bytes if TensorFlow decodes them, else PNG.",
-        )
-        group.add_argument(
-            "--jpeg_quality",
-            type=int,
-            default=DEFAULT_JPEG_QUALITY,
-            metavar="Q",
-            help="Of re-encoded JPEGs (1-100).",
-        )
-        group.add_argument("--resize", default="", metavar="WxH", help="Exact size of every image.")
-        group.add_argument(
-            "--max_side", type=int, default=0, metavar="N", help="Longer side at most N (0: as is)."
-        )
-        group.add_argument(
-            "--resize_mode",
-            choices=RESIZE_MODES,
-            default="pad",
-            help="--resize: fit with black bands, cover and crop, or stretch.",
-        )
-        group.add_argument("--color", choices=COLORS, default="keep", help="rgb: 3 channels; grayscale: 1.")
-        group.add_argument("--exif_transpose", action="store_true", help="Apply the EXIF orientation.")
-        group.add_argument("--store", choices=STORES, default="encoded", help="raw: uint8 pixels (HWC).")
-        group.add_argument(
-            "--schema", choices=sorted(PRESETS), default=DEFAULT_SCHEMA, help="Feature keys preset."
-        )
-        group.add_argument(
-            "--rename_keys", default="", metavar="SPEC", help="Key renames on top of --schema: old=new,..."
-        )
+    The help prints each flag's default, so the texts do not repeat it. The help names the
+    labels table's flag `labels_flag="--labels"`, as users give it (route_labels_flag), and
+    leaves the local-runner group to `--help_all`.
+    """
+    group = parser.add_argument_group("input")
+    group.add_argument("--input", metavar="PATH", help="Required: images (folder, gs:// prefix, tars).")
+    group.add_argument("--dedupe", action="store_true", help="Drop byte-identical duplicates.")
+    group.add_argument(
+        "--max_pixels", type=int, default=DEFAULT_MAX_PIXELS, metavar="N", help="Larger images fail."
+    )
 
-        group = parser.add_argument_group("output and reliability")
-        group.add_argument("--output_dir", metavar="PATH", help="Required. Where shards and metadata go.")
-        group.add_argument("--overwrite", action="store_true", help="Replace a dataset in --output_dir.")
-        group.add_argument(
-            "--compression",
-            choices=sorted(COMPRESSIONS),
-            default="none",
-            help="gzip: .tfrecord.gz (TFDS cannot read it).",
-        )
-        group.add_argument("--write_index", action="store_true", help="<shard>.idx files for DALI, PyTorch.")
-        group.add_argument("--dataset_name", default="", metavar="NAME", help="TFDS name ('': --input's).")
-        group.add_argument(
-            "--max_failure_ratio",
-            type=float,
-            default=DEFAULT_MAX_FAILURE_RATIO,
-            metavar="R",
-            help="More failed images than this fraction: exit 3, nothing published.",
-        )
-        group.add_argument("--quiet", action="store_true", help="No progress output.")
-        group.add_argument(
-            "--progress_interval",
-            type=float,
-            default=10.0,
-            metavar="S",
-            help="Seconds between progress lines when stderr is no terminal.",
-        )
+    group = parser.add_argument_group("labels")
+    group.add_argument(
+        labels_flag,
+        dest="labels_path",
+        default="",
+        metavar="PATH",
+        help="Labels table (CSV, TSV, JSON Lines; local, gs://, a glob) or 'webdataset'; '': class folders.",
+    )
+    group.add_argument(
+        "--labels_format", choices=("auto",) + FORMATS, default="auto", help="auto: from the extension."
+    )
+    group.add_argument("--key_column", default="id", metavar="COL", help="Column of the image key.")
+    group.add_argument("--label_column", default="label", metavar="COL", help="Column of the label(s).")
+    group.add_argument(
+        "--image_key",
+        choices=IMAGE_KEYS,
+        default="stem",
+        help="What the key column holds: file stem, file name or path in --input.",
+    )
+    group.add_argument(
+        "--label_separator", default="|", metavar="SEP", help="Splits one cell into several labels."
+    )
+    group.add_argument(
+        "--label_type",
+        choices=LABEL_TYPES,
+        default="auto",
+        help="int: class ids as given; str: names; auto: int if all are.",
+    )
+    group.add_argument(
+        "--label_map",
+        default="",
+        metavar="PATH",
+        help="Class names in id order, one a line, or a .csv/.tsv of id,name.",
+    )
+    group.add_argument(
+        "--extra_columns",
+        default="",
+        metavar="SPEC",
+        help="Columns kept as features: name:int|float|str,...",
+    )
+    group.add_argument(
+        "--unlabeled",
+        choices=UNLABELED_POLICIES,
+        default="fail",
+        help="Images without a label row: a failure, skipped (counted) or kept.",
+    )
+    group.add_argument(
+        "--duplicate_keys",
+        choices=DUPLICATE_POLICIES,
+        default="fail",
+        help="Rows of one key that disagree: a failure, first wins, or all (multi-label).",
+    )
+    group.add_argument("--label_offset", type=int, choices=(0, 1), default=0, help="Id of the first class.")
 
-        group = parser.add_argument_group(LOCAL_RUNNER_GROUP)
-        group.add_argument(
-            "--write_processes",
-            type=int,
-            default=0,
-            metavar="N",
-            help="Processes that write whole shards (0: one per core on the local runner, 1 "
-            "elsewhere; 1: in the runner's own process).",
-        )
-        group.add_argument(
-            "--read_threads",
-            type=int,
-            default=0,
-            metavar="N",
-            help="Threads per shard writer that read the next images (0: one per core in the "
-            "runner's process; in a --write_processes worker, none for local files and 8 for "
-            "bucket objects).",
-        )
+    group = parser.add_argument_group("splits and shards")
+    group.add_argument(
+        "--splits",
+        default="",
+        metavar="SPEC",
+        help="'folders' (<split>/<class>/...) or ratios 'train=0.8,validation=0.2' by a "
+        "seeded hash of each path. Empty: all 'train'.",
+    )
+    group.add_argument("--split_column", default="", metavar="COL", help="Labels table column of the split.")
+    group.add_argument("--stratify", action="store_true", help="Keep class ratios in every split.")
+    group.add_argument(
+        "--seed", type=int, default=DEFAULT_SEED, metavar="N", help="Seed of the shuffle and split hash."
+    )
+    group.add_argument(
+        "--shard_size_mb",
+        type=float,
+        default=DEFAULT_SHARD_SIZE_MB,
+        metavar="MB",
+        help="Target shard size.",
+    )
+    group.add_argument(
+        "--max_records_per_shard",
+        type=int,
+        default=DEFAULT_MAX_RECORDS_PER_SHARD,
+        metavar="N",
+        help="Caps shards of tiny images, at about N (0: no cap).",
+    )
+    group.add_argument(
+        "--num_shards", type=int, default=0, metavar="N", help="Shards per split (0: by size)."
+    )
+
+    group = parser.add_argument_group("images and schema")
+    group.add_argument(
+        "--image_format",
+        choices=IMAGE_FORMATS,
+        default="keep",
+        help="keep: the file's bytes if TensorFlow decodes them, else PNG.",
+    )
+    group.add_argument(
+        "--jpeg_quality",
+        type=int,
+        default=DEFAULT_JPEG_QUALITY,
+        metavar="Q",
+        help="Of re-encoded JPEGs (1-100).",
+    )
+    group.add_argument("--resize", default="", metavar="WxH", help="Exact size of every image.")
+    group.add_argument(
+        "--max_side", type=int, default=0, metavar="N", help="Longer side at most N (0: as is)."
+    )
+    group.add_argument(
+        "--resize_mode",
+        choices=RESIZE_MODES,
+        default="pad",
+        help="--resize: fit with black bands, cover and crop, or stretch.",
+    )
+    group.add_argument("--color", choices=COLORS, default="keep", help="rgb: 3 channels; grayscale: 1.")
+    group.add_argument("--exif_transpose", action="store_true", help="Apply the EXIF orientation.")
+    group.add_argument("--store", choices=STORES, default="encoded", help="raw: uint8 pixels (HWC).")
+    group.add_argument(
+        "--schema", choices=sorted(PRESETS), default=DEFAULT_SCHEMA, help="Feature keys preset."
+    )
+    group.add_argument(
+        "--rename_keys", default="", metavar="SPEC", help="Key renames on top of --schema: old=new,..."
+    )
+
+    group = parser.add_argument_group("output and reliability")
+    group.add_argument("--output_dir", metavar="PATH", help="Required. Where shards and metadata go.")
+    group.add_argument("--overwrite", action="store_true", help="Replace a dataset in --output_dir.")
+    group.add_argument(
+        "--compression",
+        choices=sorted(COMPRESSIONS),
+        default="none",
+        help="gzip: .tfrecord.gz (TFDS cannot read it).",
+    )
+    group.add_argument("--write_index", action="store_true", help="<shard>.idx files for DALI, PyTorch.")
+    group.add_argument("--dataset_name", default="", metavar="NAME", help="TFDS name ('': --input's).")
+    group.add_argument(
+        "--max_failure_ratio",
+        type=float,
+        default=DEFAULT_MAX_FAILURE_RATIO,
+        metavar="R",
+        help="More failed images than this fraction: exit 3, nothing published.",
+    )
+    group.add_argument("--quiet", action="store_true", help="No progress output.")
+    group.add_argument(
+        "--progress_interval",
+        type=float,
+        default=10.0,
+        metavar="S",
+        help="Seconds between progress lines when stderr is no terminal.",
+    )
+
+    if not local_runner:
+        return
+    group = parser.add_argument_group(LOCAL_RUNNER_GROUP)
+    group.add_argument(
+        "--write_processes",
+        type=int,
+        default=0,
+        metavar="N",
+        help="Processes that write whole shards (0: one per core on the local runner, 1 "
+        "elsewhere; 1: in the runner's own process).",
+    )
+    group.add_argument(
+        "--read_threads",
+        type=int,
+        default=0,
+        metavar="N",
+        help="Threads per shard writer that read the next images (0: one per core in the "
+        "runner's process; in a --write_processes worker, none for local files and 8 for "
+        "bucket objects).",
+    )
 
 
 def validate(opts: ConvertOptions) -> None:
@@ -282,12 +284,9 @@ def is_job_label(value: str) -> bool:
 
 
 def route_labels_flag(argv: list[str]) -> list[str]:
-    """Rewrites `--labels TABLE` to `--labels_path=TABLE`; job labels stay Beam's `--labels`.
-
-    Beam's GoogleCloudOptions owns `--labels` (Dataflow job labels, `key=value`, appended by
-    schedulers such as Airflow's Beam operator). A value that looks like one passes through
-    unchanged; anything else (a path: it has '/' or '.') is our labels table.
-    """
+    """Rewrites `--labels TABLE` to `--labels_path=TABLE`; job labels stay Beam's `--labels`
+    (GoogleCloudOptions' Dataflow job labels, `key=value`, appended by schedulers such as
+    Airflow's Beam operator)."""
     out: list[str] = []
     for arg in argv:
         if out and out[-1] == "--labels" and not is_job_label(arg):
@@ -343,8 +342,7 @@ def table_spec(opts: ConvertOptions) -> TableSpec:
 
 
 def join_settings(opts: ConvertOptions) -> JoinSettings:
-    """How table rows label images, from the options (--label_map's names reach the join as a
-    side input: JoinLabels' `label_map`)."""
+    """How table rows label images (--label_map's names reach the join as a side input)."""
     return JoinSettings(
         unlabeled=opts.unlabeled,
         duplicates=opts.duplicate_keys,
@@ -358,10 +356,8 @@ def _usage_error(message: str):
 
 
 def check_args(argv: list[str]) -> None:
-    """Rejects flags that neither ConvertOptions nor any Beam options class knows, and bad values.
-
-    Beam itself only warns about (and drops) unknown flags; a misspelt `--ouput_dir`
-    must be an error here. Beam's own parser of every options class (handed to
+    """Rejects flags that no options class knows (Beam only warns: a misspelt `--ouput_dir`
+    must be an error), and bad values: Beam's parser of every options class (handed to
     `add_extra_args_fn`) parses `argv`, its usage errors raised as UserError.
     """
 
@@ -375,23 +371,18 @@ def check_args(argv: list[str]) -> None:
     PipelineOptions(argv).get_all_options(add_extra_args_fn=strict)
 
 
-def parse_size(spec: str) -> tuple[int, int] | None:
-    """Parses 'WxH' into (width, height). Raises ValueError."""
-    if not spec:
-        return None
-    match = re.fullmatch(r"\s*(\d+)\s*[xX]\s*(\d+)\s*", spec)
-    if not match or int(match[1]) <= 0 or int(match[2]) <= 0:
-        raise ValueError(f"--resize: expected WxH with positive sizes, got {spec!r}")
-    return int(match[1]), int(match[2])
-
-
 def encode_settings(opts) -> EncodeSettings:
     """The EncodeSettings of parsed ConvertOptions. Raises ValueError for bad values."""
     if not 1 <= opts.jpeg_quality <= 100:
         raise ValueError("--jpeg_quality must be between 1 and 100")
     if opts.max_side < 0:
         raise ValueError("--max_side must be positive")
-    resize = parse_size(opts.resize)
+    resize = None
+    if opts.resize:  # WxH
+        match = re.fullmatch(r"\s*(\d+)\s*[xX]\s*(\d+)\s*", opts.resize)
+        if not match or int(match[1]) <= 0 or int(match[2]) <= 0:
+            raise ValueError(f"--resize: expected WxH with positive sizes, got {opts.resize!r}")
+        resize = int(match[1]), int(match[2])
     if resize and opts.max_side:
         raise ValueError("--resize and --max_side exclude each other")
     renames = parse_renames(opts.rename_keys)

@@ -1,12 +1,10 @@
 """Live progress of a local conversion on stderr: a bar on a terminal, log lines otherwise.
 
-A thread polls the run's Progress tally (transforms/progress.py), which the pipeline's DoFns
-update in this process when the in-process runner executes them. On a terminal the bar
-fits the terminal's width (read at every redraw, so a resized window is followed), shrinking
-down to 40 columns by dropping its least useful parts, and shows "listing ..." from the first
-half second until the first image is done. Log lines (no terminal) start with the first
-listed image, so runners whose workers live elsewhere stay silent here (their numbers are the
-Beam counters images_listed, images_encoded, images_failed, bytes_written).
+A thread polls the run's Progress tally (transforms/progress.py), which the DoFns update when
+the in-process runner runs them. The bar fits the terminal's width at each redraw (down to 40
+columns, dropping its least useful parts), and shows "listing ..." until the first image is
+done. Log lines start with the first listed image, so remote runners stay silent here (their
+numbers are Beam counters).
 """
 
 from __future__ import annotations
@@ -67,14 +65,11 @@ def format_progress(listed: int, written: int, failed: int, nbytes: int, seconds
 
 
 def fit_progress(listed: int, written: int, failed: int, nbytes: int, seconds: float, columns: int) -> str:
-    """The terminal bar for a terminal `columns` wide: never longer than `columns` - 1.
+    """The bar for a terminal `columns` wide, at most `columns` - 1 (a full line wraps on some).
 
-    The last column stays free (a line that fills it wraps on some terminals). Parts go in
-    this order as the width shrinks: the bar narrows to 10, MB/s, the words 'images' and
-    'failed' become short, the images/s rate, the bar, the percentage. Below 40 columns the
-    40-column line is cut. The parts and the bar's width are chosen for the widest values
-    the fields take (_WIDEST, the count at its end), not the current ones, so they do not
-    change from one redraw to the next as the rates and the ETA do.
+    As the width shrinks, _VARIANTS drop parts in order; below 40 columns the 40-column line is
+    cut. The layout is chosen for the widest values the fields take (_WIDEST, the count at its
+    end), so it does not change from one redraw to the next as the rates and the ETA do.
     """
     room = max(columns, MIN_COLUMNS) - 1
     done = written + failed
@@ -176,8 +171,7 @@ class ProgressReporter:
             self._stream.flush()
 
     def _draw(self, state: tuple, listing: bool, final: bool) -> None:
-        """Redraws the terminal line: the listing state until the first image is done, then the
-        bar; a newline at the end."""
+        """Redraws the line: "listing ..." until the first image is done, then the bar."""
         columns = self._columns or terminal_columns(self._stream)
         listed = state[0]
         if listing and not (final and listed):

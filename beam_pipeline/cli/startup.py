@@ -1,21 +1,17 @@
 """The CLI process's set-up before Beam is imported: the one place that changes process-wide state.
 
-Called only by the console entry (beam_pipeline/__main__.py) before it imports Beam: importing
-the package, or running `main.run()` from a program, changes none of it
-(tests/cli/test_startup.py). Each item is a tested correctness fix or a start-up gain measured
-outside the rounds' spread (CONTRIBUTING.md, benchmarks/README.md "Start-up"):
+Called only by the console entry (beam_pipeline/__main__.py): importing the package, or
+calling `main.run()`, changes none of it (tests/cli/test_startup.py). Each item is a tested
+correctness fix or a start-up gain measured outside the spread (benchmarks/README.md "Start-up"):
 
-- `GRPC_ENABLE_FORK_SUPPORT=false` (correctness): with it on (grpcio's default), a process whose
-  gRPC has started restarts gRPC's poller in every child it forks before the child execs;
-  `subprocess` then closes the poller's descriptors and gRPC aborts the child (SIGABRT): 3-12
-  children in 1,000 here (grpc/grpc#43055). Beam's own tests turn it off too.
+- `GRPC_ENABLE_FORK_SUPPORT=false` (correctness): with it on, gRPC restarts its poller in every
+  forked child before exec; `subprocess` closes the poller's descriptors and gRPC aborts the
+  child (SIGABRT, 3-12 in 1,000 here; grpc/grpc#43055). Beam's own tests turn it off too.
 - The interpreter's last collection skipped (`before_exit`): it would walk the ~1 million
-  objects of Beam's modules and the graph once more (~0.3-0.4 s of CPU a run).
+  objects of Beam's modules and the graph once more.
 - Beam imported without the client libraries of IOs and runners a local run never uses
-  (SKIPPED_BY_LOCAL_RUNS): ~0.25 s of CPU and ~45-60 MB of RSS less at every start. Beam
-  imports each under `try: ... except ImportError` (checked against BEAM_CHECKED: a Beam
-  upgrade fails tests/cli/test_startup.py until it is checked again); they import as usual
-  afterwards.
+  (SKIPPED_BY_LOCAL_RUNS), which Beam imports under `try: ... except ImportError` (checked
+  against BEAM_CHECKED: an upgrade fails tests/cli/test_startup.py until checked again).
 """
 
 from __future__ import annotations
@@ -32,10 +28,8 @@ LOCAL_RUNNERS = (None, "DirectRunner", "directrunner", "direct", "FnApiRunner")
 # The Beam release whose guarded imports SKIPPED_BY_LOCAL_RUNS was checked against.
 BEAM_CHECKED = "2.77.0"
 
-# What `import apache_beam` loads for IOs and runners that a local run never uses: MongoDB's
-# client, Pub/Sub, BigQuery with its Storage API and the Dataflow API client. Not listed:
-# anything a local run uses (pyarrow), or that Beam imports unguarded or next to something it
-# uses (oauth2client.crypt: apitools imports it, and apache_beam.utils.retry's HttpError checks).
+# What `import apache_beam` loads for IOs and runners a local run never uses. Not listed:
+# what a local run uses, or Beam imports unguarded (oauth2client.crypt: apitools imports it).
 SKIPPED_BY_LOCAL_RUNS = (
     "bson",
     "pymongo",
@@ -52,10 +46,9 @@ _ANNOUNCE_MISSING = ("apache_beam.io.mongodbio",)
 
 @contextlib.contextmanager
 def imports_skipped(names: tuple[str, ...]):
-    """While in the block, importing any of `names` (or a module under it) raises ImportError:
-    a `None` in sys.modules is Python's own way to make an import fail
-    (https://docs.python.org/3/reference/import.html#the-module-cache). Names already imported
-    are left alone; Beam's warning that it found no MongoDB driver is muted."""
+    """While in the block, importing any of `names` (or a module under it) raises ImportError
+    (a `None` in sys.modules: docs.python.org/3/reference/import.html#the-module-cache).
+    Names already imported are left alone; Beam's warning about MongoDB is muted."""
     added = [name for name in names if name not in sys.modules]
     muted = [logger for logger in map(logging.getLogger, _ANNOUNCE_MISSING) if not logger.disabled]
     for name in added:
@@ -81,14 +74,12 @@ def prepare(argv: list[str]) -> None:
 
 
 def before_exit() -> None:
-    """Right before the CLI process exits: what is alive leaves the collector (gc.freeze), so
-    the interpreter's last collection does not walk it."""
+    """Right before the CLI process exits: what is alive leaves the collector's last walk."""
     gc.freeze()
 
 
 def runner_named(argv: list[str]) -> str | None:
-    """The value of the last `--runner` flag in `argv` (Beam's argparse keeps the last), or None,
-    read before Beam is imported."""
+    """The value of the last `--runner` flag in `argv` (as Beam's argparse), or None."""
     runner = None
     for i, arg in enumerate(argv):
         if arg == "--runner" and i + 1 < len(argv):

@@ -1,4 +1,2 @@
-"""readers: a written dataset read back. load_dataset and parse_spec (dataset.py), verify
-(verify.py) and inspect with its HTML report (inspect.py); each takes the output folder
-(local or gs://) and nothing from the run that wrote it.
-"""
+"""readers: a written dataset read back (load_dataset, verify, inspect), from its output
+folder alone (local or gs://)."""

@@ -1,12 +1,10 @@
 """Reading a converted dataset back: `load_dataset` and `parse_spec`.
 
     ds = load_dataset("out", "train", image_size=(224, 224), batch_size=32)
-    for images, labels in ds: ...
 
-summary.json (schema and key renames, store mode, class names, label offset) says how records
-are parsed and decoded, so callers never repeat the feature keys, and raw pixels (`--store raw`)
-read like encoded images. Paths may be local or `gs://` (tf.io.gfile). TensorFlow is imported
-when a function is called, not on import.
+summary.json says how records are parsed and decoded (schema, key renames, store mode, class
+names, label offset), so callers never repeat the feature keys. Paths may be local or `gs://`
+(tf.io.gfile, not Beam's filesystems: no Beam import). TensorFlow is imported when called.
 """
 
 from __future__ import annotations

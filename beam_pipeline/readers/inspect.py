@@ -1,11 +1,10 @@
 """`img2tfrecord inspect OUTPUT_DIR [--report report.html]`: what is in a converted dataset.
 
 Reads every record (with verify's checks) and failures.jsonl; prints records and bytes per
-split and class (aligned for wide characters), image formats and sizes, and failures by
-reason. `--report` writes one self-contained HTML page (inline SVG bars, the failures, a
-contact sheet of samples per class as PNG data URIs) to eyeball in any browser. Memory: counters
-per class, format, size bucket and failure reason, `--samples` images a class, `--failures`
-examples a reason.
+split and class, image formats and sizes, and failures by reason. `--report` writes one
+self-contained HTML page (SVG bars, the failures, samples per class as PNG data URIs).
+Memory: counters per class, format, size bucket and failure reason, `--samples` images a
+class, `--failures` examples a reason.
 """
 
 from __future__ import annotations
@@ -22,7 +21,6 @@ import unicodedata
 from apache_beam.io.filesystems import FileSystems
 from PIL import Image
 
-from beam_pipeline.cli.help import prog_name
 from beam_pipeline.readers.verify import CommandParser, list_shards, load_format, load_summary
 from transforms.failures import reason_kind
 from transforms.output.publish import FAILURES_FILE
@@ -200,10 +198,7 @@ def format_table(stats: DatasetStats) -> str:
 
 
 def thumbnail_png(data: bytes, size: int = THUMBNAIL_PX) -> tuple[bytes, tuple[int, int]]:
-    """A PNG thumbnail (longest side `size`) of an encoded image, and the image's (width, height).
-
-    The first frame of animations.
-    """
+    """A PNG thumbnail (longest side `size`, first frame) of an encoded image, and its (width, height)."""
     with Image.open(io.BytesIO(data)) as img:
         img.seek(0)
         original = img.size
@@ -218,9 +213,7 @@ def _bars_svg(
     counts: dict[str, int], label: str, label_w: int = 220, chart_w: int = 480, fluid: bool = False
 ) -> str:
     """Horizontal bars with their counts (inline SVG), one per key in the given order.
-
-    `fluid`: the chart scales to the width of its box (its viewBox keeps the proportions).
-    """
+    `fluid`: the chart scales to the width of its box."""
     bar_h = 22
     top = max(list(counts.values()) + [1])
     rows = []
@@ -264,13 +257,11 @@ def _failures_html(failures: FailureStats) -> list[str]:
         '<table class="failures">',
     ]
     for kind, n in failures.by_count():
+        shown = failures.examples.get(kind, [])
         parts.append(f'<tr><th colspan="2" style="text-align:left">{e(kind)} ({n:,})</th></tr>')
-        for path, reason in failures.examples.get(kind, []):
-            parts.append(f"<tr><td>{e(path)}</td><td>{e(reason)}</td></tr>")
-        if n > len(failures.examples.get(kind, [])):
-            parts.append(
-                f"<tr><td>... and {n - len(failures.examples.get(kind, [])):,} more</td><td></td></tr>"
-            )
+        parts += [f"<tr><td>{e(path)}</td><td>{e(reason)}</td></tr>" for path, reason in shown]
+        if n > len(shown):
+            parts.append(f"<tr><td>... and {n - len(shown):,} more</td><td></td></tr>")
     parts.append("</table>")
     return parts
 
@@ -344,8 +335,7 @@ def render_report(stats: DatasetStats, title: str) -> str:
 
 
 def main(argv: list[str]) -> int:
-    parser = CommandParser(prog=f"{prog_name()} inspect", description=__doc__.splitlines()[0])
-    parser.add_argument("output_dir", help="The conversion's --output_dir (local or gs://).")
+    parser = CommandParser("inspect", __doc__)
     parser.add_argument(
         "--report", help="Write a self-contained HTML report to this path (none if not given)."
     )

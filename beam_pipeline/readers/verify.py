@@ -1,11 +1,10 @@
 """`img2tfrecord verify OUTPUT_DIR`: is every shard of a converted dataset readable and complete?
 
 Reads every record (framing, both CRCs), parses each Example with the dataset's schema, decodes
-a sample of the images (`--all`: every one) as the dataset's readers decode them, compares the
-index files, and the record and shard counts with summary.json and dataset_info.json. Exit 0
-when all is well, 1 naming the first bad shard and byte offset, 2 for a usage error. With
-`--beam` (or any Beam runner flag) the shards are checked by a Beam pipeline, one element per
-shard, its results written to `OUTPUT_DIR/verify.json` and read back here.
+a sample of the images (`--all`: every one) as its readers do, compares the index files, and
+the record and shard counts with summary.json and dataset_info.json. Exit 0 when all is well,
+1 naming the first bad shard and byte offset, 2 for a usage error. With `--beam` (or any Beam
+flag) a Beam pipeline checks one shard an element and writes `OUTPUT_DIR/verify.json`.
 """
 
 from __future__ import annotations
@@ -33,6 +32,10 @@ from transforms.writing.files import read_file
 
 VERIFY_RESULTS_FILE = "verify.json"
 _SHARD_NAME = re.compile(r"^(?P<split>.+)-(?P<index>\d{5,})-of-(?P<count>\d{5,})\.tfrecord(\.gz)?$")
+
+
+def _shard_name(path: str) -> re.Match | None:
+    return _SHARD_NAME.match(path.rsplit("/", 1)[-1])
 
 
 def load_summary(output_dir: str) -> dict:
@@ -70,8 +73,7 @@ def list_shards(output_dir: str) -> dict[str, list[str]]:
     found = FileSystems.match([FileSystems.join(output_dir, "*-?????-of-?????.tfrecord*")])[0].metadata_list
     by_split: dict[str, list[str]] = collections.defaultdict(list)
     for m in found:
-        match = _SHARD_NAME.match(m.path.rsplit("/", 1)[-1])
-        if match:
+        if match := _shard_name(m.path):
             by_split[match["split"]].append(m.path)
     return {s: sorted(p) for s, p in sorted(by_split.items())}
 
@@ -86,7 +88,7 @@ def check_layout(shards: dict[str, list[str]], summary: dict) -> list[str]:
                 f"split {split!r}: summary.json lists {info['written']} records but no shards exist"
             )
     for split, paths in shards.items():
-        names = [_SHARD_NAME.match(p.rsplit("/", 1)[-1]) for p in paths]
+        names = [_shard_name(p) for p in paths]
         counts = {int(m["count"]) for m in names}
         indices = sorted(int(m["index"]) for m in names)
         if counts != {len(paths)} or indices != list(range(len(paths))):
@@ -105,8 +107,7 @@ def check_counts(checks: list[ShardCheck], summary: dict, tfds_info: dict | None
     per_split: collections.Counter = collections.Counter()
     per_shard: dict[str, int] = {}
     for c in checks:
-        split = _SHARD_NAME.match(c.path.rsplit("/", 1)[-1])["split"]
-        per_split[split] += c.records
+        per_split[_shard_name(c.path)["split"]] += c.records
         per_shard[c.path] = c.records
     for split, info in summary.get("splits", {}).items():
         if per_split[split] != info.get("written", 0):
@@ -180,8 +181,7 @@ def verify(
 
 
 def main(argv: list[str]) -> int:
-    parser = CommandParser(prog=f"{prog_name()} verify", description=__doc__.splitlines()[0])
-    parser.add_argument("output_dir", help="The conversion's --output_dir (local or gs://).")
+    parser = CommandParser("verify", __doc__)
     parser.add_argument("--all", action="store_true", help="Decode every image, not a sample.")
     parser.add_argument("--beam", action="store_true", help="Check the shards with a Beam pipeline.")
     args, beam_args = parser.parse_known_args(argv)
@@ -201,10 +201,14 @@ def main(argv: list[str]) -> int:
 
 
 class CommandParser(argparse.ArgumentParser):
-    """A subcommand's parser: mistakes are UserErrors (one line, exit 2)."""
+    """The parser of a verb that reads a dataset (OUTPUT_DIR): mistakes are UserErrors (one
+    line, exit 2), each flag's default is shown."""
 
-    def __init__(self, **kwargs):
-        super().__init__(formatter_class=Formatter, **kwargs)  # each flag's default shown
+    def __init__(self, verb: str, doc: str):
+        super().__init__(
+            prog=f"{prog_name()} {verb}", description=doc.splitlines()[0], formatter_class=Formatter
+        )
+        self.add_argument("output_dir", help="The conversion's --output_dir (local or gs://).")
 
     def error(self, message: str):
         raise UserError(message)

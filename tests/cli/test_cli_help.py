@@ -13,6 +13,7 @@ from apache_beam.options.pipeline_options import PipelineOptions
 
 from beam_pipeline import main
 from beam_pipeline.cli import help as cli_help
+from beam_pipeline.cli import options as cli_options
 from beam_pipeline.cli.options import LOCAL_RUNNER_GROUP, ConvertOptions
 
 SCRIPT = Path(sys.executable).parent / "img2tfrecord"
@@ -163,13 +164,13 @@ def test_module_entry_names_itself_and_demo_has_help():
 
 
 def test_a_flag_added_outside_the_groups_is_shown_under_options_with_its_default(monkeypatch):
-    original = ConvertOptions._add_argparse_args.__func__
+    original = cli_options.add_flags
 
-    def with_new_flag(cls, parser):
-        original(cls, parser)
+    def with_new_flag(parser, **kwargs):
+        original(parser, **kwargs)
         parser.add_argument("--brand_new", default="xyz", help="Added by someone else.")
 
-    monkeypatch.setattr(ConvertOptions, "_add_argparse_args", classmethod(with_new_flag))
+    monkeypatch.setattr(cli_options, "add_flags", with_new_flag)
     text = cli_help.convert_help("img2tfrecord")
     options = text[text.index("\noptions:\n") : text.index("\ninput:\n")]
     blocks = _flag_blocks(options)

@@ -16,7 +16,7 @@ from PIL import Image
 from transforms.encoding.encoder import check_image
 from transforms.images import jpeg
 from transforms.images.jpeg import check_jpeg
-from transforms.images.types import ImageError
+from transforms.images.types import ImageError, ImageInfo
 
 SOS = b"\xff\xda"
 
@@ -223,9 +223,9 @@ def test_a_remembered_header_gives_the_verdict_of_a_full_walk(options, monkeypat
     assert _verdicts(damaged, warm, monkeypatch) == _verdicts(damaged, None, monkeypatch)
 
 
-def _tf_shape_layout(data: bytes) -> jpeg.JpegLayout:
+def _tf_shape_layout(data: bytes) -> ImageInfo:
     height, width, channels = _tf_shape(data)
-    return jpeg.JpegLayout(height, width, channels)
+    return ImageInfo("jpeg", height, width, channels)
 
 
 def test_the_header_cache_is_bounded(monkeypatch):

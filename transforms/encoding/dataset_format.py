@@ -1,9 +1,7 @@
 """What a finished dataset's records are, from its metadata: the one description every reader
-of ours (`load_dataset`, `parse_spec`, `verify`, `inspect`) starts from.
-
-In: summary.json (schema, `rename_keys`, store mode) and features.json if any. Out: a
-DatasetFormat (small and picklable: Beam workers get it as configuration): the schema with
-its renames, the store mode, which readers decode with `expand_animations=True` (decoding.py).
+of ours (`load_dataset`, `parse_spec`, `verify`, `inspect`) starts from. In: summary.json and
+features.json if any. Out: a DatasetFormat (small and picklable: Beam workers get it as
+configuration).
 """
 
 from __future__ import annotations
@@ -21,15 +19,9 @@ SHAPE_ROLES = ("height", "width", "channels")
 
 @dataclasses.dataclass(frozen=True)
 class DatasetFormat:
-    """How the records of one dataset are parsed and decoded.
-
-    Attributes:
-      schema_name: the `--schema` preset.
-      renames: the `--rename_keys` pairs (old, new).
-      store: 'encoded' or 'raw'.
-      tfds_image: True when features.json declares the image as a TFDS `Image` (decoded
-        with `expand_animations=True`); False without TFDS files or with the image as bytes.
-    """
+    """How the records of one dataset are parsed and decoded: the `--schema` preset, its
+    `--rename_keys` pairs, the store mode, and whether features.json declares the image a TFDS
+    `Image` (decoded with `expand_animations=True`)."""
 
     schema_name: str = DEFAULT_SCHEMA
     renames: tuple[tuple[str, str], ...] = ()
@@ -39,10 +31,7 @@ class DatasetFormat:
     @classmethod
     def from_summary(cls, summary: dict, features: dict | None = None) -> DatasetFormat:
         """The format of a dataset from its summary.json (and features.json) documents.
-
-        Raises:
-          ValueError: unknown schema or store mode, or renames that do not apply.
-        """
+        Raises ValueError: unknown schema or store mode, or renames that do not apply."""
         fmt = cls(
             schema_name=summary.get("schema", DEFAULT_SCHEMA),
             renames=tuple(sorted((summary.get("rename_keys") or {}).items())),
@@ -66,10 +55,7 @@ class DatasetFormat:
 
     def shape_keys(self) -> tuple[str, ...]:
         """The (height, width, channels) keys of the stored shape, for the roles the schema has.
-
-        Raises:
-          ValueError: raw pixels whose schema lacks one of them (they could not be reshaped).
-        """
+        Raises ValueError for raw pixels whose schema lacks one (they could not be reshaped)."""
         keys = tuple(self.schema.roles[r] for r in SHAPE_ROLES if r in self.schema.roles)
         if self.raw and len(keys) != len(SHAPE_ROLES):
             raise ValueError(

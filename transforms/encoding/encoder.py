@@ -17,12 +17,8 @@ from transforms.records import ClassIndex, ImageRecord
 
 @dataclasses.dataclass(frozen=True)
 class EncodeSettings(ImageOptions):
-    """How images are checked and converted (ImageOptions), and which features are written.
-
-    Attributes:
-      schema: the preset name (`--schema`).
-      rename_keys: custom key renames (old, new) applied on top of the preset.
-    """
+    """How images are checked and converted (ImageOptions), and which features are written:
+    the `--schema` preset and the `--rename_keys` pairs (old, new) applied on top of it."""
 
     schema: str = DEFAULT_SCHEMA
     rename_keys: tuple[tuple[str, str], ...] = ()
@@ -34,29 +30,17 @@ def _schema(name: str, renames: tuple[tuple[str, str], ...]) -> Schema:
 
 
 def check_image(data: bytes, settings: ImageOptions = EncodeSettings()) -> PreparedImage:
-    """The bytes to store for `data` and what TensorFlow decodes them to (see prepare_image).
-
-    JPEGs kept as they are get the structural check of images/jpeg.py; everything else is
-    decoded by Pillow. Bombs are refused from the header, before anything is decoded.
-
-    Raises:
-      ImageError: the image does not decode or cannot be written; the message says why.
-    """
+    """The bytes to store for `data` and what TensorFlow decodes them to: a JPEG kept as it is by
+    the structural check of images/jpeg.py, anything else by `prepare_image`. Raises ImageError."""
     return prepare_kept_jpeg(data, settings) or prepare_image(data, settings)
 
 
 def encode_image_chunks(
     record: ImageRecord, data: bytes, class_index: ClassIndex, settings: EncodeSettings = EncodeSettings()
 ) -> tuple[list[bytes], ImageInfo]:
-    """Checks (and converts, if needed or asked for) `data`.
-
-    Returns:
-      The serialized Example as chunks (`serialize_example_chunks`: the image bytes are not
-      copied into a joined Example) and what TensorFlow will decode its stored image to.
-
-    Raises:
-      ImageError: the image does not decode or cannot be written; the message says why.
-    """
+    """The serialized Example of `data`, checked and converted as `check_image` does, as chunks
+    (the image is not copied into a joined Example), and what TensorFlow decodes its image to.
+    Raises ImageError: the image does not decode or cannot be written (the message says why)."""
     schema = _schema(settings.schema, settings.rename_keys)
     prepared = check_image(data, settings)
     features = schema.features(record, prepared.data, prepared.info, class_index)

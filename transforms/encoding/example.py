@@ -18,16 +18,6 @@ FeatureValue = int | float | str | bytes
 Features = Mapping[str, FeatureValue | Iterable[FeatureValue]]
 
 
-def _varint_slow(value: int) -> bytes:
-    value &= 0xFFFFFFFFFFFFFFFF  # int64 two's complement, as protobuf does
-    out = bytearray()
-    while value > 0x7F:
-        out.append((value & 0x7F) | 0x80)
-        value >>= 7
-    out.append(value)
-    return bytes(out)
-
-
 _ONE_BYTE = tuple(bytes((v,)) for v in range(0x80))
 
 
@@ -39,24 +29,18 @@ def _varint(value: int) -> bytes:
         return bytes(((value & 0x7F) | 0x80, value >> 7))
     if 0 <= value < 0x200000:  # the length of an image of up to 2 MB
         return bytes(((value & 0x7F) | 0x80, (value >> 7 & 0x7F) | 0x80, value >> 14))
-    return _varint_slow(value)
+    value &= 0xFFFFFFFFFFFFFFFF  # int64 two's complement, as protobuf does
+    out = bytearray()
+    while value > 0x7F:
+        out.append((value & 0x7F) | 0x80)
+        value >>= 7
+    out.append(value)
+    return bytes(out)
 
 
 def _field(number: int, payload: bytes) -> bytes:
     """A length-delimited field (wire type 2)."""
     return _varint(number << 3 | 2) + _varint(len(payload)) + payload
-
-
-def _as_bytes(value: str | bytes) -> bytes:
-    if isinstance(value, bytes):
-        return value
-    return value.encode("utf-8", "surrogateescape")
-
-
-def _as_list(value) -> list:
-    if isinstance(value, (str, bytes, int, float)):
-        return [value]
-    return list(value)
 
 
 def _kind_of(values: list) -> str:
@@ -78,7 +62,8 @@ def _feature_parts(values: list, kind: str | None = None) -> tuple[list[bytes], 
         parts = []
         size = 0
         for value in values:
-            value = _as_bytes(value)
+            if isinstance(value, str):
+                value = value.encode("utf-8", "surrogateescape")
             head = _FIELD1 + _varint(len(value))
             parts += (head, value)
             size += len(head) + len(value)
@@ -104,7 +89,8 @@ def _key_field(name: str) -> bytes:
 
 def _entry_parts(name: str, value, kind: str | None) -> tuple[list[bytes], int]:
     """One `Features.feature` map entry (key, Feature) as (chunks, total size)."""
-    feature, feature_size = _feature_parts(_as_list(value), kind)
+    values = [value] if isinstance(value, (str, bytes, int, float)) else list(value)
+    feature, feature_size = _feature_parts(values, kind)
     key = _key_field(name)
     value_head = _FIELD2 + _varint(feature_size)
     entry_size = len(key) + len(value_head) + feature_size

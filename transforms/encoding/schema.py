@@ -1,5 +1,5 @@
 """Schema presets: a preset turns (record, stored bytes, image info, class index) into a feature
-dict, and exports the matching `tf.io.parse_single_example` spec so readers never guess the keys:
+dict, and gives the matching `tf.io.parse_single_example` spec so readers never guess the keys:
 
 - `slim` (default): TF-slim / inception keys `image/encoded`, `image/class/label`, ...
 - `tutorial`: the TensorFlow TFRecord tutorial's `height, width, depth, label, image_raw`.
@@ -63,21 +63,16 @@ class Schema:
     """A named set of feature keys.
 
     Attributes:
-      name: the preset's `--schema` value.
-      build: returns the feature dict of one image (with the preset's own key names).
-      kinds: feature name -> 'int64' | 'float' | 'bytes' for every key `build` returns
-        (also used for empty lists and for the parse spec).
-      image_key / label_key: where the encoded image and the class ids live.
-      scalar: keys that always hold exactly one value (FixedLenFeature in the spec).
+      build: the feature dict of one image (with the preset's own key names).
+      kinds: feature name -> 'int64' | 'float' | 'bytes' for every key `build` returns.
+      scalar: keys that always hold one value (FixedLenFeature in the spec).
       roles: role (image, label, text, format, height, width, channels, colorspace, filename,
-        sha256) -> feature key, for the roles the preset fills; readers look keys up by role.
-      label_offset: the id of the first class this preset's consumer expects, or None
-        when `--label_offset` decides (tfds: 0, odapi: 1).
+        source_id, sha256) -> feature key, for the roles the preset fills; readers look keys up by role.
+      label_offset: the first class id the consumer expects (None: `--label_offset` decides).
       renames: custom key renames (old -> new) applied on top of the preset.
       raw_ok: whether the consumer can read `--store raw` records.
-      single_frame: the consumer decodes with `expand_animations=True` (a 4-D tensor for
-        every GIF and WebP: transforms.images.decoding.DECODED_4D_FORMATS), so those formats are
-        stored as their first frame (PNG).
+      single_frame: the consumer decodes with `expand_animations=True` (4-D for the formats of
+        images.decoding.DECODED_4D_FORMATS), so those are stored as their first frame (PNG).
     """
 
     name: str
@@ -145,10 +140,12 @@ class Schema:
 
 
 def preset(
-    name: str, build: FeatureBuilder, kinds: dict[str, str], lists: set[str], roles: dict, **kw
+    name: str, build: FeatureBuilder, keys: dict[str, tuple[str, str]], lists: frozenset = frozenset(), **kw
 ) -> Schema:
-    """A Schema whose keys are `kinds` plus `image/key/sha256`; all but `lists` are scalar."""
-    kinds = {**kinds, SHA256_KEY: "bytes"}
+    """A Schema of `keys` (role -> (key, kind)) plus `image/key/sha256`; all but `lists` are scalar."""
+    keys = {**keys, "sha256": (SHA256_KEY, "bytes")}
+    kinds = dict(keys.values())
+    roles = {role: key for role, (key, _) in keys.items()}
     return Schema(
         name=name,
         build=build,
@@ -156,7 +153,7 @@ def preset(
         image_key=roles["image"],
         label_key=roles["label"],
         scalar=frozenset(kinds) - lists,
-        roles={**roles, "sha256": SHA256_KEY},
+        roles=roles,
         **kw,
     )
 
@@ -187,13 +184,8 @@ _SLIM = {
     "colorspace": ("image/colorspace", "bytes"),
     "filename": ("image/filename", "bytes"),
 }
-SLIM = preset(
-    "slim",
-    _slim,
-    dict(_SLIM.values()),
-    lists={"image/class/label", "image/class/text"},
-    roles={role: key for role, (key, _) in _SLIM.items()},
-)
+_LISTS = frozenset({"image/class/label", "image/class/text"})
+SLIM = preset("slim", _slim, _SLIM, _LISTS)
 
 
 def _tutorial(record: ImageRecord, data: bytes, info: ImageInfo, class_index: ClassIndex) -> dict:
@@ -210,9 +202,13 @@ def _tutorial(record: ImageRecord, data: bytes, info: ImageInfo, class_index: Cl
 TUTORIAL = preset(
     "tutorial",
     _tutorial,
-    {"height": "int64", "width": "int64", "depth": "int64", "label": "int64", "image_raw": "bytes"},
-    lists=set(),
-    roles={"image": "image_raw", "label": "label", "height": "height", "width": "width", "channels": "depth"},
+    {
+        "height": ("height", "int64"),
+        "width": ("width", "int64"),
+        "channels": ("depth", "int64"),
+        "label": ("label", "int64"),
+        "image": ("image_raw", "bytes"),
+    },
 )
 
 
@@ -229,9 +225,7 @@ def _tfds(record: ImageRecord, data: bytes, info: ImageInfo, class_index: ClassI
 TFDS = preset(
     "tfds",
     _tfds,
-    {"image": "bytes", "label": "int64", "image/filename": "bytes"},
-    lists=set(),
-    roles={"image": "image", "label": "label", "filename": "image/filename"},
+    {"image": ("image", "bytes"), "label": ("label", "int64"), "filename": ("image/filename", "bytes")},
     label_offset=0,
     raw_ok=False,
     single_frame=True,  # tfds.features.Image decodes with expand_animations=True
@@ -250,13 +244,10 @@ ODAPI = preset(
     "odapi",
     _odapi,
     {
-        **{
-            k: v for k, v in SLIM.kinds.items() if k not in ("image/channels", "image/colorspace", SHA256_KEY)
-        },
-        "image/source_id": "bytes",
+        **{role: key for role, key in _SLIM.items() if role not in ("channels", "colorspace")},
+        "source_id": ("image/source_id", "bytes"),
     },
-    lists={"image/class/label", "image/class/text"},
-    roles={role: key for role, (key, _) in _SLIM.items() if role not in ("channels", "colorspace")},
+    _LISTS,
     label_offset=1,
     raw_ok=False,
     single_frame=True,  # tf-slim's decoder falls back to decode_image for GIF and WebP
@@ -268,17 +259,10 @@ DEFAULT_SCHEMA = SLIM.name
 
 def get_schema(name: str, renames: tuple[tuple[str, str], ...] | dict[str, str] = ()) -> Schema:
     """The preset called `name`, with custom key renames applied.
-
-    Raises:
-      ValueError: unknown preset (the message names the choices) or bad renames.
-    """
-    try:
-        schema = PRESETS[name]
-    except KeyError:
-        raise ValueError(f"unknown schema {name!r} (one of {', '.join(sorted(PRESETS))})") from None
-    if isinstance(renames, dict):
-        renames = tuple(renames.items())
-    return schema.renamed(tuple(renames))
+    Raises ValueError: unknown preset (the message names the choices) or bad renames."""
+    if name not in PRESETS:
+        raise ValueError(f"unknown schema {name!r} (one of {', '.join(sorted(PRESETS))})")
+    return PRESETS[name].renamed(tuple(dict(renames).items()))
 
 
 def schema_from_summary(summary: dict) -> Schema:

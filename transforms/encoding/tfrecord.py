@@ -37,10 +37,8 @@ def _mask(crc: int) -> int:
 
 
 def frame_chunks(chunks: Sequence[bytes], size: int) -> tuple[bytes, bytes]:
-    """The (header, footer) that frame the record `b"".join(chunks)` (`size` bytes long).
-
-    The data CRC is extended chunk by chunk, so the record is never joined.
-    """
+    """The (header, footer) that frame the record `b"".join(chunks)` (`size` bytes long), its
+    CRC extended chunk by chunk: the record is never joined."""
     length = struct.pack("<Q", size)
     crc = google_crc32c.value(chunks[0])
     for chunk in chunks[1:]:
@@ -61,10 +59,7 @@ def _read_exactly(f: BinaryIO, n: int) -> bytes:
 
 def iter_records(f: BinaryIO, max_record_bytes: int = 1 << 31) -> Iterator[tuple[int, bytes]]:
     """Yields (offset, data) for each record of an open (decompressed) TFRecord stream.
-
-    Raises:
-      RecordError: a truncated record, a CRC mismatch or an implausible length.
-    """
+    Raises RecordError: a truncated record, a CRC mismatch or an implausible length."""
     offset = 0
     while True:
         header = _read_exactly(f, HEADER_BYTES)

@@ -56,6 +56,8 @@ _SIXTEEN_BIT = ("I;16", "I;16B", "I;16L", "I;16N")
 _EXIF_ORIENTATION = 0x0112
 _SWAPS_AXES = (5, 6, 7, 8)  # EXIF orientations that turn the image by 90 degrees
 _RESAMPLE = Image.Resampling.BICUBIC
+# What Pillow raises for bytes it cannot decode (a bug raises anything else).
+DECODE_ERRORS = (OSError, SyntaxError, ValueError, EOFError, struct.error)
 
 
 def detect_format(data: bytes) -> str | None:
@@ -66,11 +68,6 @@ def detect_format(data: bytes) -> str | None:
                 continue
             return name
     return None
-
-
-def colorspace_of(channels: int) -> str:
-    """The `image/colorspace` name of a channel count."""
-    return {1: "Grayscale", 2: "GrayscaleAlpha", 3: "RGB", 4: "RGBA"}[channels]
 
 
 def _png_channels(data: bytes) -> int:
@@ -91,17 +88,16 @@ def _png_channels(data: bytes) -> int:
     return 3
 
 
-def _bmp_layout(data: bytes) -> tuple[int, int]:
-    """(bits per pixel, compression) of a BMP."""
+def _bmp_problem(data: bytes) -> str | None:
+    """Why TensorFlow misreads or refuses a BMP, or None for a 24-bit uncompressed one."""
     if len(data) < 34:
         raise ImageError("does not decode as bmp: truncated header")
-    return struct.unpack_from("<H", data, 28)[0], struct.unpack_from("<I", data, 30)[0]
-
-
-def _bmp_expected_size(data: bytes) -> int:
-    """The exact file size TensorFlow's BMP decoder demands: pixel offset + padded rows."""
-    offset, width, height = struct.unpack_from("<I", data, 10)[0], *struct.unpack_from("<ii", data, 18)
-    return offset + (3 * width + 3) // 4 * 4 * abs(height)
+    offset, width, height, bits, compression = struct.unpack_from("<I4xii2xHI", data, 10)
+    if (bits, compression) != (24, 0):
+        return f"{bits}-bit BMP (compression {compression}) is misread by TensorFlow"
+    if len(data) != offset + (3 * width + 3) // 4 * 4 * abs(height):  # pixel offset + padded rows
+        return "BMP whose file size does not match its header is refused by TensorFlow"
+    return None
 
 
 def _tf_problem(fmt: str, data: bytes, img: Image.Image, max_pixels: int = DEFAULT_MAX_PIXELS) -> str | None:
@@ -110,11 +106,8 @@ def _tf_problem(fmt: str, data: bytes, img: Image.Image, max_pixels: int = DEFAU
         return f"{fmt} is not decodable by TensorFlow"
     if fmt == "jpeg" and img.mode not in ("L", "RGB"):
         return f"{img.mode} JPEG is decoded with different colours by TensorFlow"
-    if fmt == "bmp" and _bmp_layout(data) != (24, 0):
-        bits, compression = _bmp_layout(data)
-        return f"{bits}-bit BMP (compression {compression}) is misread by TensorFlow"
-    if fmt == "bmp" and len(data) != _bmp_expected_size(data):
-        return "BMP whose file size does not match its header is refused by TensorFlow"
+    if fmt == "bmp":
+        return _bmp_problem(data)
     if fmt == "webp":
         return webp_problem(data) or (
             "animated WebP crashes TensorFlow's decoder" if _is_animated(img) else None
@@ -125,7 +118,7 @@ def _tf_problem(fmt: str, data: bytes, img: Image.Image, max_pixels: int = DEFAU
 
 
 def _tf_channels(fmt: str, data: bytes, img: Image.Image) -> int:
-    """Channels `tf.io.decode_image(channels=0)` gives for bytes `_tf_problem` accepts."""
+    """Channels `tf.io.decode_image` gives bytes that `_tf_problem` accepts."""
     if fmt == "png":
         return _png_channels(data)
     if fmt == "gif" or fmt == "bmp":
@@ -149,7 +142,7 @@ def _open(data: bytes, max_pixels: int) -> tuple[str, Image.Image]:
         raise ImageError(f"does not decode as {fmt}: corrupt header") from None
     except Image.DecompressionBombError as e:  # far above the limit; refused by Pillow itself
         raise ImageError(f"too large: more than {max_pixels} pixels ({e})") from None
-    except (OSError, SyntaxError, ValueError, EOFError):
+    except DECODE_ERRORS:
         raise ImageError(f"does not decode as {fmt or 'an image'}: corrupt header") from None
     check_size(*img.size, max_pixels)
     return fmt, img
@@ -158,10 +151,9 @@ def _open(data: bytes, max_pixels: int) -> tuple[str, Image.Image]:
 def pillow_open(data: bytes, fmt: str | None, max_pixels: int) -> Image.Image:
     """`data` opened by Pillow's reader for `fmt` (None: `_FALLBACK_FORMATS`), header only.
 
-    Pillow refuses images above 2 * MAX_IMAGE_PIXELS at open: a larger `max_pixels` must
-    win (it is checked from the header, before anything is decoded), and Pillow's warning
-    above MAX_IMAGE_PIXELS would only repeat it. Both set here, at the first image, never at
-    import (a filter, not catch_warnings, which is not thread-safe)."""
+    A `max_pixels` above Pillow's own bomb limit raises that limit and silences its warning
+    (our check from the header comes first): set at the first image, never at import, by a
+    filter (catch_warnings is not thread-safe)."""
     if Image.MAX_IMAGE_PIXELS is not None and Image.MAX_IMAGE_PIXELS < max_pixels:
         Image.MAX_IMAGE_PIXELS = max_pixels
         warnings.filterwarnings("ignore", category=Image.DecompressionBombWarning)
@@ -196,13 +188,13 @@ def _check_sides(fmt: str, width: int, height: int) -> None:
 def _load(img: Image.Image, fmt: str) -> None:
     try:
         img.load()
-    except (OSError, SyntaxError, ValueError, EOFError, struct.error) as e:
+    except DECODE_ERRORS as e:
         raise ImageError(f"does not decode as {fmt}: {e}") from None
 
 
 def _check_as_stored(data: bytes, fmt: str, img: Image.Image) -> ImageInfo:
-    """Decodes the whole image (JPEG at 1/8 scale: it still reads every entropy-coded
-    block) and returns what TensorFlow will see."""
+    """What TensorFlow decodes the bytes to, checked by a whole decode (JPEG at 1/8 scale:
+    still every entropy-coded block)."""
     if fmt == "gif":
         return _check_gif(data, img)
     width, height = img.size
@@ -211,13 +203,12 @@ def _check_as_stored(data: bytes, fmt: str, img: Image.Image) -> ImageInfo:
     if fmt == "jpeg":
         img.draft(img.mode, (max(1, width // 8), max(1, height // 8)))
     _load(img, fmt)
-    return ImageInfo(fmt, height, width, channels, colorspace_of(channels))
+    return ImageInfo(fmt, height, width, channels)
 
 
 def _check_gif(data: bytes, img: Image.Image) -> ImageInfo:
-    """A GIF kept as stored (its blocks and later frames passed `_gif_problem`): the first
-    frame's LZW data and colour indices (TensorFlow refuses one beyond the colour table,
-    unless it is the transparent one). The size is TensorFlow's: the largest frame's."""
+    """A GIF that passed `_gif_problem`: its first frame's LZW data and colour indices (TensorFlow
+    refuses one beyond the colour table, but the transparent one); the largest frame's size."""
     layout = gif_layout(data)
     first = layout.frames[0]
     _load(img, "gif")
@@ -235,16 +226,13 @@ def _check_gif(data: bytes, img: Image.Image) -> ImageInfo:
                 f"corrupt gif: colour index {beyond[0]} beyond the {first.colors}-entry colour table"
             )
     width, height = layout.size
-    return ImageInfo("gif", height, width, 3, colorspace_of(3))
+    return ImageInfo("gif", height, width, 3)
 
 
 def _gif_problem(data: bytes, img: Image.Image, max_pixels: int) -> str | None:
-    """Why a GIF is not kept as stored although its first frame decodes, or None.
-
-    Damage after the first frame (gif.py), a later frame that does not decode (giflib
-    decodes every frame), or frames whose largest size, the size TensorFlow allocates, is
-    above the bomb limit. Damage in the first frame raises ImageError.
-    """
+    """Why a GIF whose first frame decodes is not kept as stored, or None: damage after the
+    first frame (gif.py), a later frame that does not decode (giflib decodes all), or a largest
+    frame (the size TensorFlow allocates) above the bomb limit. First-frame damage raises."""
     layout = gif_layout(data)
     if _tile_offset(img) != layout.frames[0].offset:
         # Pillow's first frame is not giflib's (an extension whose first sub-block is empty
@@ -261,15 +249,7 @@ def _gif_problem(data: bytes, img: Image.Image, max_pixels: int) -> str | None:
             if _tile_offset(img) != layout.frames[index].offset:
                 return f"gif frame {index} is read differently by TensorFlow's reader"
             img.load()
-    except (
-        OSError,
-        SyntaxError,
-        ValueError,
-        EOFError,
-        struct.error,
-        IndexError,
-        Image.DecompressionBombError,
-    ) as e:
+    except (*DECODE_ERRORS, IndexError, Image.DecompressionBombError) as e:
         return f"gif frame {index} does not decode ({e or type(e).__name__})"
     finally:
         img.seek(0)
@@ -284,24 +264,21 @@ def _tile_offset(img: Image.Image) -> int | None:
 def _is_animated(img: Image.Image) -> bool:
     try:
         return bool(getattr(img, "is_animated", False))
-    except (OSError, SyntaxError, ValueError, EOFError, struct.error):
+    except DECODE_ERRORS:
         return False  # a damaged later frame: only the first one is checked and decoded
 
 
 def _orientation(img: Image.Image) -> int:
     try:
         return int(img.getexif().get(_EXIF_ORIENTATION, 1))
-    except (OSError, SyntaxError, ValueError, TypeError, struct.error):
+    except (*DECODE_ERRORS, TypeError):
         return 1  # unreadable EXIF: treat as upright
 
 
 def check_png_chunks(data: bytes) -> None:
     """Walks the PNG chunks up to IEND as libpng does: each complete and named by four ASCII
-    letters, critical ones with a correct CRC (ancillary ones with a bad CRC pass, as in libpng).
-
-    Raises:
-      ImageError: the file is cut short or a critical chunk is corrupt.
-    """
+    letters, critical ones with a correct CRC (ancillary ones may have a bad one). Raises
+    ImageError: the file is cut short or a critical chunk is corrupt."""
     pos = 8  # after the signature
     while True:
         if pos + 12 > len(data):

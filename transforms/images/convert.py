@@ -25,7 +25,6 @@ from transforms.images.check import (
     _tf_channels,
     _tf_problem,
     check_png_chunks,
-    colorspace_of,
 )
 from transforms.images.decoding import decodes_4d
 from transforms.images.types import RAW_FORMAT, ImageError, ImageInfo, ImageOptions, PreparedImage
@@ -39,15 +38,6 @@ def target_size(width: int, height: int, options: ImageOptions) -> tuple[int, in
         scale = options.max_side / max(width, height)
         return max(1, round(width * scale)), max(1, round(height * scale))
     return width, height
-
-
-def _decode_scale(width: int, height: int, options: ImageOptions) -> float:
-    """The largest factor by which any axis is scaled on the way to the target size."""
-    tw, th = target_size(width, height, options)
-    sx, sy = tw / width, th / height
-    if options.resize and options.resize_mode == "pad":
-        return min(sx, sy)
-    return max(sx, sy)
 
 
 def _needs_change(img: Image.Image, fmt: str, channels: int, options: ImageOptions) -> str | None:
@@ -141,7 +131,9 @@ def _convert(
     orientation = _orientation(img) if options.exif_transpose else 1
     if orientation in _SWAPS_AXES:
         width, height = height, width  # the size the target is computed from
-    scale = _decode_scale(width, height, options)
+    tw, th = target_size(width, height, options)
+    ratios = (tw / width, th / height)  # the larger one sets the decode's scale (the smaller if padded)
+    scale = min(ratios) if options.resize and options.resize_mode == "pad" else max(ratios)
     if fmt == "jpeg" and scale < 0.5:
         # Let libjpeg decode at 1/2, 1/4 or 1/8 scale, never below the needed size.
         img.draft(img.mode, (math.ceil(img.width * scale), math.ceil(img.height * scale)))
@@ -154,22 +146,20 @@ def _convert(
     img = _normalize_mode(img, keep_16bit=not transforms and options.image_format != "jpeg")
     img = _resize(_apply_color(img, options.color), options)
     channels = _MODE_CHANNELS[img.mode]
-    info = dict(height=img.height, width=img.width, channels=channels, colorspace=colorspace_of(channels))
     if options.store == "raw":
         pixels = np.asarray(img, dtype=np.uint8).reshape(img.height, img.width, channels)
-        return PreparedImage(pixels.tobytes(), ImageInfo(RAW_FORMAT, **info), reason)
+        return PreparedImage(pixels.tobytes(), ImageInfo(RAW_FORMAT, img.height, img.width, channels), reason)
     out_fmt = _output_format(fmt, problem, options)
     _check_sides(out_fmt, img.width, img.height)
     data = _encode(img, out_fmt, options.jpeg_quality)
     if out_fmt == "jpeg":
         channels = {1: 1, 2: 1, 3: 3, 4: 3}[channels]  # alpha dropped
-        info.update(channels=channels, colorspace=colorspace_of(channels))
-    return PreparedImage(data, ImageInfo(out_fmt, **info), reason)
+    return PreparedImage(data, ImageInfo(out_fmt, img.height, img.width, channels), reason)
 
 
 def prepare_image(data: bytes, options: ImageOptions = ImageOptions()) -> PreparedImage:
-    """Checks `data` and returns the bytes to store, converted when needed or asked for
-    (by default the original bytes whenever TensorFlow decodes them as stored: check.py).
+    """The bytes to store for `data`: the original ones when TensorFlow decodes them as stored
+    (check.py) and no option changes them, else converted.
 
     Raises:
       ImageError: empty, unrecognised, too large, corrupt, or impossible to store
@@ -209,13 +199,10 @@ def _converted_channels(img: Image.Image) -> int:
 
 
 def estimate_stored_size(header: bytes, file_size: int, options: ImageOptions) -> int:
-    """Estimated bytes stored for an image, from its first bytes and its file size.
-
-    Used to plan shards when options change the pixels. Raw storage is exact. Re-encoded
-    images keep the source's bytes per pixel when the codec stays the same; across codecs
-    a typical photo ratio is used, capped at 5x the source's bytes per pixel (flat
-    artwork compresses well in every codec). Falls back to `file_size` when the
-    header cannot be read (the image then fails or is checked when it is written).
+    """Estimated bytes stored for an image (to plan shards when options change the pixels),
+    from its first bytes and its file size: exact for raw pixels; the source's bytes per pixel
+    in the same codec; across codecs a typical photo ratio, at most _CROSS_CODEC times the
+    source's (flat artwork compresses well in every codec); `file_size` for an unreadable header.
     """
     try:
         fmt, img = _open(header, options.max_pixels)

@@ -1,15 +1,13 @@
 """How a dataset's readers decode its stored images, per stored format and store mode: the one
-rule that the conversion (convert.py: DECODED_4D_FORMATS stored as PNG for presets that decode
-with `expand_animations=True`), the reader metadata (output/tfds.py: `image_feature_kind`) and
-`load_dataset`, `verify`, `inspect` (`decode_stored`) share. TensorFlow is imported only to decode.
+rule the conversion (convert.py), the reader metadata (output/tfds.py) and `load_dataset`,
+`verify`, `inspect` share. TensorFlow is imported only to decode.
 """
 
 from __future__ import annotations
 
-# Formats for which TensorFlow 2.21's `tf.image.decode_image` / `tf.io.decode_image` with
-# its default `expand_animations=True` returns a 4-D tensor (frames, H, W, C) for every
-# file, single-frame ones included (checked in tests/readers/test_reader_formats.py). TFDS's `Image`
-# feature and the tf-slim/ODAPI decoders decode so, and need 3-D images.
+# Formats that TensorFlow 2.21's `decode_image` with its default `expand_animations=True` decodes
+# 4-D (frames, H, W, C), single frames too (tests/readers/test_reader_formats.py), as TFDS's
+# `Image` and the tf-slim/ODAPI decoders do: they need 3-D images.
 DECODED_4D_FORMATS = frozenset({"gif", "webp"})
 
 STORE_ENCODED, STORE_RAW = "encoded", "raw"
@@ -23,12 +21,8 @@ def decodes_4d(fmt: str) -> bool:
 
 
 def image_feature_kind(store: str, formats: set[str] | frozenset[str]) -> str:
-    """What TFDS can be told the stored image is.
-
-    RAW_FEATURE for raw pixels (a flat uint8 `Tensor`, stored as bytes); BYTES_FEATURE when
-    some stored format decodes 4-D in TFDS's `Image` (the encoded bytes, for
-    `decode_image(expand_animations=False)`); IMAGE_FEATURE otherwise.
-    """
+    """What TFDS can be told the stored image is: RAW_FEATURE (raw pixels), BYTES_FEATURE when
+    some stored format decodes 4-D in TFDS's `Image`, else IMAGE_FEATURE."""
     if store == STORE_RAW:
         return RAW_FEATURE
     if any(decodes_4d(f) for f in formats):
@@ -73,18 +67,12 @@ def to_channels(image, channels: int):
 
 
 def decode_stored(data, store: str, shape=None, channels: int = 0):
-    """A stored image as `load_dataset` decodes it: a uint8 (H, W, channels) tensor.
+    """A stored image (`data`: string tensor or bytes) as `load_dataset` decodes it: a uint8
+    (H, W, `channels`) tensor (0: as stored); raw pixels are reshaped to `shape` (H, W, C).
 
     Decoded with the stored channels, then converted by `to_channels`: TensorFlow 2.21's
     `decode_image(channels=...)` refuses many conversions (3 channels of an RGBA WebP,
     4 of a JPEG, 1 of a GIF, WebP or BMP), so asking it would fail on valid records.
-
-    Args:
-      data: the stored bytes (a scalar string tensor or bytes).
-      store: STORE_ENCODED (any format `decode_image` reads; first frame of animations) or
-        STORE_RAW (pixels reshaped by `shape`).
-      shape: (height, width, channels) of raw pixels (tensors or ints); unused otherwise.
-      channels: channels of the result (0: as stored).
     """
     import tensorflow as tf
 

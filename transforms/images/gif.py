@@ -2,27 +2,24 @@
 
 Pillow reads a GIF's first frame and stops; giflib reads the whole file and fails on what
 Pillow never looks at (a byte after a frame that starts no block, a file cut before its
-trailer, a colour index beyond the frame's colour table): such a file would pass a Pillow
-check and fail at training time. The walk reads only block headers and lengths (check.py has
-Pillow decode the LZW data); it also gives the frame rectangles, from which TensorFlow takes
-the decoded size: the largest frame's, not the logical screen's.
+trailer): such a file would pass a Pillow check and fail at training time. The walk reads
+only block headers and lengths (check.py has Pillow decode the LZW data) and gives the frame
+rectangles: TensorFlow decodes to the largest frame's size, not the logical screen's.
 
-Extensions are read as giflib reads them, not as the specification writes them:
-DGifGetExtension reads the label and the first sub-block, then DGifSlurp reads sub-blocks up
+Extensions are read as giflib reads them: the label and first sub-block, then sub-blocks up
 to a zero-length one, so an extension whose first sub-block is already the terminator
 (`21 FE 00`) swallows the bytes after it. A frame's graphic control is the first 0xF9
 extension since the previous frame, and counts only with a 4-byte first sub-block. Pillow
 reads such files differently, so check.py compares where each reader finds each frame.
 
-TensorFlow gives up on a file whose first frame is damaged, but decodes the frames read
-before a later error (tools/fuzz_image_check.py): damage after the first frame is reported
-in `GifLayout.damage`, and such a file is converted to PNG (which later frames TensorFlow
-counts is not knowable from outside).
+TensorFlow gives up on a damaged first frame but decodes the frames before a later error
+(tools/fuzz_image_check.py): such damage is `GifLayout.damage`, and the file becomes a PNG.
 """
 
 from __future__ import annotations
 
 import dataclasses
+import struct
 
 from transforms.images.types import ImageError
 
@@ -60,25 +57,18 @@ def _table_bytes(flags: int) -> int:
 
 def _skip_sub_blocks(data: bytes, pos: int, what: str) -> int:
     """Position after the zero-length block that ends a chain of sub-blocks."""
-    end = len(data)
-    while True:
-        if pos >= end:
-            raise ImageError(f"truncated gif: the file ends inside {what}")
+    while pos < len(data):
         length = data[pos]
         pos += 1 + length
         if length == 0:
             return pos
-        if pos > end:
-            raise ImageError(f"truncated gif: the file ends inside {what}")
+    raise ImageError(f"truncated gif: the file ends inside {what}")
 
 
 def gif_layout(data: bytes) -> GifLayout:
     """Walks every block of a GIF up to its trailer, as giflib does when TensorFlow decodes it.
-
-    Raises:
-      ImageError: not a GIF, or broken before its first frame is complete: cut short, an
-        unknown block, a frame without a colour table or with an LZW code size above 8.
-    """
+    Raises ImageError: not a GIF, or broken before its first frame is complete (cut short, an
+    unknown block, a frame without a colour table or with an LZW code size above 8)."""
     if len(data) < 13 or data[:3] != b"GIF":
         raise ImageError("does not decode as gif: no screen descriptor")
     frames: list[GifFrame] = []
@@ -117,10 +107,7 @@ def _walk(data: bytes, frames: list[GifFrame], transparent: list[int | None]) ->
                 graphic_control_seen = True
                 if first == 4 and pos + 3 < end:
                     pending_transparent = data[pos + 5] if data[pos + 2] & 1 and pos + 5 < end else None
-            # DGifGetExtension reads the first sub-block, then DGifSlurp reads sub-blocks up to
-            # a zero-length one: when the first is already empty, the bytes after it are read
-            # as sub-blocks too (up to the next zero length byte).
-            pos += 2 + first
+            pos += 2 + first  # past the first sub-block: even an empty one is not the end
             if pos > end:
                 raise ImageError("truncated gif: the file ends inside an extension")
             pos = _skip_sub_blocks(data, pos, "an extension")
@@ -129,10 +116,7 @@ def _walk(data: bytes, frames: list[GifFrame], transparent: list[int | None]) ->
             raise ImageError(f"corrupt gif: unknown block 0x{kind:02x} at byte {pos - 1}")
         if pos + 10 > end:
             raise ImageError("truncated gif: the file ends inside a frame header")
-        left, top, width, height = (
-            int.from_bytes(data[pos + i : pos + i + 2], "little") for i in (0, 2, 4, 6)
-        )
-        flags = data[pos + 8]
+        left, top, width, height, flags = struct.unpack_from("<4HB", data, pos)
         pos += 9 + _table_bytes(flags)
         colors = 2 << (flags & 7) if flags & 0x80 else global_colors
         if not colors:

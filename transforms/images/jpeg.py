@@ -1,17 +1,17 @@
 """A JPEG check that predicts TensorFlow's decoder from the file's structure, without decoding.
 
-What makes `tf.io.decode_image` (TensorFlow 2.21, libjpeg-turbo) fail is the file's structure,
-not its pixels (measured; tests/images/test_jpeg_check.py keeps the cases): data that ends
-before the end-of-image marker; an unknown marker, a second SOI or a segment that cannot be
-parsed; tables it cannot use (an undefined quantisation table, an invalid Huffman table). Bit
-errors inside the entropy-coded data decode (to wrong pixels) in TensorFlow and Pillow alike.
+What makes `tf.io.decode_image` (TensorFlow 2.21, libjpeg-turbo) fail is the structure, not
+the pixels (tests/images/test_jpeg_check.py keeps the cases): data that ends before the
+end-of-image marker; an unknown marker, a second SOI or an unparsable segment; an undefined
+quantisation table or an invalid Huffman table. Bit errors in the entropy-coded data decode
+(to wrong pixels) in TensorFlow and Pillow alike.
 
 So a walk of the header segments and a search for the marker that ends each scan stands in
-for a 1/8-scale decode, at a few percent of its cost (benchmarks/README.md). `check_jpeg`
-returns the layout when it is sure TensorFlow decodes the file to it, raises ImageError when
-it is sure TensorFlow rejects it, and returns None for what it does not model (12-bit,
-lossless or arithmetic coding, CMYK, DNL heights, odd sampling, ...): the caller then checks
-the file with Pillow. `tools/fuzz_image_check.py` compares it with TensorFlow on mutated files.
+for a 1/8-scale decode, at a few percent of its cost. `check_jpeg` returns what TensorFlow
+decodes the file to when it is sure, raises ImageError when it is sure TensorFlow rejects it,
+and returns None for what it does not model (12-bit, lossless or arithmetic coding, CMYK, DNL
+heights, odd sampling, ...): Pillow then checks the file. `tools/fuzz_image_check.py` compares
+it with TensorFlow on mutated files.
 """
 
 from __future__ import annotations
@@ -22,7 +22,7 @@ import re
 
 import numpy as np
 
-from transforms.images.check import JPEG_MAX_SIDE, check_size, colorspace_of, detect_format
+from transforms.images.check import JPEG_MAX_SIDE, check_size, detect_format
 from transforms.images.types import ImageError, ImageInfo, ImageOptions, PreparedImage
 
 # 0xFF followed by anything but a stuffed zero: a marker (or the first of several fill 0xFF).
@@ -43,86 +43,71 @@ _VECTOR_SEARCH = 12_000
 _NOT_A_MARKER = (0x00, 0xFF)  # after 0xFF: a stuffed zero, or a fill byte before a marker
 
 
-@dataclasses.dataclass(frozen=True)
-class JpegLayout:
-    """The shape `tf.io.decode_image(data)` gives: 1 channel for grey, 3 for colour."""
-
-    height: int
-    width: int
-    channels: int
-
-
 def prepare_kept_jpeg(data: bytes, options: ImageOptions) -> PreparedImage | None:
     """`prepare_image` for a JPEG stored as it is, checked by `check_jpeg`; else None (not a
-    JPEG, an option may change it, or not modelled: `prepare_image` decodes it with Pillow).
-
-    Raises:
-      ImageError: TensorFlow rejects the file, or it has more than `options.max_pixels`.
-    """
+    JPEG, an option may change it, or not modelled: Pillow decodes it). Raises ImageError:
+    TensorFlow rejects the file, or it has more than `options.max_pixels`."""
     if detect_format(data) != "jpeg" or options.changes_pixels() or options.exif_transpose:
         return None
-    layout = check_jpeg(data)
-    if layout is None:
+    info = check_jpeg(data)
+    if info is None:
         return None
-    check_size(layout.width, layout.height, options.max_pixels)
-    return PreparedImage(data, _jpeg_info(layout))
+    check_size(info.width, info.height, options.max_pixels)
+    return PreparedImage(data, info)
 
 
 @functools.lru_cache(maxsize=1024)
-def _jpeg_info(layout: JpegLayout) -> ImageInfo:
-    """The ImageInfo of a kept JPEG (immutable, so shared by the images of one size)."""
-    return ImageInfo("jpeg", layout.height, layout.width, layout.channels, colorspace_of(layout.channels))
+def _jpeg_info(height: int, width: int, channels: int) -> ImageInfo:
+    """What `tf.io.decode_image` gives a kept JPEG (immutable: shared by the images of one size)."""
+    return ImageInfo("jpeg", height, width, channels)
 
 
 class _Unmodelled(Exception):
     """The file uses something this walk does not model: leave it to the full check."""
 
 
-def check_jpeg(data: bytes) -> JpegLayout | None:
-    """The layout TensorFlow decodes `data` (starting with SOI) to; None if not modelled here.
-
-    Raises:
-      ImageError: TensorFlow's decoder rejects the file (the message says why).
-    """
+def check_jpeg(data: bytes) -> ImageInfo | None:
+    """What TensorFlow decodes `data` (starting with SOI) to; None if not modelled here.
+    Raises ImageError: TensorFlow's decoder rejects the file (the message says why)."""
     try:
         return _walk(data)
     except _Unmodelled:
         return None
 
 
+@dataclasses.dataclass(slots=True)
 class _State:
     """What the header segments seen so far define."""
 
-    __slots__ = ("frame", "progressive", "quant", "huffman", "restarts", "scanned", "scans")
-
-    def __init__(self) -> None:
-        self.frame: tuple[int, int, dict[int, tuple[int, int, int]]] | None = None  # h, w, comps
-        self.progressive = False
-        self.quant: set[int] = set()
-        self.huffman: set[tuple[int, int]] = set()  # (0 DC | 1 AC, table id) defined by DHT
-        self.restarts = False  # a non-zero restart interval (DRI) was defined
-        self.scanned: set[int] = set()  # component ids seen in a sequential scan
-        self.scans = 0
+    frame: tuple[int, int, dict[int, tuple[int, int, int]]] | None = None  # h, w, components
+    progressive: bool = False
+    quant: set[int] = dataclasses.field(default_factory=set)
+    huffman: set[tuple[int, int]] = dataclasses.field(default_factory=set)  # (0 DC | 1 AC, id)
+    restarts: bool = False  # a non-zero restart interval (DRI) was defined
+    scanned: set[int] = dataclasses.field(default_factory=set)  # components of sequential scans
+    scans: int = 0
 
     def copy(self, frame: tuple | None = None) -> _State:
         """A copy with sets of its own (the walk changes them), and `frame` if given."""
-        new = _State()
-        new.frame, new.progressive, new.restarts = frame or self.frame, self.progressive, self.restarts
-        new.scans, new.quant = self.scans, set(self.quant)
-        new.huffman, new.scanned = set(self.huffman), set(self.scanned)
-        return new
+        return _State(
+            frame or self.frame,
+            self.progressive,
+            set(self.quant),
+            set(self.huffman),
+            self.restarts,
+            set(self.scanned),
+            self.scans,
+        )
 
 
 class _HeaderCache:
     """The walk's state after the headers (SOI to the end of the first SOS) of files seen before.
 
-    A dataset's files mostly share their headers byte for byte but for the frame's height
-    and width, and the walk to the first SOS depends on the size only through
-    `_check_frame_size`: a file whose header equals a remembered one, size bytes aside, gets
-    the remembered state (its own size checked) and is walked on from its scan data. A
-    "SOS" inside an APPn segment matches no remembered header (their lengths are those of
-    real walks). Only headers of up to MAX_BYTES (camera EXIF/ICC headers differ from file
-    to file), at most MAX of them (<= 1 MB); when full, the cache starts again.
+    A dataset's files mostly share their headers but for the frame's height and width, which
+    the walk to the first SOS reads only in `_check_frame_size`: a file whose header equals a
+    remembered one, size bytes aside, gets the remembered state (its own size checked) and is
+    walked on from its scan data. Bounded: headers of up to MAX_BYTES (camera EXIF/ICC headers
+    differ per file), at most MAX of them (<= 1 MB); when full, the cache starts again.
     """
 
     MAX = 256
@@ -169,7 +154,7 @@ class _HeaderCache:
 _HEADERS = _HeaderCache()
 
 
-def _walk(data: bytes) -> JpegLayout:
+def _walk(data: bytes) -> ImageInfo:
     size = len(data)
     search = _MARKER.search
     known = _HEADERS.find(data)
@@ -254,19 +239,13 @@ def _walk(data: bytes) -> JpegLayout:
     height, width, comps = state.frame
     if not state.progressive and state.scanned != comps.keys():
         raise _Unmodelled  # a sequential image with components never scanned
-    return _layout(height, width, 1 if len(comps) == 1 else 3)
-
-
-@functools.lru_cache(maxsize=1024)
-def _layout(height: int, width: int, channels: int) -> JpegLayout:
-    return JpegLayout(height, width, channels)
+    return _jpeg_info(height, width, 1 if len(comps) == 1 else 3)
 
 
 def _first_marker(data: bytes, pos: int) -> int:
-    """Where `_MARKER.search(data, pos)` matches, or -1: three vectorised passes over all of
-    `data[pos:]`, ~40% less CPU than the regex over a scan's data but without stopping at
-    the match, so used only where the next marker should end the data (once per sequential scan).
-    """
+    """Where `_MARKER.search(data, pos)` matches, or -1: vectorised passes over all of
+    `data[pos:]`, ~40% less CPU than the regex but not stopping at the match, so used only where
+    the next marker should end the data (once per sequential scan)."""
     if len(data) - pos < 2:
         return -1
     rest = np.frombuffer(data, np.uint8, offset=pos)
@@ -277,9 +256,8 @@ def _first_marker(data: bytes, pos: int) -> int:
 
 
 def _frame(body: bytes) -> tuple[int, int, dict[int, tuple[int, int, int]]]:
-    """SOF0/1/2: 8-bit samples, 1 or 3 components with sampling libjpeg-turbo supports.
-    Returns (height, width, component id -> (h, v, quantisation table)); the components' dict
-    is cached (`_components`), shared by many files and never changed."""
+    """SOF0/1/2 (8-bit, 1 or 3 components, sampling libjpeg-turbo supports): (height, width,
+    component id -> (h, v, quantisation table)), the dict shared by many files, never changed."""
     if len(body) < 6 or body[0] != 8:
         raise _Unmodelled
     height, width = body[1] << 8 | body[2], body[3] << 8 | body[4]

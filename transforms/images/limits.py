@@ -1,15 +1,12 @@
 """The largest file an image within `--max_pixels` can be, judged from its first bytes.
 
 In: a file's first bytes (`read.HEADER_BYTES`) and its size, before it is read whole. Out:
-nothing, or an ImageError for content no reader recognises, a header above `--max_pixels`,
-or a file larger than any image of its format within the limit (`_BYTES_PER_PIXEL`, all
-frames or pages counted, plus `_ANY_IMAGE_BYTES` for EXIF, ICC profiles, previews, a
-phone's appended video).
+nothing, or an ImageError for unrecognised content, a header above `--max_pixels`, or a file
+larger than any image of its format within the limit (`_BYTES_PER_PIXEL`, all frames counted,
+plus `_ANY_IMAGE_BYTES` for EXIF, ICC profiles, previews, a phone's appended video).
 
-Why: the shard writer and the pre-scan read an image whole before decoding it; a multi-GB
-file named `.jpg` would otherwise be read into memory first and, under a memory limit, end
-the job with a MemoryError. The readers call `check_header` only for files above
-`read.CHECK_ABOVE` (= `_ANY_IMAGE_BYTES`) bytes: the hot path gains no work.
+Why: the readers read an image whole before decoding it; a multi-GB file named `.jpg` would
+end the job with a MemoryError. Only files above `read.CHECK_ABOVE` are checked.
 """
 
 from __future__ import annotations
@@ -37,12 +34,8 @@ def max_file_bytes(fmt: str | None, max_pixels: int) -> int:
 
 def check_header(header: bytes, size: int, max_pixels: int) -> None:
     """Refuses a `size`-byte file from its first bytes (all of them when it is that short).
-
-    Raises:
-      ImageError: unrecognised content, a header above `max_pixels`, or a file larger than
-        `max_file_bytes` for its format. A header that Pillow cannot read (it may need more
-        than these bytes) only gets the size limit.
-    """
+    Raises ImageError: unrecognised content, a header above `max_pixels`, or a file larger than
+    `max_file_bytes` for its format (the only check for a header Pillow cannot read)."""
     fmt = detect_format(header)
     if fmt is not None or not header.startswith(OTHER_SIGNATURES):
         try:

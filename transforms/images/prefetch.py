@@ -29,12 +29,9 @@ def map_in_order(
     pool: ThreadPoolExecutor | None,
     ahead: int = 8,
 ) -> Iterator[tuple[T, Callable[[], R]]]:
-    """Yields `(item, result)` in input order; `result()` returns `fn(item)` or raises its error.
-
-    With a pool, up to `ahead` calls run ahead of the consumer; without one, `fn` runs
-    when `result()` is called, in the caller's thread. Exceptions are raised by `result()`,
-    so the caller decides which ones are expected.
-    """
+    """Yields `(item, result)` in input order; `result()` returns `fn(item)` or raises its error
+    (the caller decides which are expected). With a pool, up to `ahead` calls run ahead of the
+    consumer; without one, `fn` runs when `result()` is called, in the caller's thread."""
     if pool is None:
         for item in items:
             yield item, (lambda item=item: fn(item))

@@ -2,10 +2,8 @@
 
 In: a local, gs:// or other Beam filesystem path, or an archive member's address
 (`<archive>#<member>@<offset>+<size>`, listing/members.py), read as that range of the archive.
-Out: its bytes, or a ReadError whose message is the reason written to failures.jsonl (missing
-file, broken symlink, FIFO or device, permission denied, a GCS 4xx, a transient error past
-its retries). A store that answers nothing but transient errors for long stops the job
-(retry.py, StoreUnreachable). Anything else is a bug and propagates.
+Out: its bytes, or a ReadError whose message is the reason written to failures.jsonl. A store
+that answers nothing but transient errors for long stops the job (retry.StoreUnreachable).
 """
 
 from __future__ import annotations
@@ -65,67 +63,44 @@ def open_local(path: str) -> int:
         raise ReadError(e.strerror or str(e)) from None
 
 
-def read_open(fd: int, check: HeaderCheck | None = None) -> bytes:
-    """All bytes of the regular file open (non-blocking) as `fd`, which is closed.
+def _regular_size(fd: int) -> int:
+    """The size of the file open as `fd`. Raises ReadError if it is not a regular file."""
+    mode, size = (info := os.fstat(fd)).st_mode, info.st_size
+    if not stat.S_ISREG(mode):
+        kind = "directory" if stat.S_ISDIR(mode) else "fifo" if stat.S_ISFIFO(mode) else "special file"
+        raise ReadError(f"not a regular file ({kind})")
+    return size
 
-    A file above CHECK_ABOVE bytes is read whole only if `check(first HEADER_BYTES, size)`
-    accepts it (one more read of 256 KiB); anything it raises propagates.
+
+def read_open(fd: int, check: HeaderCheck | None = None) -> bytes:
+    """All bytes of the regular file open (non-blocking) as `fd`, which is closed. A file above
+    CHECK_ABOVE bytes is read whole only if `check(first HEADER_BYTES, size)` accepts it.
 
     Raises:
       ReadError: not a regular file. A transient OSError propagates.
     """
     try:
-        info = os.fstat(fd)
-        if not stat.S_ISREG(info.st_mode):
-            mode = info.st_mode
-            kind = "directory" if stat.S_ISDIR(mode) else "fifo" if stat.S_ISFIFO(mode) else "special file"
-            raise ReadError(f"not a regular file ({kind})")
-        if check is not None and info.st_size > CHECK_ABOVE:
-            check(os.pread(fd, HEADER_BYTES, 0), info.st_size)
+        size = _regular_size(fd)
+        if check is not None and size > CHECK_ABOVE:
+            check(os.pread(fd, HEADER_BYTES, 0), size)
         # One read of the known size + 1 (4 system calls a file instead of ~11 through a
         # buffered file object); a file that grew, or a short read, is read on to its end.
         try:
-            first = os.read(fd, info.st_size + 1)
-            if len(first) == info.st_size:
+            first = os.read(fd, size + 1)
+            if len(first) == size:
                 return first
             chunks = [first]
             while chunk := os.read(fd, 1 << 20):
                 chunks.append(chunk)
-            return chunks[0] if len(chunks) == 1 else b"".join(chunks)
+            return b"".join(chunks)
         except MemoryError:  # the allocation failed: nothing is half-done, the worker goes on
-            raise ReadError(f"a {info.st_size:,}-byte file does not fit in memory") from None
-    finally:
-        os.close(fd)
-
-
-def read_range(fd: int, offset: int, size: int) -> bytes:
-    """Up to `size` bytes at `offset` of the regular file open as `fd` (closed): fewer only at its end.
-
-    Raises:
-      ReadError: not a regular file. A transient OSError propagates.
-    """
-    try:
-        info = os.fstat(fd)
-        if not stat.S_ISREG(info.st_mode):
-            raise ReadError("archive is not a regular file")
-        chunks, got = [], 0
-        while got < size:
-            chunk = os.pread(fd, size - got, offset + got)
-            if not chunk:
-                break
-            chunks.append(chunk)
-            got += len(chunk)
-        return chunks[0] if len(chunks) == 1 else b"".join(chunks)
+            raise ReadError(f"a {size:,}-byte file does not fit in memory") from None
     finally:
         os.close(fd)
 
 
 def read_remote(path: str, check: HeaderCheck | None = None) -> bytes:
-    """All bytes of a gs:// (or other Beam filesystem) object; `check` as in `read_open`.
-
-    On gs:// an object of at most CHECK_ABOVE bytes takes one bounded request, as without a
-    check; a larger one is read in two, its header checked in between (read_gcs_checked).
-    """
+    """All bytes of a gs:// (or other Beam filesystem) object; `check` as in `read_open`."""
     if path.startswith("gs://"):
         return gcs.read(path) if check is None else read_gcs_checked(path, check)
     with FileSystems.open(path, compression_type=CompressionTypes.UNCOMPRESSED) as f:
@@ -145,27 +120,20 @@ def read_bytes(path: str, check: HeaderCheck | None = None) -> bytes:
     """All bytes of `path`, local or on any Beam filesystem, or of the archive member it
     addresses; `check` as in `read_open` (for a member: on its own size)."""
     address = parse_address(path)
-    if address is not None:
-        if check is not None and address.size > CHECK_ABOVE:
-            check(_read_member(dataclasses.replace(address, size=HEADER_BYTES)), address.size)
-        return _read_member(address)
-    return read_remote(path, check) if "://" in path else read_open(open_local(path), check)
-
-
-def _read_member(address: MemberAddress) -> bytes:
+    if address is None:
+        return read_remote(path, check) if "://" in path else read_open(open_local(path), check)
+    read_member = read_member_remote if "://" in address.source else read_member_local
     try:
-        return read_member_remote(address) if "://" in address.source else read_member_local(address)
+        if check is not None and address.size > CHECK_ABOVE:
+            check(read_member(dataclasses.replace(address, size=HEADER_BYTES)), address.size)
+        return read_member(address)
     except MemoryError:
         raise ReadError("the archive member does not fit in memory") from None
 
 
 def read_gcs_checked(path: str, check: HeaderCheck) -> bytes:
-    """All bytes of gs:// object `path`, its header checked first when it is over CHECK_ABOVE.
-
-    The first request asks for CHECK_ABOVE bytes: a shorter answer is the whole object.
-    Otherwise its size comes from the object's metadata, `check(header, size)` may refuse it,
-    and the rest is read in one more request.
-    """
+    """All bytes of gs:// object `path`: one request of CHECK_ABOVE bytes, which holds a small
+    object whole; a larger one is read on only if `check(header, size from its metadata)` passes."""
     try:
         head = gcs.read(path, end=CHECK_ABOVE - 1)
     except RequestRangeNotSatisfiable:  # an empty object has no byte range
@@ -183,20 +151,15 @@ def read_gcs_checked(path: str, check: HeaderCheck) -> bytes:
 
 
 def open_source(path: str) -> BinaryIO:
-    """`path` open for a streaming read: local (a regular file, as `open_local` checks), any
-    Beam filesystem, or an archive member's bytes as a file.
-
-    Raises:
-      OSError: the file cannot be opened, or is not a regular file (ReadError).
-    """
+    """`path` open for a streaming read: a local regular file, any Beam filesystem, or an
+    archive member's bytes. Raises OSError (ReadError: not a regular file)."""
     if parse_address(path) is not None:
         return io.BytesIO(read_bytes(path))  # one member: bounded by the largest image
     if "://" in path:
         return FileSystems.open(path, compression_type=CompressionTypes.UNCOMPRESSED)
     fd = open_local(path)
     try:
-        if not stat.S_ISREG(os.fstat(fd).st_mode):
-            raise ReadError("not a regular file")
+        _regular_size(fd)
         return os.fdopen(fd, "rb")
     except BaseException:
         os.close(fd)
@@ -232,17 +195,24 @@ CHANGED = "archive changed since it was listed"
 
 
 def read_member_local(address: MemberAddress) -> bytes:
-    """The member's bytes from a local archive: one positioned read, with the member's own
-    header when the address is pinned.
-
-    Raises:
-      ReadError (an OSError): the archive is gone, not a regular file, ends before the
-        member does, or no longer holds the member's header there (CHANGED).
-    """
+    """The member's bytes from a local archive (one positioned read, with its header block when
+    the address pins it). Raises ReadError: the archive is gone, not a regular file, ends before
+    the member does, or no longer holds the member's header there (CHANGED)."""
     start = address.offset - (BLOCK if address.header is not None else 0)
-    return _member(
-        read_range(open_local(address.source), start, address.offset + address.size - start), address
-    )
+    fd = open_local(address.source)
+    try:
+        if not stat.S_ISREG(os.fstat(fd).st_mode):
+            raise ReadError("archive is not a regular file")
+        chunks, got, size = [], 0, address.offset + address.size - start
+        while got < size:  # fewer bytes only at the archive's end
+            chunk = os.pread(fd, size - got, start + got)
+            if not chunk:
+                break
+            chunks.append(chunk)
+            got += len(chunk)
+    finally:
+        os.close(fd)
+    return _member(b"".join(chunks), address)
 
 
 def read_member_remote(address: MemberAddress) -> bytes:

@@ -16,6 +16,7 @@ RAW_FORMAT = "raw"  # `image/format` of records stored with --store raw
 # Above this many pixels an image is refused before it is decoded (decompression bombs).
 DEFAULT_MAX_PIXELS = 178_956_970  # Pillow's own bomb threshold (2 * 89,478,485).
 DEFAULT_JPEG_QUALITY = 95
+_COLORSPACES = {1: "Grayscale", 2: "GrayscaleAlpha", 3: "RGB", 4: "RGBA"}
 
 
 class ImageError(ValueError):
@@ -30,27 +31,27 @@ class ImageInfo:
     height: int
     width: int
     channels: int
-    colorspace: str
+
+    @property
+    def colorspace(self) -> str:
+        """The `image/colorspace` name of the channel count."""
+        return _COLORSPACES[self.channels]
 
 
 @dataclasses.dataclass(frozen=True)
 class ImageOptions:
-    """How images are checked and (re-)encoded. The defaults keep the original bytes.
+    """How images are checked and (re-)encoded (the CLI's flags of the same names); the
+    defaults keep the original bytes.
 
     Attributes:
       max_pixels: larger images are failures, refused from the header before decoding.
-      image_format: 'keep' (original bytes when TensorFlow reads them), 'jpeg' or 'png'
-        (every image of another format is re-encoded).
-      jpeg_quality: quality of re-encoded JPEGs.
-      resize: exact (width, height) of every image, fitted by `resize_mode`.
-      max_side: scale down (never up) so that the longer side is at most this.
-      resize_mode: for `resize`: 'pad' (fit inside, pad with black), 'crop' (cover, crop
-        the centre) or 'stretch' (ignore the aspect ratio).
-      color: 'keep', 'rgb' (3 channels; alpha dropped) or 'grayscale' (1 channel).
-      exif_transpose: apply the EXIF orientation (re-encodes rotated images).
+      image_format: 'keep' (the original bytes when TensorFlow reads them), 'jpeg' or 'png'.
+      resize: exact (width, height), fitted by `resize_mode` ('pad' with black, 'crop' the
+        centre, or 'stretch'); max_side: scale down so that the longer side is at most this.
+      color: 'keep', 'rgb' (alpha dropped) or 'grayscale'.
       store: 'encoded' or 'raw' (decoded uint8 pixels, row-major HWC).
-      single_frame: store the formats that `decode_image(expand_animations=True)` decodes
-        4-D (decoding.DECODED_4D_FORMATS) as their first frame (PNG), for TFDS and ODAPI.
+      single_frame: store the formats that decode 4-D with `expand_animations=True`
+        (decoding.DECODED_4D_FORMATS) as their first frame (PNG), for TFDS and ODAPI.
     """
 
     max_pixels: int = DEFAULT_MAX_PIXELS
@@ -72,13 +73,8 @@ class ImageOptions:
 
 @dataclasses.dataclass(frozen=True)
 class PreparedImage:
-    """The bytes to store and what TensorFlow decodes them to.
-
-    Attributes:
-      data: the original bytes, re-encoded bytes, or raw pixels (`info.format == 'raw'`).
-      info: format, height, width, channels and colorspace of `data`.
-      converted: why the image was re-encoded, or None when the original bytes are kept.
-    """
+    """The bytes to store (original, re-encoded, or raw pixels: `info.format == 'raw'`), what
+    TensorFlow decodes them to, and why they were converted (None: the original bytes)."""
 
     data: bytes
     info: ImageInfo

@@ -1,15 +1,16 @@
 """The RIFF container of a WebP file, and whether TensorFlow's libwebp decodes it as stored.
 
 In: a WebP file's bytes. Out: None for a still image in a container laid out as libwebp
-writes it, else the reason to convert it to PNG. Pillow decodes through libwebp's demuxer,
-which tolerates containers TensorFlow 2.21 refuses or crashes on (tools/fuzz_image_check.py
---family webp): any animation (the VP8X flag, an ANIM or ANMF chunk), even of one frame,
-corrupts TensorFlow's heap; an ALPH chunk the VP8X flags do not announce (or beside VP8L);
-RIFF or chunk sizes that do not match the file, a canvas that differs from the bitstream's
-size, a missing or repeated bitstream. Only chunk headers are read: the pixels are Pillow's.
+writes it, else the reason to convert it to PNG. Pillow's demuxer tolerates containers
+TensorFlow 2.21 refuses or crashes on (tools/fuzz_image_check.py --family webp): any
+animation, even of one frame, corrupts TensorFlow's heap; an ALPH chunk the VP8X flags do not
+announce (or beside VP8L); sizes that do not match the file or the bitstream; a missing or
+repeated bitstream. Only chunk headers are read: the pixels are Pillow's.
 """
 
 from __future__ import annotations
+
+import struct
 
 _ANIMATION_FLAG, _ALPHA_FLAG = 0x02, 0x10
 _ANIMATION_CHUNKS = (b"ANIM", b"ANMF")
@@ -36,9 +37,8 @@ def _chunks(data: bytes) -> list[tuple[bytes, int, int]] | str:
 def _bitstream_size(fourcc: bytes, payload: bytes) -> tuple[int, int] | None:
     """(width, height) in a VP8 or VP8L bitstream's header, or None if it is not there."""
     if fourcc == b"VP8 " and len(payload) >= 10 and payload[3:6] == b"\x9d\x01\x2a":
-        return int.from_bytes(payload[6:8], "little") & 0x3FFF, int.from_bytes(
-            payload[8:10], "little"
-        ) & 0x3FFF
+        width, height = struct.unpack_from("<HH", payload, 6)
+        return width & 0x3FFF, height & 0x3FFF
     if fourcc == b"VP8L" and len(payload) >= 5 and payload[0] == 0x2F:
         bits = int.from_bytes(payload[1:5], "little")
         return (bits & 0x3FFF) + 1, ((bits >> 14) & 0x3FFF) + 1
