@@ -1,4 +1,5 @@
-"""transforms/objects.py: the Objects record round-trips through its bytes, deterministically."""
+"""transforms/objects.py: the Objects record round-trips through its bytes, deterministically, and
+rides on a RecordBatch (an `objects` column) through its coder and cuts."""
 
 from __future__ import annotations
 
@@ -8,7 +9,10 @@ import pickle
 import numpy as np
 import pytest
 
+from transforms import coders
+from transforms.layout.plan import with_hashes
 from transforms.objects import Objects, mask_json
+from transforms.records import ImageRecord, RecordBatch, ShardTask
 
 
 def _sample() -> Objects:
@@ -113,3 +117,53 @@ def test_cut_or_foreign_bytes_are_refused():
         Objects.from_bytes(data + b"x")
     with pytest.raises(ValueError, match="version"):
         Objects.from_bytes(b"\x09" + data[1:])
+
+
+# --- the objects column of a RecordBatch (transforms/records.py, transforms/coders.py) ---
+
+
+def _records() -> tuple[ImageRecord, ...]:
+    return (
+        ImageRecord("/in/a.jpg", "a.jpg", 10, ("",), "train", (), _sample()),
+        ImageRecord("/in/b.jpg", "b.jpg", 20, ("",), "train", (), Objects.empty((4, 3))),
+        ImageRecord("/in/c.jpg", "c.jpg", 30, ("",), "test", (), None),
+        ImageRecord("/in/d.jpg", "d.jpg", 40, ("",), "train", (), Objects.build(["cat"], [[1, 2, 3, 4]])),
+    )
+
+
+def test_a_batch_carries_each_records_objects_through_its_coder_and_cuts():
+    records = _records()
+    batch = with_hashes(RecordBatch(records), 7)
+    assert batch.objects == tuple(r.objects for r in records)
+    back = coders.decode_record_batch(coders.encode_record_batch(batch))
+    assert back == batch and back.records == records and back.objects[2] is None
+    assert back.take([3, 0]).records == (records[3], records[0])
+    assert back.slice(1, 3).objects == (records[1].objects, None)
+    plain = RecordBatch([ImageRecord("/in/e.jpg", "e.jpg", 1, ("x",))])
+    joined = RecordBatch.concat([plain, back.slice(0, 1)])
+    assert joined.objects == (None, records[0].objects)
+    assert RecordBatch.concat([plain, plain]).objects is None
+    assert back.with_columns(splits=("x",) * 4).objects == batch.objects
+    assert back != back.with_columns(objects=None) and hash(back) != hash(back.with_columns(objects=None))
+    built = RecordBatch.from_columns(*batch.columns(), objects=[r.objects for r in records])
+    assert built.records == records
+    task = ShardTask("train", 0, back)
+    assert coders.decode_shard_task(coders.encode_shard_task(task)).records == records
+    assert list(task.iter_records()) == list(records)
+    for record in records:
+        assert coders.decode_image_record(coders.encode_image_record(record)) == record
+    assert coders.RecordBatchCoder().estimate_size(batch) > coders.RecordBatchCoder().estimate_size(
+        batch.with_columns(objects=None)
+    )
+    with pytest.raises(ValueError, match="objects of the wrong length"):
+        RecordBatch.from_columns(*batch.columns(), objects=[None])
+
+
+def test_a_classification_batch_is_coded_as_before():
+    """No objects: no field is added (the coded form, and so the runner's work, is unchanged)."""
+    records = tuple(ImageRecord(f"/in/{i}.jpg", f"{i}.jpg", i, ("cat",)) for i in range(5))
+    batch = RecordBatch(records)
+    assert batch.objects is None and len(coders.record_batch_fields(batch)) == 12
+    assert coders.encode_image_record(records[0]) == coders.tagged(
+        ("/in/0.jpg", "0.jpg", 0, ("cat",), "train", ()), None
+    )
