@@ -317,6 +317,9 @@ class ShardResult:
     formats: tuple[str, ...] = ()  # image formats stored in the shard (metadata for readers)
     # ((split, class_key), images written), sorted: what the summary counts per class.
     written: tuple[tuple[tuple[str, str], int], ...] = ()
+    # ((count, split, name), n), sorted: the objects written per class, background images, boxes
+    # clipped or dropped by kind ... (writing/shard.py `object_counts`); () without objects.
+    objects: tuple[tuple[tuple[str, str, str], int], ...] = ()
 
 
 @dataclasses.dataclass(frozen=True)
