@@ -113,9 +113,7 @@ class Schema:
         }
         kinds = {k: v for k, v in self.kinds.items() if k not in keys.drops}
         kinds.update({key: kind for key, kind, _ in chosen.values()})
-        scalar = (self.scalar - set(keys.drops)) | {
-            chosen[r][0] for r in ("class_map", "class_map_format") if r in chosen
-        }
+        scalar = self.scalar - set(keys.drops)  # the class map too: not every record has one
         return dataclasses.replace(
             self,
             kinds=kinds,
@@ -429,6 +427,11 @@ def get_schema(
 def schema_from_summary(summary: dict) -> Schema:
     """The schema a dataset was written with, from its summary.json document (with its object
     keys when it holds objects: summary.json's "objects" section)."""
-    section = summary.get("objects")
-    objects = None if section is None else (bool(section.get("masks")), bool(section.get("class_maps")))
+    objects = summary_objects(summary)
     return get_schema(summary.get("schema", DEFAULT_SCHEMA), summary.get("rename_keys") or {}, objects)
+
+
+def summary_objects(summary: dict) -> tuple[bool, bool] | None:
+    """(masks, class maps) when summary.json says the records hold objects ("objects"), else None."""
+    section = summary.get("objects")
+    return None if section is None else (bool(section.get("masks")), bool(section.get("class_maps")))
