@@ -1,6 +1,6 @@
 """One image's annotations (boxes, classes, flags, masks) as they cross from the labels stage to the writer.
 
-An annotation reader (transforms/labels/annotations/) gathers the rows of one image into an `Objects`;
+An annotation reader at the labels stage gathers the rows of one image into an `Objects`;
 the record carries it through split assignment and shard planning (`RecordBatch.objects`, coded by
 transforms/coders.py as `to_bytes`); the writer applies the image's geometry to it
 (transforms/images/geometry.py) and writes the object keys (transforms/encoding/objects.py).
