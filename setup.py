@@ -13,6 +13,8 @@ REQUIRED = [
     "pillow>=10",
     "google-cloud-storage>=2",
     "google-crc32c>=1.5",
+    # COCO polygons and RLE to instance masks (detection), as COCO's tools and the Model Garden do.
+    "pycocotools>=2.0.8",
 ]
 
 # Reading the output with TensorFlow Datasets (tfds.builder_from_directory).

@@ -29,6 +29,7 @@ REPO = Path(__file__).resolve().parents[1]
 STAGES = (
     (
         "transforms.records",
+        "transforms.objects",
         "transforms.coders",
         "transforms.failures",
         "transforms.paths",

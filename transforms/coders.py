@@ -19,6 +19,7 @@ import numpy as np
 from apache_beam import coders
 
 from transforms.beam_internals import CacheAware
+from transforms.objects import Objects
 from transforms.records import FileBatch, ImageRecord, RecordBatch, ShardTask, root_of, rooted_paths
 
 _FIELDS = coders.FastPrimitivesCoder().get_impl()
@@ -85,12 +86,29 @@ def dictionary_decode(table: Sequence, codes: bytes | None, n: int) -> Sequence:
     return tuple(map(table.__getitem__, np.frombuffer(codes, _CODE_TYPES[len(codes) // n]).tolist()))
 
 
+def objects_fields(objects: Sequence[Objects | None]) -> tuple[bytes | None, ...]:
+    """A column of Objects (or None) as their bytes (Objects.to_bytes: compact and deterministic)."""
+    return tuple([None if o is None else o.to_bytes() for o in objects])
+
+
+def objects_column(fields: Sequence[bytes | None]) -> tuple[Objects | None, ...]:
+    return tuple([None if b is None else Objects.from_bytes(b) for b in fields])
+
+
 def encode_image_record(r: ImageRecord) -> bytes:
-    return tagged((r.path, r.relpath, r.size, r.labels, r.split, r.extras), r)
+    """The fields; a record with objects adds their bytes (a classification record is coded as before)."""
+    fields = (r.path, r.relpath, r.size, r.labels, r.split, r.extras)
+    return tagged(fields if r.objects is None else (*fields, r.objects.to_bytes()), r)
+
+
+def _image_record(fields: Sequence) -> ImageRecord:
+    if len(fields) == 7:
+        return ImageRecord(*fields[:6], Objects.from_bytes(fields[6]))
+    return ImageRecord(*fields)
 
 
 def decode_image_record(data: bytes) -> ImageRecord:
-    return untagged(data, lambda t: ImageRecord(*t))
+    return untagged(data, _image_record)
 
 
 def encode_file_batch(batch: FileBatch) -> bytes:
@@ -105,8 +123,9 @@ def decode_file_batch(data: bytes) -> FileBatch:
 
 def record_batch_fields(batch: RecordBatch) -> tuple:
     """What a RecordBatch is coded as: its columns with the repeats taken out, hashes and seed
-    (a tiny image's record ~47 bytes instead of ~140, in every copy a runner holds)."""
-    return (
+    (a tiny image's record ~47 bytes instead of ~140, in every copy a runner holds), then the
+    objects' bytes only when the batch has objects (a classification batch is coded as before)."""
+    fields = (
         *_paths_fields(batch.paths, batch.relpaths),
         batch.relpaths,
         batch.sizes,
@@ -116,10 +135,11 @@ def record_batch_fields(batch: RecordBatch) -> tuple:
         batch.hashes,
         batch.hash_seed,
     )
+    return fields if batch.objects is None else (*fields, objects_fields(batch.objects))
 
 
 def _record_batch(fields: Sequence) -> RecordBatch:
-    root, paths, relpaths, sizes, labels, label_codes, splits, split_codes, extras, extra_codes, *hashes = (
+    root, paths, relpaths, sizes, labels, label_codes, splits, split_codes, extras, extra_codes, *rest = (
         fields
     )
     n = len(relpaths)
@@ -129,9 +149,11 @@ def _record_batch(fields: Sequence) -> RecordBatch:
         dictionary_decode(labels, label_codes, n),
         dictionary_decode(splits, split_codes, n),
         dictionary_decode(extras, extra_codes, n),
-        *hashes,
+        *rest[:2],
     )
-    return RecordBatch.from_columns(rooted_paths(root, relpaths) if paths is None else paths, *columns)
+    objects = objects_column(rest[2]) if len(rest) > 2 else None
+    paths = rooted_paths(root, relpaths) if paths is None else paths
+    return RecordBatch.from_columns(paths, *columns, objects=objects)
 
 
 def encode_record_batch(batch: RecordBatch) -> bytes:
@@ -143,7 +165,10 @@ def decode_record_batch(data: bytes) -> RecordBatch:
 
 
 def estimate_record_batch(batch: RecordBatch) -> int:
-    return estimate(batch.columns()) + (len(batch.hashes) if batch.hashes else 0)
+    size = estimate(batch.columns()) + (len(batch.hashes) if batch.hashes else 0)
+    if batch.objects is not None:
+        size += len(batch) * len(tagged(objects_fields(batch.objects[:1]), None))
+    return size
 
 
 def encode_shard_task(task: ShardTask) -> bytes:

@@ -5,7 +5,9 @@ RecordBatch): Beam's cost per element is many times the plain work per image the
 holds *columns*, one tuple per field, coded as a handful of tuples (transforms/coders.py);
 `batch.records` / `batch.files` build the objects on demand. A RecordBatch may carry its
 records' seeded hashes (`hashes`, HASH_BYTES a record: transforms/layout/plan.py
-`record_hashes`), read by split assignment, shard planning and the order inside a shard.
+`record_hashes`), read by split assignment, shard planning and the order inside a shard, and
+its records' annotations (`objects`, transforms/objects.py: detection and segmentation), or None
+for a batch without any (classification: nothing is added to its records or their coded form).
 """
 
 from __future__ import annotations
@@ -18,6 +20,8 @@ from collections.abc import Callable, Iterable, Iterator, Sequence
 from typing import Any
 
 import numpy as np
+
+from transforms.objects import Objects
 
 # Images per FileBatch / RecordBatch: few elements per run, each small (~200 KB coded).
 BATCH_SIZE = 1000
@@ -40,7 +44,7 @@ class ImageFile:
 class ImageRecord:
     """A listed image before its bytes are read: `relpath` is written as `image/filename`, `size`
     plans shard sizes, `labels` are class names (none when unlabeled), `extras` further (name,
-    value) features carried into the Example."""
+    value) features carried into the Example, `objects` its annotations (boxes, masks) or None."""
 
     path: str
     relpath: str
@@ -48,6 +52,7 @@ class ImageRecord:
     labels: tuple[str, ...] = ()
     split: str = "train"
     extras: tuple[tuple[str, object], ...] = ()
+    objects: Objects | None = None
 
     @property
     def class_key(self) -> str:
@@ -87,11 +92,14 @@ class _Columns:
     def __len__(self) -> int:
         return len(self.relpaths)
 
+    def _identity(self) -> tuple:
+        return self.columns()
+
     def __eq__(self, other: object) -> bool:
-        return type(other) is type(self) and self.columns() == other.columns()
+        return type(other) is type(self) and self._identity() == other._identity()
 
     def __hash__(self) -> int:
-        return hash(self.columns())
+        return hash(self._identity())
 
     def __repr__(self) -> str:
         return f"{type(self).__name__}({len(self)}: {self.relpaths[:3]!r}...)"
@@ -133,9 +141,10 @@ _COLUMNS = ("paths", "relpaths", "sizes", "labels", "splits", "extras")
 
 class RecordBatch(_Columns):
     """ImageRecords as columns: from ImageRecords, or `from_columns` (equal-length columns).
-    `hashes`: the records' seeded hashes for seed `hash_seed`, or None. Immutable by convention."""
+    `hashes`: the records' seeded hashes for seed `hash_seed`, or None. `objects`: each record's
+    Objects (or None), or None when no record has any. Immutable by convention."""
 
-    __slots__ = (*_COLUMNS, "hashes", "hash_seed", "_records")
+    __slots__ = (*_COLUMNS, "hashes", "hash_seed", "objects", "_records")
 
     def __init__(self, records: Iterable[ImageRecord] = ()):
         records = tuple(records)
@@ -147,6 +156,8 @@ class RecordBatch(_Columns):
         self.extras = tuple([r.extras for r in records])
         self.hashes: bytes | None = None
         self.hash_seed: int | None = None
+        objects = tuple([r.objects for r in records])
+        self.objects = objects if objects.count(None) != len(objects) else None
         self._records: tuple[ImageRecord, ...] | None = records
 
     @classmethod
@@ -160,26 +171,35 @@ class RecordBatch(_Columns):
         extras: Sequence[tuple],
         hashes: bytes | None = None,
         hash_seed: int | None = None,
+        objects: Sequence[Objects | None] | None = None,
     ) -> RecordBatch:
+        """`objects`: each record's Objects or None (a background image is `Objects.empty()`, not None)."""
         n = len(paths)
         if not n == len(relpaths) == len(sizes) == len(labels) == len(splits) == len(extras):
             raise ValueError("RecordBatch columns of different lengths")
         if hashes is not None and len(hashes) != n * HASH_BYTES:
             raise ValueError("RecordBatch hashes of the wrong length")
+        if objects is not None and len(objects) != n:
+            raise ValueError("RecordBatch objects of the wrong length")
         batch = cls.__new__(cls)
         batch.paths, batch.relpaths, batch.sizes = tuple(paths), tuple(relpaths), tuple(sizes)
         batch.labels, batch.splits, batch.extras = tuple(labels), tuple(splits), tuple(extras)
         batch.hashes, batch.hash_seed = (hashes, hash_seed) if hashes is not None else (None, None)
+        batch.objects = tuple(objects) if objects is not None else None
         batch._records = None
         return batch
 
     def _derived(self, pick: Callable[[Sequence], Sequence], hashes: bytes | None) -> RecordBatch:
         """A batch of `pick(column)` of each column."""
-        return RecordBatch.from_columns(*map(pick, self.columns()), hashes, self.hash_seed)
+        objects = None if self.objects is None else pick(self.objects)
+        return RecordBatch.from_columns(*map(pick, self.columns()), hashes, self.hash_seed, objects)
 
     def columns(self) -> tuple:
-        """(paths, relpaths, sizes, labels, splits, extras)."""
+        """(paths, relpaths, sizes, labels, splits, extras): objects and hashes are apart."""
         return self.paths, self.relpaths, self.sizes, self.labels, self.splits, self.extras
+
+    def _identity(self) -> tuple:
+        return self.columns() if self.objects is None else (*self.columns(), self.objects)
 
     def class_keys(self) -> list[str]:
         """Each record's ImageRecord.class_key (its labels joined by '|')."""
@@ -189,15 +209,20 @@ class RecordBatch(_Columns):
     def records(self) -> tuple[ImageRecord, ...]:
         """The records as ImageRecord objects (built on first use)."""
         if self._records is None:
-            self._records = tuple(itertools.starmap(ImageRecord, zip(*self.columns())))
+            self._records = tuple(itertools.starmap(ImageRecord, zip(*self.record_columns())))
         return self._records
 
+    def record_columns(self) -> tuple:
+        """The columns in ImageRecord's field order: columns(), then objects when there are any."""
+        return self.columns() if self.objects is None else (*self.columns(), self.objects)
+
     def __reduce__(self) -> tuple:
-        return RecordBatch.from_columns, (*self.columns(), self.hashes, self.hash_seed)
+        return RecordBatch.from_columns, (*self.columns(), self.hashes, self.hash_seed, self.objects)
 
     def with_columns(self, **columns: Any) -> RecordBatch:
-        """A copy with some columns replaced (e.g. `splits=...`, `hashes=..., hash_seed=...`)."""
-        fields = dict(zip((*_COLUMNS, "hashes", "hash_seed"), (*self.columns(), self.hashes, self.hash_seed)))
+        """A copy with some columns replaced (e.g. `splits=...`, `hashes=..., hash_seed=...`, `objects=...`)."""
+        names = (*_COLUMNS, "hashes", "hash_seed", "objects")
+        fields = dict(zip(names, (*self.columns(), self.hashes, self.hash_seed, self.objects)))
         return RecordBatch.from_columns(**{**fields, **columns})
 
     def take(self, indices: Sequence[int]) -> RecordBatch:
@@ -232,7 +257,10 @@ class RecordBatch(_Columns):
             hashes, seed = b"".join(b.hashes for b in batches), seeds.pop()
         parts = zip(*(b.columns() for b in batches))
         columns = [tuple(itertools.chain.from_iterable(c)) for c in parts] or [()] * 6
-        return RecordBatch.from_columns(*columns, hashes=hashes, hash_seed=seed)
+        objects = None
+        if any(b.objects is not None for b in batches):
+            objects = tuple(itertools.chain.from_iterable(b.objects or (None,) * len(b) for b in batches))
+        return RecordBatch.from_columns(*columns, hashes=hashes, hash_seed=seed, objects=objects)
 
 
 @dataclasses.dataclass(init=False, unsafe_hash=True, slots=True)
@@ -253,7 +281,9 @@ class ShardTask:
         # split names and label tuples (~160 bytes an image): held for the whole write, one of each.
         seen: dict = {}
         labels, splits = (tuple(map(seen.setdefault, column, column)) for column in (labels, splits))
-        self.batch = RecordBatch.from_columns(paths, relpaths, sizes, labels, splits, extras)
+        self.batch = RecordBatch.from_columns(
+            paths, relpaths, sizes, labels, splits, extras, objects=batch.objects
+        )
 
     @property
     def records(self) -> tuple[ImageRecord, ...]:
@@ -262,7 +292,7 @@ class ShardTask:
 
     def iter_records(self) -> Iterator[ImageRecord]:
         """The records as ImageRecord objects, built one at a time as they are consumed."""
-        return itertools.starmap(ImageRecord, zip(*self.batch.columns()))
+        return itertools.starmap(ImageRecord, zip(*self.batch.record_columns()))
 
     def part(self, start: int, stop: int) -> ShardTask:
         """The same shard with only its records start..stop-1 (a part written apart and joined)."""
@@ -287,6 +317,9 @@ class ShardResult:
     formats: tuple[str, ...] = ()  # image formats stored in the shard (metadata for readers)
     # ((split, class_key), images written), sorted: what the summary counts per class.
     written: tuple[tuple[tuple[str, str], int], ...] = ()
+    # ((count, split, name), n), sorted: the objects written per class, background images, boxes
+    # clipped or dropped by kind ... (writing/shard.py `object_counts`); () without objects.
+    objects: tuple[tuple[tuple[str, str, str], int], ...] = ()
 
 
 @dataclasses.dataclass(frozen=True)

@@ -9,6 +9,7 @@ import re
 from apache_beam.options.pipeline_options import PipelineOptions
 
 from transforms.encoding.encoder import EncodeSettings
+from transforms.encoding.objects import INVALID_BOX_POLICIES, TRUST_SIZE
 from transforms.encoding.schema import DEFAULT_SCHEMA, PRESETS, SLIM, get_schema, parse_renames
 from transforms.images.types import (
     COLORS,
@@ -190,6 +191,21 @@ def add_flags(parser, *, labels_flag: str = "--labels_path", local_runner: bool 
         "--rename_keys", default="", metavar="SPEC", help="Key renames on top of --schema: old=new,..."
     )
 
+    # Annotations (boxes, masks, class maps): docs/detection.md.
+    group.add_argument(
+        "--invalid_boxes",
+        choices=INVALID_BOX_POLICIES,
+        default="fail",
+        help="Fail the image, clip or drop (counted).",
+    )
+    group.add_argument(
+        "--trust_size",
+        choices=TRUST_SIZE,
+        default="fail",
+        help="Declared size not the image's: fail, or trust one.",
+    )
+    group.add_argument("--masks", action="store_true", help="Instance masks as PNG (--schema odapi).")
+
     group = parser.add_argument_group("output and reliability")
     group.add_argument("--output_dir", metavar="PATH", help="Required. Where shards and metadata go.")
     group.add_argument("--overwrite", action="store_true", help="Replace a dataset in --output_dir.")
@@ -272,6 +288,22 @@ def validate(opts: ConvertOptions) -> None:
         if name.startswith(".") or any(c in name for c in "/\\") or not name.isprintable():
             raise UserError(f"--splits: {name!r} cannot be part of a file name")
     _validate_label_flags(opts)
+    validate_objects(opts, annotated=False)
+
+
+def validate_objects(opts, annotated: bool) -> None:
+    """Refuses, before the run, object flags that cannot be written correctly; `annotated`: the
+    labels are annotations (boxes, masks, class maps). Raises UserError."""
+    schema = PRESETS[opts.schema]
+    if opts.masks and schema.name != "odapi":
+        raise UserError(
+            "--masks: instance masks are written as image/object/mask with --schema odapi "
+            f"(the {opts.schema} schema has no mask key)"
+        )
+    if annotated and schema.objects is None:
+        raise UserError(
+            f"--schema {opts.schema} has no object keys: boxes are written with --schema odapi or tfds"
+        )
 
 
 # A Dataflow job label as Beam's own --labels takes it: key=value, lowercase, or a JSON object.
@@ -394,6 +426,9 @@ def encode_settings(opts) -> EncodeSettings:
     as_given = ("max_pixels", "image_format", "jpeg_quality", "max_side", "resize_mode", "color", "store")
     return EncodeSettings(
         **{name: getattr(opts, name) for name in as_given},
+        invalid_boxes=getattr(opts, "invalid_boxes", "fail"),
+        trust_size=getattr(opts, "trust_size", "fail"),
+        masks=bool(getattr(opts, "masks", False)),
         exif_transpose=opts.exif_transpose,
         resize=resize,
         single_frame=schema.single_frame,

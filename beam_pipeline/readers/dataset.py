@@ -76,7 +76,8 @@ def load_dataset(
     `channels` (transforms.images.decoding.to_channels: alpha dropped or made opaque, grey repeated
     to RGB, RGB to grey), as uint8 (H, W, channels), or resized to `image_size` (float32,
     0-255). Labels are int64 ids for single-label data, and multi-hot float32 vectors of
-    length `label_offset + num_classes` otherwise.
+    length `label_offset + num_classes` otherwise. A dataset of objects (summary.json
+    "objects": boxes, masks, class maps) gives (image, objects) instead: `objects_of`.
 
     Args:
       output_dir: the conversion's --output_dir (local or gs://).
@@ -112,6 +113,9 @@ def load_dataset(
         ex = tf.io.parse_single_example(serialized, spec)
         shape = [ex[k] for k in fmt.shape_keys()] if fmt.raw else None
         image = decode_stored(ex[schema.image_key], fmt.store, shape, channels)
+        if schema.object_roles:
+            objects = objects_of(ex, schema, tf.shape(image)[0], tf.shape(image)[1])
+            return (tf.image.resize(image, image_size) if image_size is not None else image), objects
         if image_size is not None:
             image = tf.image.resize(image, image_size)
         labels = ex[schema.label_key]
@@ -135,6 +139,51 @@ def load_dataset(
     if shuffle_buffer:
         ds = ds.shuffle(shuffle_buffer, seed=seed)
     ds = ds.map(decode, num_parallel_calls=tf.data.AUTOTUNE)
-    if batch_size:
+    if batch_size and schema.object_roles:
+        ds = ds.ragged_batch(batch_size)
+    elif batch_size:
         ds = ds.batch(batch_size)
     return ds.prefetch(tf.data.AUTOTUNE)
+
+
+def objects_of(ex: dict, schema: Schema, height, width) -> dict:
+    """One parsed record's objects as dense tensors, one row per object: `boxes` float32 (n, 4)
+    [ymin, xmin, ymax, xmax] as fractions (tf.image's and the Model Garden's order), `classes`
+    int64 (n,), `is_crowd` bool (n,), `area` float32 (n,), and when written `masks` uint8
+    (n, H, W) of 0/1 and `class_map` uint8 (H, W) of class ids (255: ignore)."""
+    import tensorflow as tf
+
+    roles = schema.object_roles
+
+    def dense(role, default=0):
+        return tf.sparse.to_dense(ex[roles[role]], default_value=default)
+
+    if "boxes" in roles:  # TFDS's objects/bbox: [ymin, xmin, ymax, xmax] flattened
+        boxes = tf.reshape(dense("boxes"), [-1, 4])
+    else:
+        boxes = tf.stack([dense("ymin"), dense("xmin"), dense("ymax"), dense("xmax")], axis=1)
+    objects = {
+        "boxes": boxes,
+        "classes": dense("label"),
+        "is_crowd": tf.cast(dense("is_crowd"), tf.bool),
+        "area": tf.cast(dense("area"), tf.float32),
+    }
+    if "masks" in roles:
+        pngs = tf.sparse.to_dense(ex[roles["masks"]], default_value="")
+        objects["masks"] = tf.cond(  # as the Model Garden's decoder: none without objects
+            tf.size(pngs) > 0,
+            lambda: tf.map_fn(
+                lambda png: tf.io.decode_png(png, channels=1)[..., 0],
+                pngs,
+                fn_output_signature=tf.TensorSpec([None, None], tf.uint8),
+            ),
+            lambda: tf.zeros(tf.stack([0, height, width]), tf.uint8),
+        )
+    if "class_map" in roles:
+        png = tf.sparse.to_dense(ex[roles["class_map"]], default_value="")  # none, or one PNG
+        objects["class_map"] = tf.cond(
+            tf.size(png) > 0,
+            lambda: tf.io.decode_png(png[0], channels=1)[..., 0],
+            lambda: tf.fill(tf.stack([height, width]), tf.constant(255, tf.uint8)),  # no map: all ignore
+        )
+    return objects

@@ -9,7 +9,7 @@ from __future__ import annotations
 import dataclasses
 import functools
 
-from transforms.encoding.schema import DEFAULT_SCHEMA, Schema, get_schema
+from transforms.encoding.schema import DEFAULT_SCHEMA, Schema, get_schema, summary_objects
 from transforms.images.decoding import STORE_ENCODED, STORE_RAW
 
 _TFDS_IMAGE_CLASS = "image_feature.Image"
@@ -27,6 +27,7 @@ class DatasetFormat:
     renames: tuple[tuple[str, str], ...] = ()
     store: str = STORE_ENCODED
     tfds_image: bool = False
+    objects: tuple[bool, bool] | None = None  # (masks, class maps) of a dataset with objects
 
     @classmethod
     def from_summary(cls, summary: dict, features: dict | None = None) -> DatasetFormat:
@@ -37,6 +38,7 @@ class DatasetFormat:
             renames=tuple(sorted((summary.get("rename_keys") or {}).items())),
             store=summary.get("store", STORE_ENCODED),
             tfds_image=features is not None and declares_image(features),
+            objects=summary_objects(summary),
         )
         if fmt.store not in (STORE_ENCODED, STORE_RAW):
             raise ValueError(f"unknown store mode {fmt.store!r} in summary.json")
@@ -47,7 +49,7 @@ class DatasetFormat:
 
     @functools.cached_property
     def schema(self) -> Schema:
-        return get_schema(self.schema_name, self.renames)
+        return get_schema(self.schema_name, self.renames, self.objects)
 
     @property
     def raw(self) -> bool:

@@ -8,6 +8,10 @@ dict, and gives the matching `tf.io.parse_single_example` spec so readers never 
 
 Every preset also carries `image/key/sha256` (hex SHA-256 of the stored image bytes).
 `get_schema(name, renames)` applies custom key renames (`--rename_keys old=new,...`).
+
+Records that carry objects (boxes, masks, a class map: encoding/objects.py) add the object keys of
+`odapi` (the OD API / Model Garden `image/object/*`) or `tfds` (TFDS's `objects` sequence):
+`Schema.with_objects`. A dataset without objects never has them, in its records or its spec.
 """
 
 from __future__ import annotations
@@ -16,6 +20,7 @@ import dataclasses
 import hashlib
 from collections.abc import Callable
 
+from transforms.encoding.objects import PreparedObjects
 from transforms.images.types import ImageError, ImageInfo
 from transforms.listing.archives import source_name
 from transforms.records import ClassIndex, ImageRecord
@@ -73,6 +78,9 @@ class Schema:
       raw_ok: whether the consumer can read `--store raw` records.
       single_frame: the consumer decodes with `expand_animations=True` (4-D for the formats of
         images.decoding.DECODED_4D_FORMATS), so those are stored as their first frame (PNG).
+      objects: how the preset writes objects (ObjectKeys), or None: it cannot.
+      object_roles: on a schema `with_objects`, the object keys it holds (role -> key: boxes,
+        label, text, area, is_crowd, ...); TFDS feature kinds in `object_kinds` (key -> kind).
     """
 
     name: str
@@ -86,6 +94,35 @@ class Schema:
     renames: tuple[tuple[str, str], ...] = ()
     raw_ok: bool = True
     single_frame: bool = False
+    objects: ObjectKeys | None = None
+    object_roles: dict[str, str] = dataclasses.field(default_factory=dict)
+    object_kinds: dict[str, str] = dataclasses.field(default_factory=dict)
+
+    def with_objects(self, masks: bool = False, class_map: bool = False) -> Schema:
+        """This preset with its object keys (masks and class map keys when asked). Raises
+        ValueError: the preset has no object keys."""
+        keys = self.objects
+        if keys is None:
+            raise ValueError(
+                f"the {self.name} schema has no object keys (--schema odapi or tfds writes boxes)"
+            )
+        chosen = {
+            role: entry
+            for role, entry in keys.keys.items()
+            if (masks or role != "masks") and (class_map or role not in ("class_map", "class_map_format"))
+        }
+        kinds = {k: v for k, v in self.kinds.items() if k not in keys.drops}
+        kinds.update({key: kind for key, kind, _ in chosen.values()})
+        scalar = self.scalar - set(keys.drops)  # the class map too: not every record has one
+        return dataclasses.replace(
+            self,
+            kinds=kinds,
+            scalar=frozenset(scalar),
+            label_key=chosen["label"][0],
+            roles={r: k for r, k in self.roles.items() if k not in keys.drops},
+            object_roles={role: key for role, (key, _, _) in chosen.items()},
+            object_kinds={key: tfds for key, _, tfds in chosen.values()},
+        )
 
     def parse_spec(self) -> dict:
         """The `tf.io.parse_single_example` spec for this preset (imports TensorFlow)."""
@@ -99,14 +136,30 @@ class Schema:
             for key, kind in self.kinds.items()
         }
 
-    def features(self, record: ImageRecord, data: bytes, info: ImageInfo, class_index: ClassIndex) -> dict:
-        """The feature dict of one image: the preset's keys, the content hash and the
-        record's extra features, with the custom renames applied."""
-        features = {
-            **self.build(record, data, info, class_index),
-            SHA256_KEY: content_key(data),
-            **dict(record.extras),
-        }
+    def features(
+        self,
+        record: ImageRecord,
+        data: bytes,
+        info: ImageInfo,
+        class_index: ClassIndex,
+        objects: PreparedObjects | None = None,
+    ) -> dict:
+        """The feature dict of one image: the preset's keys (and its object keys when `objects`
+        is given: call on the schema `with_objects`), the content hash and the record's extra
+        features, with the custom renames applied."""
+        if objects is None:
+            features = {
+                **self.build(record, data, info, class_index),
+                SHA256_KEY: content_key(data),
+                **dict(record.extras),
+            }
+        else:
+            features = {
+                **self.build(record, data, info, class_index, objects=True),
+                **self.objects.build(objects),
+                SHA256_KEY: content_key(data),
+                **dict(record.extras),
+            }
         if not self.renames:
             return features
         mapping = dict(self.renames)
@@ -135,6 +188,8 @@ class Schema:
             label_key=rename(self.label_key),
             scalar=frozenset(rename(k) for k in self.scalar),
             roles={r: rename(k) for r, k in self.roles.items()},
+            object_roles={r: rename(k) for r, k in self.object_roles.items()},
+            object_kinds={rename(k): v for k, v in self.object_kinds.items()},
             renames=tuple(sorted(mapping.items())),
         )
 
@@ -156,6 +211,98 @@ def preset(
         roles=roles,
         **kw,
     )
+
+
+@dataclasses.dataclass(frozen=True)
+class ObjectKeys:
+    """How a preset writes an image's objects.
+
+    keys: role -> (key, Example kind, TFDS feature kind: 'bbox', 'label', 'bool', 'int64',
+      'float', 'text', 'png'); build: PreparedObjects -> their features; drops: image-level keys
+      a record with objects does not write (TFDS detection data has no image label).
+    """
+
+    keys: dict[str, tuple[str, str, str]]
+    build: Callable[[PreparedObjects], dict]
+    drops: tuple[str, ...] = ()
+
+
+def _flags(values) -> list[int]:
+    return [int(v) for v in values.tolist()]
+
+
+def _odapi_objects(o: PreparedObjects) -> dict:
+    """The OD API / Model Garden object keys (object_detection/core/standard_fields.py TfExampleFields)."""
+    xmin, ymin, xmax, ymax = (column.tolist() for column in o.boxes.T)
+    features = {
+        "image/object/bbox/xmin": xmin,
+        "image/object/bbox/ymin": ymin,
+        "image/object/bbox/xmax": xmax,
+        "image/object/bbox/ymax": ymax,
+        "image/object/class/label": list(o.ids),
+        "image/object/class/text": list(o.labels),
+        "image/object/area": o.area.tolist(),
+        "image/object/is_crowd": _flags(o.is_crowd),
+        "image/object/difficult": _flags(o.difficult),
+        "image/object/truncated": _flags(o.truncated),
+    }
+    if o.masks is not None:
+        features["image/object/mask"] = list(o.masks)
+    if o.class_map is not None:
+        features["image/segmentation/class/encoded"] = o.class_map
+        features["image/segmentation/class/format"] = "png"
+    return features
+
+
+_ODAPI_OBJECTS = ObjectKeys(
+    {
+        "xmin": ("image/object/bbox/xmin", "float", "float"),
+        "ymin": ("image/object/bbox/ymin", "float", "float"),
+        "xmax": ("image/object/bbox/xmax", "float", "float"),
+        "ymax": ("image/object/bbox/ymax", "float", "float"),
+        "label": ("image/object/class/label", "int64", "label"),
+        "text": ("image/object/class/text", "bytes", "text"),
+        "area": ("image/object/area", "float", "float"),
+        "is_crowd": ("image/object/is_crowd", "int64", "int64"),
+        "difficult": ("image/object/difficult", "int64", "int64"),
+        "truncated": ("image/object/truncated", "int64", "int64"),
+        "masks": ("image/object/mask", "bytes", "text"),
+        "class_map": ("image/segmentation/class/encoded", "bytes", "text"),
+        "class_map_format": ("image/segmentation/class/format", "bytes", "text"),
+    },
+    _odapi_objects,
+)
+
+
+def _tfds_objects(o: PreparedObjects) -> dict:
+    """TFDS's `objects` sequence (as its coco and voc builders have it): bbox is a BBoxFeature
+    [ymin, xmin, ymax, xmax], label a ClassLabel (ids from 0), flags bool, area int64."""
+    features = {
+        "objects/bbox": o.boxes[:, [1, 0, 3, 2]].reshape(-1).tolist(),
+        "objects/label": list(o.ids),
+        "objects/is_crowd": _flags(o.is_crowd),
+        "objects/is_difficult": _flags(o.difficult),
+        "objects/is_truncated": _flags(o.truncated),
+        "objects/area": [round(a) for a in o.area.tolist()],
+    }
+    if o.class_map is not None:
+        features["segmentation_mask"] = o.class_map
+    return features
+
+
+_TFDS_OBJECTS = ObjectKeys(
+    {
+        "boxes": ("objects/bbox", "float", "bbox"),
+        "label": ("objects/label", "int64", "label"),
+        "is_crowd": ("objects/is_crowd", "int64", "bool"),
+        "difficult": ("objects/is_difficult", "int64", "bool"),
+        "truncated": ("objects/is_truncated", "int64", "bool"),
+        "area": ("objects/area", "int64", "int64"),
+        "class_map": ("segmentation_mask", "bytes", "png"),
+    },
+    _tfds_objects,
+    drops=("label",),
+)
 
 
 def _slim(record: ImageRecord, data: bytes, info: ImageInfo, class_index: ClassIndex) -> dict:
@@ -212,12 +359,13 @@ TUTORIAL = preset(
 )
 
 
-def _tfds(record: ImageRecord, data: bytes, info: ImageInfo, class_index: ClassIndex) -> dict:
-    return {
-        "image": data,
-        "label": single_label_id(record, class_index, "tfds"),
-        "image/filename": source_name(record.path, record.relpath),
-    }
+def _tfds(
+    record: ImageRecord, data: bytes, info: ImageInfo, class_index: ClassIndex, objects: bool = False
+) -> dict:
+    features = {"image": data, "image/filename": source_name(record.path, record.relpath)}
+    if not objects:  # detection data has per-object labels only, as TFDS's coco and voc
+        features["label"] = single_label_id(record, class_index, "tfds")
+    return features
 
 
 # TFDS's ImageFolder features: `image` (tfds.features.Image), `label` (ClassLabel, ids
@@ -229,10 +377,13 @@ TFDS = preset(
     label_offset=0,
     raw_ok=False,
     single_frame=True,  # tfds.features.Image decodes with expand_animations=True
+    objects=_TFDS_OBJECTS,
 )
 
 
-def _odapi(record: ImageRecord, data: bytes, info: ImageInfo, class_index: ClassIndex) -> dict:
+def _odapi(
+    record: ImageRecord, data: bytes, info: ImageInfo, class_index: ClassIndex, objects: bool = False
+) -> dict:
     features = _slim(record, data, info, class_index)
     del features["image/channels"], features["image/colorspace"]
     return {**features, "image/source_id": source_name(record.path, record.relpath)}
@@ -251,20 +402,36 @@ ODAPI = preset(
     label_offset=1,
     raw_ok=False,
     single_frame=True,  # tf-slim's decoder falls back to decode_image for GIF and WebP
+    objects=_ODAPI_OBJECTS,
 )
 
 PRESETS: dict[str, Schema] = {s.name: s for s in (SLIM, TUTORIAL, TFDS, ODAPI)}
 DEFAULT_SCHEMA = SLIM.name
 
 
-def get_schema(name: str, renames: tuple[tuple[str, str], ...] | dict[str, str] = ()) -> Schema:
-    """The preset called `name`, with custom key renames applied.
-    Raises ValueError: unknown preset (the message names the choices) or bad renames."""
+def get_schema(
+    name: str,
+    renames: tuple[tuple[str, str], ...] | dict[str, str] = (),
+    objects: tuple[bool, bool] | None = None,
+) -> Schema:
+    """The preset called `name` (`with_objects(*objects)` when `objects` is (masks, class_map)),
+    with custom key renames applied.
+    Raises ValueError: unknown preset (the message names the choices), bad renames, or objects
+    asked of a preset without object keys."""
     if name not in PRESETS:
         raise ValueError(f"unknown schema {name!r} (one of {', '.join(sorted(PRESETS))})")
-    return PRESETS[name].renamed(tuple(dict(renames).items()))
+    schema = PRESETS[name] if objects is None else PRESETS[name].with_objects(*objects)
+    return schema.renamed(tuple(dict(renames).items()))
 
 
 def schema_from_summary(summary: dict) -> Schema:
-    """The schema a dataset was written with, from its summary.json document."""
-    return get_schema(summary.get("schema", DEFAULT_SCHEMA), summary.get("rename_keys") or {})
+    """The schema a dataset was written with, from its summary.json document (with its object
+    keys when it holds objects: summary.json's "objects" section)."""
+    objects = summary_objects(summary)
+    return get_schema(summary.get("schema", DEFAULT_SCHEMA), summary.get("rename_keys") or {}, objects)
+
+
+def summary_objects(summary: dict) -> tuple[bool, bool] | None:
+    """(masks, class maps) when summary.json says the records hold objects ("objects"), else None."""
+    section = summary.get("objects")
+    return None if section is None else (bool(section.get("masks")), bool(section.get("class_maps")))

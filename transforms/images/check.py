@@ -54,7 +54,6 @@ _PNG_CHANNELS = {0: 1, 2: 3, 3: 3, 4: 2, 6: 4}  # by IHDR colour type; palette +
 _MODE_CHANNELS = {"L": 1, "LA": 2, "RGB": 3, "RGBA": 4, "I;16": 1}
 _SIXTEEN_BIT = ("I;16", "I;16B", "I;16L", "I;16N")
 _EXIF_ORIENTATION = 0x0112
-_SWAPS_AXES = (5, 6, 7, 8)  # EXIF orientations that turn the image by 90 degrees
 _RESAMPLE = Image.Resampling.BICUBIC
 # What Pillow raises for bytes it cannot decode (a bug raises anything else).
 DECODE_ERRORS = (OSError, SyntaxError, ValueError, EOFError, struct.error)

@@ -1,22 +1,22 @@
 """Converting one image (pure). In: an image's bytes and ImageOptions. Out: PreparedImage, the
 bytes to store (kept when TensorFlow decodes them right and no option changes them, else
-re-encoded) with the ImageInfo TensorFlow decodes; and the estimated stored size for planning.
+re-encoded) with the ImageInfo TensorFlow decodes and the Geometry its pixels went through
+(geometry.py: the one description the boxes and masks follow too); and the estimated stored
+size for planning.
 """
 
 from __future__ import annotations
 
 import io
-import math
 import struct
 
 import numpy as np
-from PIL import Image, ImageOps
+from PIL import Image
 
 from transforms.images.check import (
     _MODE_CHANNELS,
     _RESAMPLE,
     _SIXTEEN_BIT,
-    _SWAPS_AXES,
     _check_as_stored,
     _check_sides,
     _load,
@@ -27,17 +27,8 @@ from transforms.images.check import (
     check_png_chunks,
 )
 from transforms.images.decoding import decodes_4d
+from transforms.images.geometry import draft_request, plan_geometry, target_size
 from transforms.images.types import RAW_FORMAT, ImageError, ImageInfo, ImageOptions, PreparedImage
-
-
-def target_size(width: int, height: int, options: ImageOptions) -> tuple[int, int]:
-    """The stored (width, height) of an image of (width, height) after resizing."""
-    if options.resize:
-        return options.resize
-    if options.max_side and max(width, height) > options.max_side:
-        scale = options.max_side / max(width, height)
-        return max(1, round(width * scale)), max(1, round(height * scale))
-    return width, height
 
 
 def _needs_change(img: Image.Image, fmt: str, channels: int, options: ImageOptions) -> str | None:
@@ -93,17 +84,6 @@ def _apply_color(img: Image.Image, color: str) -> Image.Image:
     return img
 
 
-def _resize(img: Image.Image, options: ImageOptions) -> Image.Image:
-    size = target_size(*img.size, options)
-    if size == img.size:
-        return img
-    if options.resize and options.resize_mode == "pad":
-        return ImageOps.pad(img, size, _RESAMPLE, color=0)
-    if options.resize and options.resize_mode == "crop":
-        return ImageOps.fit(img, size, _RESAMPLE)
-    return img.resize(size, _RESAMPLE)
-
-
 def _output_format(fmt: str, problem: str | None, options: ImageOptions) -> str:
     """JPEG or PNG. In 'keep' mode, JPEGs changed by an option stay JPEG; the rest is PNG."""
     if options.image_format != "keep":
@@ -126,35 +106,31 @@ def _encode(img: Image.Image, out_fmt: str, quality: int) -> bytes:
 def _convert(
     img: Image.Image, fmt: str, problem: str | None, reason: str, options: ImageOptions
 ) -> PreparedImage:
-    """Decodes, applies the options and re-encodes (or returns raw pixels)."""
+    """Decodes, applies the options through the image's Geometry and re-encodes (or returns raw pixels)."""
     width, height = img.size
     orientation = _orientation(img) if options.exif_transpose else 1
-    if orientation in _SWAPS_AXES:
-        width, height = height, width  # the size the target is computed from
-    tw, th = target_size(width, height, options)
-    ratios = (tw / width, th / height)  # the larger one sets the decode's scale (the smaller if padded)
-    scale = min(ratios) if options.resize and options.resize_mode == "pad" else max(ratios)
-    if fmt == "jpeg" and scale < 0.5:
-        # Let libjpeg decode at 1/2, 1/4 or 1/8 scale, never below the needed size.
-        img.draft(img.mode, (math.ceil(img.width * scale), math.ceil(img.height * scale)))
+    reduce = 1
+    request = draft_request(width, height, orientation, options) if fmt == "jpeg" else None
+    if request is not None:  # libjpeg decodes at 1/2, 1/4 or 1/8 scale, never below the needed size
+        drafted = img.draft(img.mode, request)
+        if drafted is not None:
+            reduce = round(width / drafted[1][2])  # Pillow's box: the stored size / its scale
+    geometry = plan_geometry(width, height, orientation, options, reduce)
     _load(img, fmt)
-    if orientation != 1:  # only a readable, non-upright orientation is applied
-        img = ImageOps.exif_transpose(img)
-    transforms = (
-        options.store == "raw" or options.color != "keep" or target_size(*img.size, options) != img.size
-    )
+    transforms = options.store == "raw" or options.color != "keep" or geometry.size != geometry.oriented
     img = _normalize_mode(img, keep_16bit=not transforms and options.image_format != "jpeg")
-    img = _resize(_apply_color(img, options.color), options)
+    img = geometry.apply_to_image(_apply_color(img, options.color), _RESAMPLE)
     channels = _MODE_CHANNELS[img.mode]
     if options.store == "raw":
         pixels = np.asarray(img, dtype=np.uint8).reshape(img.height, img.width, channels)
-        return PreparedImage(pixels.tobytes(), ImageInfo(RAW_FORMAT, img.height, img.width, channels), reason)
+        info = ImageInfo(RAW_FORMAT, img.height, img.width, channels)
+        return PreparedImage(pixels.tobytes(), info, reason, geometry)
     out_fmt = _output_format(fmt, problem, options)
     _check_sides(out_fmt, img.width, img.height)
     data = _encode(img, out_fmt, options.jpeg_quality)
     if out_fmt == "jpeg":
         channels = {1: 1, 2: 1, 3: 3, 4: 3}[channels]  # alpha dropped
-    return PreparedImage(data, ImageInfo(out_fmt, img.height, img.width, channels), reason)
+    return PreparedImage(data, ImageInfo(out_fmt, img.height, img.width, channels), reason, geometry)
 
 
 def prepare_image(data: bytes, options: ImageOptions = ImageOptions()) -> PreparedImage:

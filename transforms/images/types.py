@@ -74,8 +74,10 @@ class ImageOptions:
 @dataclasses.dataclass(frozen=True)
 class PreparedImage:
     """The bytes to store (original, re-encoded, or raw pixels: `info.format == 'raw'`), what
-    TensorFlow decodes them to, and why they were converted (None: the original bytes)."""
+    TensorFlow decodes them to, why they were converted (None: the original bytes), and the
+    Geometry (images/geometry.py) their pixels went through (None: stored as the file holds them)."""
 
     data: bytes
     info: ImageInfo
     converted: str | None = None
+    geometry: object | None = None  # geometry.Geometry (types.py is imported by geometry.py)

@@ -13,7 +13,6 @@ from __future__ import annotations
 import collections
 import dataclasses
 import json
-import operator
 from collections.abc import Iterable, Iterator, Sequence
 
 import apache_beam as beam
@@ -123,8 +122,12 @@ class FinalizeFn(beam.DoFn):
         if listed_total == 0:
             delete_paths([self._temp_dir])
             raise ValueError(f"{USER_ERROR_MARKER} the input holds no image files")
+        # `written` also holds the object counts, keyed (count, split, name): see WriteMetadata.
+        objects = {key: n for key, n in written.items() if len(key) == 3}
+        if objects:
+            written = {key: n for key, n in written.items() if len(key) == 2}
         summary = build_summary(
-            listed_total, dict(listed), dict(written), failures, shards, class_index, self._settings
+            listed_total, dict(listed), dict(written), failures, shards, class_index, self._settings, objects
         )
         summary.update(extras or {})  # sections added by optional steps (e.g. "labels")
         aborted = gcs.exists(FileSystems.join(self._temp_dir, ABORTED_FILE))
@@ -203,6 +206,11 @@ class FinalizeFn(beam.DoFn):
         return summary
 
 
+def _written_and_objects(shard: ShardResult) -> tuple:
+    """A shard's ((split, class), n) written counts, then its ((count, split, name), n) object counts."""
+    return shard.written + shard.objects if shard.objects else shard.written
+
+
 def _summary_text(summary: dict) -> str:
     return json.dumps(summary, indent=2, ensure_ascii=False) + "\n"
 
@@ -263,15 +271,18 @@ class WriteMetadata(beam.PTransform):
             self._failed | "CountFailures" >> beam.CombineGlobally(FailureCountsFn()).without_defaults(),
             default_value=FailureCounts(),
         )
-        # Written per (split, class) from a combiner; the shard list without those counts (one
-        # small ShardResult a shard: per class, a shard's counts add up to the dataset's size).
+        # Written per (split, class) from a combiner, and by the same combiner the objects written
+        # per (count, split, name) (ShardResult.objects: none without objects); the shard list
+        # without those counts (one small ShardResult a shard: per class, a shard's counts add
+        # up to the dataset's size).
         written = (
             self._shards
-            | "CountWritten"
-            >> beam.CombineGlobally(SumPerKeyFn(operator.attrgetter("written"))).without_defaults()
+            | "CountWritten" >> beam.CombineGlobally(SumPerKeyFn(_written_and_objects)).without_defaults()
             | "WrittenSide" >> beam.Map(SideDict).with_output_types(SideDict)
         )
-        shards = self._shards | "ShardsOnly" >> beam.Map(lambda s: dataclasses.replace(s, written=()))
+        shards = self._shards | "ShardsOnly" >> beam.Map(
+            lambda s: dataclasses.replace(s, written=(), objects=())
+        )
         parts = (
             self._failed
             | "KeyFailures" >> beam.Map(lambda f, c: (part_of(f, c.failed), f), failure_counts)

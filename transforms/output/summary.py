@@ -18,11 +18,14 @@ def build_summary(
     shards: list[ShardResult],
     class_index: ClassIndex,
     settings: EncodeSettings | None = None,
+    objects: dict[tuple[str, str, str], int] | None = None,
 ) -> dict:
     """The summary.json document. Invariant: listed == written + failed at every level.
 
     Duplicates dropped by --dedupe are failures (stage 'dedupe'), also counted in
     `duplicates`; `schema`, `rename_keys`, `store` and `image_format` say how to parse.
+    `objects`: the written records' object counts (ShardResult.objects, summed): an "objects"
+    section when there are any (a dataset of boxes, masks or class maps).
     """
 
     splits: dict[str, dict] = {}
@@ -51,7 +54,7 @@ def build_summary(
         written_per_class[cls] += n
     settings = settings or EncodeSettings()
     by_stage = dict(sorted(failures.by_stage))
-    return {
+    summary = {
         "listed": listed_total,
         "written": sum(written.values()),
         "failed": failures.failed,
@@ -67,6 +70,38 @@ def build_summary(
         "store": settings.store,
         "image_format": settings.image_format,
         "duplicates": by_stage.get(DEDUPE_STAGE, 0),
+    }
+    if objects:
+        summary["objects"] = objects_section(objects, settings)
+    return summary
+
+
+def objects_section(counts: dict[tuple[str, str, str], int], settings: EncodeSettings) -> dict:
+    """summary.json's "objects": totals, per split (objects per class, images with and without
+    objects) and the boxes clipped or dropped per kind (docs/detection.md)."""
+    totals: collections.Counter = collections.Counter()
+    boxes: collections.Counter = collections.Counter()
+    per_split: dict[str, dict] = {}
+    for (count, split, name), n in sorted(counts.items()):
+        if count == "boxes":
+            boxes[name] += n
+            continue
+        totals[count] += n
+        entry = per_split.setdefault(split, {"objects": 0, "images": 0, "background": 0, "classes": {}})
+        if count == "objects":
+            entry["classes"][name] = entry["classes"].get(name, 0) + n
+        if count in entry:
+            entry[count] += n
+    return {
+        "objects": totals["objects"],
+        "images_with_objects": totals["images"],
+        "background_images": totals["background"],
+        "masks": totals["masks"],
+        "class_maps": totals["class_maps"],
+        "boxes": dict(sorted(boxes.items())),
+        "invalid_boxes": settings.invalid_boxes,
+        "trust_size": settings.trust_size,
+        "splits": per_split,
     }
 
 

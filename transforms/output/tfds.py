@@ -70,6 +70,31 @@ def _image_feature(kind: str) -> dict:
     return _feature("tensor_feature.Tensor", tensor={"shape": shape, "dtype": "uint8", "encoding": "bytes"})
 
 
+def _object_feature(kind: str, num_labels: int) -> dict:
+    """The TFDS feature of one object's value (schema.ObjectKeys' TFDS kinds), as TFDS's coco and
+    voc builders declare them: a BBoxFeature [ymin, xmin, ymax, xmax], a ClassLabel, bool flags."""
+    if kind == "bbox":
+        return _feature(
+            "bounding_boxes.BBoxFeature",
+            boundingBox={"shape": {"dimensions": ["4"]}, "dtype": "float32", "bboxFormat": "REL_YXYX"},
+        )
+    if kind == "label":
+        return _feature("class_label_feature.ClassLabel", classLabel={"numClasses": str(num_labels)})
+    if kind == "png":  # a class map: one channel of class ids
+        shape = {"dimensions": ["-1", "-1", "1"]}
+        return _feature(
+            "image_feature.Image", image={"shape": shape, "dtype": "uint8", "encodingFormat": "png"}
+        )
+    dtype = {"bool": "bool", "int64": "int64", "float": "float32"}.get(kind)
+    if dtype is None:
+        return _feature("text_feature.Text", text={})
+    return _feature("tensor_feature.Tensor", tensor={"shape": {}, "dtype": dtype, "encoding": "none"})
+
+
+# Object keys under this node are one TFDS Sequence of per-object features (the tfds preset).
+_OBJECTS_SEQUENCE = "objects"
+
+
 def _features_dict(features: dict) -> dict:
     return _feature("features_dict.FeaturesDict", featuresDict={"features": features})
 
@@ -102,8 +127,13 @@ def features_json(schema: Schema, num_labels: int, single_label: bool, image: st
     root: dict = {}
     for key, kind in sorted(schema.kinds.items()):
         scalar = key in schema.scalar
+        object_kind = schema.object_kinds.get(key)
         if key == schema.image_key:
             feature = _image_feature(image)
+        elif object_kind is not None and key.startswith(_OBJECTS_SEQUENCE + "/"):
+            feature = _object_feature(object_kind, num_labels)  # one object's: in the sequence below
+        elif object_kind == "png":
+            feature = _object_feature(object_kind, num_labels)
         elif key == schema.label_key:
             label = _feature("class_label_feature.ClassLabel", classLabel={"numClasses": str(num_labels)})
             one = single_label and (scalar or not key.startswith(PER_OBJECT_PREFIX))
@@ -123,10 +153,13 @@ def features_json(schema: Schema, num_labels: int, single_label: bool, image: st
             raise ValueError(f"feature {key!r} is also a prefix of another feature")
         node[leaf] = feature
 
-    def wrap(node: dict) -> dict:
-        return {k: v if "pythonClassName" in v else _features_dict(wrap(v)) for k, v in node.items()}
+    def wrap(node: dict, top: bool = False) -> dict:
+        out = {k: v if "pythonClassName" in v else _features_dict(wrap(v)) for k, v in node.items()}
+        if top and schema.object_kinds and _OBJECTS_SEQUENCE in out:  # TFDS's `objects` Sequence
+            out[_OBJECTS_SEQUENCE] = _sequence(out[_OBJECTS_SEQUENCE])
+        return out
 
-    return _features_dict(wrap(root))
+    return _features_dict(wrap(root, top=True))
 
 
 def tfds_name(output_dir: str) -> str:

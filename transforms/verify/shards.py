@@ -6,7 +6,9 @@ the images (or all) as the dataset's readers do, and counts records and bytes pe
 image must decode as `load_dataset` decodes it (raw pixels: exactly height x width x channels
 bytes) to the stored shape and, when a reader decodes with `expand_animations=True` (TFDS's
 `Image`, the tfds/odapi presets), to 3-D; for those readers every record is also checked for a
-format of DECODED_4D_FORMATS. It stops at the first bad record and reports its byte offset.
+format of DECODED_4D_FORMATS. Records with objects: every box lies in [0, 1] with min <= max,
+and every instance mask decodes at the image's size. It stops at the first bad record and reports
+its byte offset.
 beam.py runs it one shard per element; `inspect` uses it for its statistics and samples.
 """
 
@@ -90,6 +92,12 @@ class _Checker:
             for role in ("format", "width", "height", "filename")
             if self._schema.roles.get(role) in self._schema.kinds
         }
+        # Objects: the summary's class key is the image-level label (absent in TFDS's detection
+        # data); the box and mask keys checked in every record.
+        objects = self._schema.object_roles
+        self._class_key = self._schema.roles.get("label") if objects else self._schema.label_key
+        self._box_keys = [objects[r] for r in ("boxes", "xmin", "ymin", "xmax", "ymax") if r in objects]
+        self._mask_key = objects.get("masks")
         # Records by format, width and height bucket; records, bytes and samples kept by class.
         self.formats, self.widths, self.heights, self.counts, self.sizes, self._kept_per_class = (
             collections.Counter() for _ in range(6)
@@ -124,6 +132,10 @@ class _Checker:
                     raise RecordError(
                         offset, f"{fmt} image, which {readers} decode to 4-D (expand_animations=True)"
                     )
+            if self._box_keys:
+                _check_objects(ex, self._box_keys, self._mask_key, self._shape_keys, offset)
+            if self._class_key != self._schema.label_key:  # objects: the image-level labels
+                ids = ex.get(self._class_key, []) if self._class_key else []
             key = "|".join(self._names[int(x) - self._offset] for x in ids)  # the summary's class key
             self.counts[key] += 1
             self.sizes[key] += len(data)
@@ -153,8 +165,9 @@ class _Checker:
         tf, schema = self._tf, self._schema
         parsed = tf.io.parse_example(serialized, self._spec)
         columns = {}
+        objects = (*self._box_keys, *filter(None, (self._mask_key, self._class_key)))
         for key in dict.fromkeys(
-            (schema.image_key, schema.label_key, *self._shape_keys, *self._info_keys.values())
+            (schema.image_key, schema.label_key, *self._shape_keys, *self._info_keys.values(), *objects)
         ):
             value = parsed[key]
             sparse = isinstance(value, tf.SparseTensor)
@@ -196,6 +209,46 @@ class _Checker:
                 offset, f"raw pixels are {len(data)} bytes, not height x width x channels {shape}"
             )
         return np.frombuffer(data, np.uint8).reshape(shape)
+
+
+def _check_objects(
+    ex: dict, box_keys: list[str], mask_key: str | None, shape_keys: list[str], offset: int
+) -> None:
+    """Raises RecordError: a box outside [0, 1] or with min > max, or a mask that does not decode
+    at the image's height and width."""
+    import numpy as np
+
+    if len(box_keys) == 1:  # TFDS's [ymin, xmin, ymax, xmax] rows
+        boxes = np.asarray(ex[box_keys[0]], np.float64).reshape(-1, 4)[:, [1, 0, 3, 2]]
+    else:
+        boxes = np.asarray([ex[k] for k in box_keys], np.float64).T.reshape(-1, 4)
+    if len(boxes) and (
+        not np.isfinite(boxes).all()
+        or (boxes < 0).any()
+        or (boxes > 1).any()
+        or (boxes[:, 0] > boxes[:, 2]).any()
+        or (boxes[:, 1] > boxes[:, 3]).any()
+    ):
+        bad = next(b for b in boxes.tolist() if not (0 <= b[0] <= b[2] <= 1 and 0 <= b[1] <= b[3] <= 1))
+        raise RecordError(offset, f"box {bad} (xmin, ymin, xmax, ymax) is not within [0, 1] with min <= max")
+    if mask_key is None:
+        return
+    from PIL import Image
+
+    want = tuple(ex[k] for k in shape_keys[:2])
+    masks = ex[mask_key]
+    if len(masks) != len(boxes):
+        raise RecordError(offset, f"{len(masks)} masks for {len(boxes)} boxes")
+    for i, png in enumerate(masks):
+        try:
+            mask = Image.open(io.BytesIO(png), formats=("PNG",))
+            mask.load()
+        except Exception as e:  # noqa: BLE001 - any decode error is the record's problem
+            raise RecordError(offset, f"mask {i} does not decode as PNG ({e})") from None
+        if (mask.height, mask.width) != want:
+            raise RecordError(
+                offset, f"mask {i} is {mask.width}x{mask.height}, the image {want[1]}x{want[0]}"
+            )
 
 
 def _png(image) -> bytes:

@@ -117,14 +117,17 @@ def join_parts(parts: list[ShardOutcome], job: ShardJob) -> ShardOutcome:
     if job.write_index:
         write_index(first.temp_path, sizes)
     per_class: collections.Counter = collections.Counter()
+    objects: collections.Counter = collections.Counter()
     for r in written:
         per_class.update(dict(r.written))
+        objects.update(dict(r.objects))
     result = dataclasses.replace(
         first,
         records=sum(r.records for r in written),
         bytes=sum(r.bytes for r in written),
         formats=tuple(sorted({f for r in written for f in r.formats})),
         written=tuple(sorted(per_class.items())),
+        objects=tuple(sorted(objects.items())),
     )
     return ShardOutcome(result, failures, sizes)
 

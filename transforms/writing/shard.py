@@ -20,7 +20,8 @@ from apache_beam.io.filesystem import CompressionTypes
 from apache_beam.io.filesystems import FileSystems
 
 from transforms import gcs
-from transforms.encoding.encoder import EncodeSettings, encode_image_chunks
+from transforms.encoding.encoder import EncodeSettings, encode_example
+from transforms.encoding.objects import OBJECTS_STAGE, ObjectError, PreparedObjects
 from transforms.encoding.tfrecord import RECORD_OVERHEAD, frame_chunks
 from transforms.failures import Failure
 from transforms.images.limits import check_header
@@ -175,8 +176,12 @@ def write_shard(
     def read(record: ImageRecord) -> bytes:
         return read_with_retries(record.path, reader, retry)
 
-    def load(record: ImageRecord, data: bytes | None = None) -> tuple[list[bytes], ImageInfo]:
-        return encode_image_chunks(record, read(record) if data is None else data, class_index, settings)
+    def read_path(path: str) -> bytes:  # a class map beside an image (records with objects)
+        return read_with_retries(path, job.reader, retry)
+
+    def load(record: ImageRecord, data: bytes | None = None) -> Encoded:
+        data = read(record) if data is None else data
+        return encode_example(record, data, class_index, settings, read_path)
 
     # Records are built from the task's columns as they are consumed (a part holds up to
     # processes.PART_RECORDS of them).
@@ -184,7 +189,7 @@ def write_shard(
     ahead = hint_ahead if pool is None and job.reader is read_bytes and not reads_only else 0
     opened = OpenAhead(task.batch.paths, ahead)
 
-    def load_opened(i: int, record: ImageRecord) -> tuple[list[bytes], ImageInfo]:
+    def load_opened(i: int, record: ImageRecord) -> Encoded:
         fd = opened.take(i)
         if fd is None:
             return load(record)
@@ -196,7 +201,7 @@ def write_shard(
             data = read(record)
         return load(record, data)
 
-    def load_read(record: ImageRecord, got: Callable[[], bytes]) -> tuple[list[bytes], ImageInfo]:
+    def load_read(record: ImageRecord, got: Callable[[], bytes]) -> Encoded:
         return load(record, got())
 
     if reads_only:  # `pool` reads ahead; this thread checks and encodes
@@ -209,13 +214,17 @@ def write_shard(
     sizes: list[int] = []
     formats: set[str] = set()
     per_class: collections.Counter = collections.Counter()
+    objects: collections.Counter = collections.Counter()
     paused = PAUSE_ENV in os.environ  # the test hook (looked up once, not per image)
     with ShardFile(job.temp_path(task), job.compression) as shard, opened:
         for record, result in loaded:
             try:
-                chunks, info = result()
+                chunks, info, written_objects = result()
             except ImageError as e:
                 failures.append(_failure(record, str(e), "decode"))
+                continue
+            except ObjectError as e:
+                failures.append(_failure(record, str(e), OBJECTS_STAGE))
                 continue
             except OSError as e:  # missing, unreadable, permission denied, transient I/O
                 failures.append(_failure(record, f"unreadable: {e}", "read"))
@@ -225,6 +234,8 @@ def write_shard(
             sizes.append(size)
             formats.add(info.format)  # as stored, after any conversion
             per_class[(record.split, record.class_key)] += 1
+            if written_objects is not None:
+                object_counts(objects, record.split, written_objects)
             if on_written is not None:
                 on_written(size)
             if paused:
@@ -236,9 +247,35 @@ def write_shard(
         write_index(shard.path, sizes)
     written = tuple(sorted(per_class.items()))
     result = ShardResult(
-        task.split, task.index, shard.path, len(sizes), sum(sizes), tuple(sorted(formats)), written
+        task.split,
+        task.index,
+        shard.path,
+        len(sizes),
+        sum(sizes),
+        tuple(sorted(formats)),
+        written,
+        tuple(sorted(objects.items())),
     )
     return ShardOutcome(result, tuple(failures), tuple(sizes))
+
+
+# What one image's load gives: the Example's chunks, its image info, its objects as written (or None).
+Encoded = tuple[list[bytes], ImageInfo, PreparedObjects | None]
+
+
+def object_counts(counts: collections.Counter, split: str, objects: PreparedObjects) -> None:
+    """Adds one written image's objects to `counts`, keyed (count, split, name): 'objects' per
+    class name, 'images' (with objects) or 'background' (none), 'masks', 'class_maps', and
+    'boxes' per kind of clip or drop (encoding/objects.py)."""
+    for label in objects.labels:
+        counts[("objects", split, label)] += 1
+    counts[("images" if len(objects) else "background", split, "")] += 1
+    if objects.masks:
+        counts[("masks", split, "")] += len(objects.masks)
+    if objects.class_map is not None:
+        counts[("class_maps", split, "")] += 1
+    for name, n in objects.counts:
+        counts[("boxes", split, name)] += n
 
 
 def open_hinted(path: str) -> int | None:
