@@ -16,7 +16,8 @@ each step's output (Airflow's and the tasks' logs) goes to OUT_DIR/<name>.log. A
 - `mirror`: the files of a local folder (`src`, a glob pattern that matches one folder)
   uploaded to `dest` (gs://) through the Airflow Google connection, oldest first.
 - `tool`: img2tfrecord_operators.ToolProcess on small Python programs (`cases`: code that
-  prints and exits) -> each line's log level and the exception raised.
+  prints and exits) -> each line's log level and the exception raised; for a program that
+  prints Beam's "Created job with id", the job id and whether it ran on until stop().
 
 Errors of a step are reported as its result (`error`), not raised.
 """
@@ -24,6 +25,7 @@ Errors of a step are reported as its result (`error`), not raised.
 from __future__ import annotations
 
 import contextlib
+import functools
 import glob
 import json
 import logging
@@ -168,6 +170,9 @@ class _Collect(logging.Handler):
 
 
 def tool(dags_folder: str, step: dict) -> dict:
+    from airflow.providers.google.cloud.hooks.dataflow import (
+        process_line_and_extract_dataflow_job_id_callback,
+    )
     from img2tfrecord_operators import ToolProcess
 
     results = []
@@ -176,17 +181,26 @@ def tool(dags_folder: str, step: dict) -> dict:
         log = logging.getLogger(f"img2tfrecord_tool_{len(results)}")
         log.propagate, log.level = False, logging.DEBUG
         log.addHandler(records)
-        raised = None
-        try:
-            ToolProcess([sys.executable, "-c", code], log).run()
+        process, raised, job = ToolProcess([sys.executable, "-c", code], log), None, []
+        try:  # with the Beam operator's Dataflow callbacks: run() returns once a job is submitted
+            process.run(
+                process_line_and_extract_dataflow_job_id_callback(job.append), functools.partial(bool, job)
+            )
         except Exception as e:
             raised = {
                 "type": type(e).__name__,
                 "bases": [c.__name__ for c in type(e).__mro__],
                 "message": str(e),
             }
-        lines = [[r.levelname, r.getMessage()] for r in records.records[1:]]  # after "Running command"
-        results.append({"raised": raised, "lines": lines})
+        result = {"raised": raised, "job_id": job[0] if job else None}
+        if job:
+            result["running_after_submit"] = process.proc.poll() is None
+            process.stop()
+            result["stopped"] = process.proc.poll() is not None
+        result["lines"] = [
+            [r.levelname, r.getMessage()] for r in records.records[1:]
+        ]  # after "Running command"
+        results.append(result)
     return {"cases": results}
 
 

@@ -65,23 +65,22 @@ DAG_DEFAULTS = {
 OUTPUT_DIR = "{{ params.output_root }}/{{ run_folder(dag_run) }}"
 
 
+def text_param(default: str, title: str, description: str, **schema) -> Param:
+    """A non-empty string param."""
+    return Param(default, type="string", minLength=1, title=title, description=description, **schema)
+
+
 def common_params(input_default: str, output_root_default: str) -> dict[str, Param]:
     """The params every img2tfrecord DAG takes."""
     return {
-        "input": Param(
-            input_default,
-            type="string",
-            minLength=1,
-            title="Input",
-            description="Folder of images, one subfolder per class (img2tfrecord --input).",
+        "input": text_param(
+            input_default, "Input", "Folder of images, one subfolder per class (img2tfrecord --input)."
         ),
-        "output_root": Param(
+        "output_root": text_param(
             output_root_default,
-            type="string",
-            minLength=1,
-            title="Output root",
-            description="Each run writes to <output_root>/<YYYYMMDD of its logical date> "
-            "(<YYYYMMDDTHHMMSS of run_after> without one), replacing that folder's dataset.",
+            "Output root",
+            "Each run writes to <output_root>/<YYYYMMDD of its logical date> (<YYYYMMDDTHHMMSS of "
+            "run_after> without one), replacing that folder's dataset.",
         ),
         "max_failure_ratio": Param(
             float(os.environ.get("IMG2TFRECORD_MAX_FAILURE_RATIO", "0.01")),
@@ -148,19 +147,13 @@ class GcpSettings:
                 os.environ.get("IMG2TFRECORD_GCS_INPUT", f"{self.bucket}/images"),
                 os.environ.get("IMG2TFRECORD_GCS_OUTPUT_ROOT", f"{self.bucket}/tfrecords"),
             ),
-            "container_image": Param(
-                self.image,
-                type="string",
-                minLength=1,
-                title="Worker container",
-                description="The workers' image, built from the repository's Dockerfile.",
+            "container_image": text_param(
+                self.image, "Worker container", "The workers' image, built from the repository's Dockerfile."
             ),
-            "service_account": Param(
+            "service_account": text_param(
                 self.service_account,
-                type="string",
-                minLength=1,
-                title="Worker service account",
-                description="Email of the service account the workers run as.",
+                "Worker service account",
+                "Email of the service account the workers run as.",
             ),
         }
 

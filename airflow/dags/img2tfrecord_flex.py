@@ -9,13 +9,14 @@ from __future__ import annotations
 
 import os
 
-from airflow.sdk import DAG, Param
+from airflow.sdk import DAG
 from img2tfrecord_common import (
     DAG_DEFAULTS,
     PARAM_FLAGS,
     GcpSettings,
     check_summary_task,
     max_workers_param,
+    text_param,
 )
 from img2tfrecord_operators import FlexLaunchOperator
 
@@ -29,12 +30,11 @@ with DAG(
     params={
         **gcp.params(),
         **max_workers_param("max_workers"),
-        "template": Param(
+        "template": text_param(
             os.environ.get("IMG2TFRECORD_TEMPLATE", f"{gcp.bucket}/templates/img2tfrecord.json"),
-            type="string",
+            "Flex Template spec",
+            "The spec written by `gcloud dataflow flex-template build`.",
             pattern="^gs://",
-            title="Flex Template spec",
-            description="The spec written by `gcloud dataflow flex-template build`.",
         ),
     },
     tags=["img2tfrecord", "dataflow"],

@@ -140,6 +140,8 @@ def test_local_dag_runs_fails_once_and_check_summary_refuses_stale_output(tmp_pa
                     "another img2tfrecord run (run 1)\\n'); sys.exit(2)",
                     "raise OSError('the store is down')",
                     "import sys; sys.exit(3)",
+                    "import sys, time; sys.stderr.write('INFO apache_beam.runners.dataflow.dataflow_runner: "
+                    "Created job with id: [2026-01-02_01_02_03-123]\\n'); sys.stderr.flush(); time.sleep(60)",
                 ],
             },
             {**local, "name": "dated", "logical_date": DATE},
@@ -246,7 +248,7 @@ def test_local_dag_runs_fails_once_and_check_summary_refuses_stale_output(tmp_pa
             assert "set IMG2TFRECORD_PROJECT and IMG2TFRECORD_BUCKET" in error and "'my-project'" in error
 
     with subtests.test("the CLI's exit: 2 and 3 fail for good with its line, 1 and a busy folder retry"):
-        usage, busy, crash, bare = results["tool"]["cases"]
+        usage, busy, crash, bare, submitted = results["tool"]["cases"]
         assert usage["raised"]["type"] == "AirflowFailException"
         assert usage["raised"]["message"] == "img2tfrecord: error: no images"
         assert usage["lines"] == [
@@ -263,6 +265,9 @@ def test_local_dag_runs_fails_once_and_check_summary_refuses_stale_output(tmp_pa
         assert [level for level, _ in crash["lines"]] == ["ERROR"] * len(crash["lines"])
         assert bare["raised"]["type"] == "AirflowFailException"
         assert bare["raised"]["message"] == "img2tfrecord exited with status 3"
+        # A Dataflow launcher: the task goes on (to wait for the job) once it is submitted.
+        assert submitted["job_id"] == "2026-01-02_01_02_03-123" and submitted["raised"] is None
+        assert submitted["running_after_submit"] and submitted["stopped"]
 
     with subtests.test("a dated run: its records, its counts as XCom"):
         run = results["dated"]
@@ -422,7 +427,7 @@ def test_sigterm_stops_the_local_conversion_and_the_cloud_dags_render(tmp_path):
         assert flag.exists(), log_path.read_text()[-3000:]
         cli = json.loads((out_root / DATE_NODASH / MARKER_FILE).read_text())["pid"]
         conversion = _alive_descendants(cli)  # the CLI and its shard writers
-        assert len(conversion) > 1 and airflow.pid not in conversion
+        assert cli in conversion and airflow.pid not in conversion
         os.kill(airflow.pid, signal.SIGTERM)  # Airflow's kill of a task: SIGTERM, then on_kill
         deadline = time.monotonic() + 15
         while conversion & set().union(*map(_alive_descendants, conversion)) and time.monotonic() < deadline:
