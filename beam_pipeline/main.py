@@ -41,6 +41,7 @@ from beam_pipeline.cli.options import (
     ConvertOptions,
     UserError,
     check_args,
+    did_you_mean,
     route_labels_flag,
     validate,
 )
@@ -268,7 +269,10 @@ def main(argv: list[str] | None = None) -> int:
     command = argv.pop(0) if not argv[0].startswith("-") else "convert"
     try:
         if command not in COMMANDS:
-            raise UserError(f"unknown command {command!r} (one of {', '.join(COMMANDS)})")
+            hint = did_you_mean(command, COMMANDS)
+            raise UserError(
+                f"unknown command {command!r}{': ' + hint if hint else ''} (one of {', '.join(COMMANDS)})"
+            )
         return COMMANDS[command](argv)
     except (UserError, TooManyFailures) as e:
         print(f"img2tfrecord: error: {e}", file=sys.stderr)
