@@ -44,6 +44,13 @@ def test_readme_is_a_landing_page():
     assert all(lang in ("sh", "python", "text") for lang, _, _ in blocks)
 
 
+def test_the_first_screen_fits_in_40_lines():
+    """What a new user sees first, the title to the end of the quick start, on one screen."""
+    lines = README.read_text().splitlines()
+    first_screen = lines[: lines.index("## Install")]
+    assert len(first_screen) <= 40, len(first_screen)
+
+
 def _setup_kwargs() -> dict:
     tree = ast.parse((REPO / "setup.py").read_text())
     values = {
@@ -172,6 +179,7 @@ def datasets(tmp_path_factory) -> Path:
 def test_the_tf_data_loops_of_reading_md_run_with_a_scalar_label_or_a_sparse_one(datasets):
     blocks = [code for lang, code, run in readme_blocks(READING.read_text()) if run and lang == "python"]
     loops = [code for code in blocks if "tf.data.TFRecordDataset" in code]
+    # The spec, then a three-line loop: for, parse, print.
     assert len(loops) == 2 and all(
         len(code.split("spec = parse_spec(")[1].splitlines()) == 4 for code in loops
     )

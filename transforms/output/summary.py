@@ -120,11 +120,12 @@ def records_section(counts: Mapping[tuple[str, object], int], requested_splits: 
 
 
 def merge_sections(sections: Iterable[dict]) -> dict:
-    """The summary sections made by several steps, as one dict (their keys are distinct)."""
+    """The summary sections made by several steps, as one dict (their keys are distinct), in
+    key order: the same summary.json text however the runner's bundles fell."""
     merged: dict = {}
     for section in sections:
         merged.update(section)
-    return merged
+    return dict(sorted(merged.items()))
 
 
 def single_label(summary: Mapping) -> bool | None:
