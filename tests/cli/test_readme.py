@@ -206,3 +206,38 @@ def test_the_tf_data_loops_of_reading_md_run_with_a_scalar_label_or_a_sparse_one
     names = (datasets / "out_multi" / "labels.txt").read_text().splitlines()
     for line, got in zip(multi, ids):
         assert [names[i] for i in got] == [t.decode() for t in ast.literal_eval("[" + line.split("] [")[1])]
+
+
+def test_the_readme_names_every_key_a_slim_record_has():
+    from transforms.encoding.schema import SLIM
+
+    text = README.read_text()
+    paragraph = text[text.index("Each record carries the TF-slim keys") :].split("\n\n")[0]
+    assert [key for key in SLIM.kinds if f"`{key}`" not in paragraph] == []
+
+
+def test_the_label_docs_commands_write_different_folders():
+    """Run one after the other, the second must not stop on the first one's dataset."""
+    outputs = re.findall(r"--output_dir (\S+)", (REPO / "docs" / "labels.md").read_text())
+    assert len(outputs) >= 2 and len(set(outputs)) == len(outputs), outputs
+
+
+def _make_dry_run(target: str) -> list[str]:
+    """The commands `make TARGET` would run from scratch (`make -n -B`: printed, none run)."""
+    result = subprocess.run(
+        ["make", "-n", "-B", target], cwd=REPO, capture_output=True, text=True, timeout=60
+    )
+    assert result.returncode == 0, result.stderr
+    return result.stdout.splitlines()
+
+
+def test_make_demo_installs_the_package_alone():
+    installs = [line for line in _make_dry_run("demo") if " pip install " in line and "uv" in line]
+    assert installs and all(line.split()[-1] == "." for line in installs), installs
+    assert "test]" not in " ".join(_make_dry_run("demo"))
+
+
+def test_the_airflow_venv_install_says_what_it_does_and_how_long_it_took():
+    commands = "\n".join(_make_dry_run("airflow-venv"))
+    assert 'echo "installing Airflow for its tests:' in commands
+    assert "installed in $(( $(date +%s) - start )) s" in commands
