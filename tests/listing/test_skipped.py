@@ -19,7 +19,6 @@ from PIL import Image
 
 from beam_pipeline import main
 from tests.conftest import read_records, write_image
-from transforms.listing.skips import MAX_EXTENSIONS, OTHER, add_counts
 
 # The first bytes of a HEIC photo (an ISO base media `ftyp` box, brand heic): enough for the
 # format to be told, and a file no decoder here can read without the pillow-heif plugin.
@@ -143,6 +142,8 @@ def _jpeg(seed: int) -> bytes:
 def test_the_extension_counts_are_bounded_and_exact(tmp_path, capsys):
     """A folder of `x.000` ... `x.079` (80 extensions): MAX_EXTENSIONS are named, the rest
     counted under OTHER, the same whatever the order the counts are merged in."""
+    from transforms.listing.skips import MAX_EXTENSIONS, OTHER, add_counts
+
     data, out = tmp_path / "in", tmp_path / "out"
     write_image(data / "cat" / "a.png")
     for i in range(80):
