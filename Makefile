@@ -56,7 +56,7 @@ airflow-venv: $(AIRFLOW_VENV)/.installed
 
 $(AIRFLOW_VENV)/.installed: requirements-airflow.txt | $(BIN)/python
 	@echo "installing Airflow for its tests: $$(grep -c '==' requirements-airflow.txt) packages into $(AIRFLOW_VENV)," \
-	  "once (seconds from uv's cache; several minutes when they are first downloaded, ~1.6 GB installed)"
+	  "once (3-30 s from uv's cache on a 2-core machine; minutes more when they are first downloaded; ~1.6 GB)"
 	rm -rf $(AIRFLOW_VENV)
 	$(BIN)/uv venv -q --python $(PYTHON) $(AIRFLOW_VENV)
 	@start=$$(date +%s); \
