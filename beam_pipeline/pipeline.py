@@ -35,7 +35,7 @@ from transforms.listing.beam_archives import archive_copies_dir
 from transforms.output.beam import WriteMetadata
 from transforms.output.fence import Fence
 from transforms.output.publish import staging_dir, temp_dir_for
-from transforms.output.summary import merge_sections, record_counts, records_section
+from transforms.output.summary import record_counts, records_section
 from transforms.output.tfds import tfds_name
 from transforms.paths import normalize_root
 from transforms.progress import FAILED_ANYWHERE, CountProgress
@@ -148,12 +148,6 @@ def build_pipeline(
         reader=reader,  # 0 (auto) is resolved for local runs by main.py
         claim=fence,
     )  # .shards ShardResult (with per-class written counts), .failed Failure
-    sections = [record_stats, *([found.skipped] if found.skipped is not None else [])]
-    summary_extras = (
-        [*sections, *([label_report] if label_report is not None else [])]
-        | "AllSections" >> beam.Flatten()
-        | "MergeSections" >> beam.CombineGlobally(merge_sections)
-    )  # one dict of extra summary.json sections (labels, skipped, records)
     failures = (found.failed, labeled.failed, shards.failed, *failed) | "FlattenFailures" >> beam.Flatten()
     _ = failures | "TrackFailures" >> CountProgress(run_id, FAILED_ANYWHERE)  # live progress, Beam counter
     _ = p | "WriteMetadata" >> WriteMetadata(
@@ -170,5 +164,8 @@ def build_pipeline(
         max_failure_ratio=opts.max_failure_ratio,
         # The TFDS name: same output wherever it is written (reruns compare byte for byte).
         dataset_name=tfds_name(opts.dataset_name or normalize_root(opts.input)),
-        summary_extras=summary_extras,
+        summary_extras=[  # summary.json's sections made by other steps: a dict each
+            record_stats,
+            *(section for section in (found.skipped, label_report) if section is not None),
+        ],
     )  # the summary.json dict (failures counted by a combiner, failures.jsonl merged from sorted parts)

@@ -90,6 +90,8 @@ def test_avif_follows_the_image_format_rule(tmp_path, capsys):
     (record,) = read_records(out)
     assert record["format"] == "jpeg" and record["decoded_shape"] == (14, 18, 3)
     assert err[-1] == "img2tfrecord: wrote 1 of 1 images (none failed)"  # nothing skipped, nothing said
+    skipped = json.loads((out / "summary.json").read_text())["skipped"]
+    assert skipped == {"total": 0, "hidden": 0, "by_extension": {}}
 
 
 def test_heic_converts_when_the_pillow_heif_plugin_is_installed(tmp_path, capsys):

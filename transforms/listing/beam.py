@@ -120,6 +120,6 @@ class ListImages(beam.PTransform):
             skipped=(
                 skipped
                 | "AllSkipped" >> beam.Flatten()
-                | "CountSkipped" >> beam.CombineGlobally(SkippedCountsFn())
+                | "CountSkipped" >> beam.CombineGlobally(SkippedCountsFn()).without_defaults()
             ),  # one dict: {"skipped": section}
         )

@@ -46,9 +46,9 @@ class _ListFn(beam.DoFn):
         self.skips = SkipCounts()
 
     def skipped_output(self) -> Iterator[pvalue.TaggedOutput]:
-        """The bundle's SKIPPED counts, if it skipped anything (for finish_bundle)."""
-        if self.skips:
-            yield pvalue.TaggedOutput(SKIPPED, GlobalWindows.windowed_value(self.skips.take()))
+        """The bundle's SKIPPED counts (for finish_bundle), even none: every listing has one,
+        so summary.json always has its "skipped" section (the combine has no default)."""
+        yield pvalue.TaggedOutput(SKIPPED, GlobalWindows.windowed_value(self.skips.take()))
 
     def finish_bundle(self) -> Iterable:
         yield from self.skipped_output()

@@ -55,9 +55,6 @@ class SkipCounts:
         self._counts: dict[Key, int] = {}
         self._last_hidden: str | None = None
 
-    def __bool__(self) -> bool:
-        return bool(self._counts)
-
     def hidden(self, entry: str) -> None:
         """A hidden file or folder: `entry` is its path up to its hidden part."""
         if entry != self._last_hidden:
