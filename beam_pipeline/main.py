@@ -41,9 +41,11 @@ from beam_pipeline.cli.options import (
     ConvertOptions,
     UserError,
     check_args,
+    did_you_mean,
     route_labels_flag,
     validate,
 )
+from beam_pipeline.cli.outcome import final_lines
 from beam_pipeline.cli.progress import ProgressReporter
 from beam_pipeline.cli.progress import end_line as end_progress_line
 from beam_pipeline.cli.startup import LOCAL_RUNNERS
@@ -51,7 +53,7 @@ from beam_pipeline.pipeline import build_pipeline
 from transforms import progress
 from transforms.failures import user_error_text
 from transforms.output.fence import Claim, Fence
-from transforms.output.publish import FAILURES_FILE, SUMMARY_FILE, aborted_reason, temp_dir_for
+from transforms.output.publish import SUMMARY_FILE, aborted_reason, temp_dir_for
 from transforms.paths import normalize_root
 from transforms.writing.files import delete_paths, read_file
 
@@ -219,15 +221,8 @@ def _convert(argv: list[str]) -> int:
     if summary.get("described_only"):
         print("img2tfrecord: job described, not run (dry run)", file=sys.stderr)
     else:
-        print(final_line(summary), file=sys.stderr)
+        print("\n".join(final_lines(summary)), file=sys.stderr)
     return EXIT_OK
-
-
-def final_line(summary: dict) -> str:
-    """convert's last line: what was written, with thousands separators as the progress bar."""
-    failed = summary["failed"]
-    where = f"{failed:,} failed, see {FAILURES_FILE}" if failed else "none failed"
-    return f"img2tfrecord: wrote {summary['written']:,} of {summary['listed']:,} images ({where})"
 
 
 def _demo(argv: list[str]) -> int:
@@ -274,7 +269,10 @@ def main(argv: list[str] | None = None) -> int:
     command = argv.pop(0) if not argv[0].startswith("-") else "convert"
     try:
         if command not in COMMANDS:
-            raise UserError(f"unknown command {command!r} (one of {', '.join(COMMANDS)})")
+            hint = did_you_mean(command, COMMANDS)
+            raise UserError(
+                f"unknown command {command!r}{': ' + hint if hint else ''} (one of {', '.join(COMMANDS)})"
+            )
         return COMMANDS[command](argv)
     except (UserError, TooManyFailures) as e:
         print(f"img2tfrecord: error: {e}", file=sys.stderr)

@@ -19,6 +19,7 @@ import apache_beam as beam
 
 from beam_pipeline.cli.options import ConvertOptions, encode_settings, join_settings, label_offset, table_spec
 from transforms import coders
+from transforms.batching import SumPerKeyFn
 from transforms.encoding.encoder import EncodeSettings
 from transforms.images.read import read_bytes
 from transforms.labels import beam_coders as label_coders
@@ -34,6 +35,7 @@ from transforms.listing.beam_archives import archive_copies_dir
 from transforms.output.beam import WriteMetadata
 from transforms.output.fence import Fence
 from transforms.output.publish import staging_dir, temp_dir_for
+from transforms.output.summary import record_counts, records_section
 from transforms.output.tfds import tfds_name
 from transforms.paths import normalize_root
 from transforms.progress import FAILED_ANYWHERE, CountProgress
@@ -119,6 +121,11 @@ def build_pipeline(
     classes = records | "BuildClassIndex" >> BuildClassIndex(
         label_offset(opts), label_map=label_map, label_type=label_type
     )  # singleton ClassIndex (an id,name --label_map gives its own first id)
+    record_stats = (
+        records
+        | "CountSplitsAndLabels" >> beam.CombineGlobally(SumPerKeyFn(record_counts)).without_defaults()
+        | "RecordStats" >> beam.Map(records_section, [name for name, _ in ratios])
+    )  # {"labels_per_record": {min, max}, "empty_splits": [split]}
     to_plan = records
     if opts.dedupe:
         deduped = records | "DropDuplicates" >> DropDuplicates(estimate_with)  # .records, .failed
@@ -157,5 +164,8 @@ def build_pipeline(
         max_failure_ratio=opts.max_failure_ratio,
         # The TFDS name: same output wherever it is written (reruns compare byte for byte).
         dataset_name=tfds_name(opts.dataset_name or normalize_root(opts.input)),
-        summary_extras=label_report,
+        summary_extras=[  # summary.json's sections made by other steps: a dict each
+            record_stats,
+            *(section for section in (found.skipped, label_report) if section is not None),
+        ],
     )  # the summary.json dict (failures counted by a combiner, failures.jsonl merged from sorted parts)

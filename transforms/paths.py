@@ -7,8 +7,13 @@ import os
 import posixpath
 import re
 
-# Matched case-insensitively against the file name's last suffix.
-IMAGE_EXTENSIONS = (".jpg", ".jpeg", ".png", ".gif", ".bmp", ".tif", ".tiff", ".webp", ".psd", ".ico", ".tga")
+# Matched case-insensitively against the file name's last suffix. `.jfif` and `.jpe` are JPEG
+# names (Windows and old cameras save them); HEIC/HEIF and AVIF are read by Pillow where it has
+# a decoder for them and converted (transforms/images/check.py), else fail naming the format.
+IMAGE_EXTENSIONS = (
+    *(".jpg", ".jpeg", ".jpe", ".jfif", ".png", ".gif", ".bmp", ".tif", ".tiff", ".webp"),
+    *(".psd", ".ico", ".tga", ".avif", ".heic", ".heif"),
+)
 
 
 def has_image_extension(path: str, extensions: tuple[str, ...] = IMAGE_EXTENSIONS) -> bool:

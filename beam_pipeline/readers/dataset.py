@@ -5,6 +5,10 @@
 summary.json says how records are parsed and decoded (schema, key renames, store mode, class
 names, label offset), so callers never repeat the feature keys. Paths may be local or `gs://`
 (tf.io.gfile, not Beam's filesystems: no Beam import). TensorFlow is imported when called.
+
+The label: a scalar (`FixedLenFeature([], tf.int64)`, its text a scalar string) when the
+summary says every record has exactly one (`labels_per_record`, transforms/output/summary.py),
+so `int(ex["image/class/label"])` works; a `VarLenFeature` (sparse) for multi-label data.
 """
 
 from __future__ import annotations
@@ -16,6 +20,7 @@ from transforms.encoding.dataset_format import DatasetFormat
 from transforms.encoding.schema import DEFAULT_SCHEMA, Schema, get_schema
 from transforms.images.decoding import decode_stored
 from transforms.output.publish import SUMMARY_FILE
+from transforms.output.summary import single_label
 from transforms.output.tfds import is_single_label
 
 SHARD_GLOB = "{split}-*-of-*.tfrecord*"
@@ -41,18 +46,42 @@ def read_summary(output_dir: str) -> dict:
         return json.loads(f.read().decode("utf-8"))
 
 
+def is_single_label_dataset(summary: dict) -> bool:
+    """True when every record has exactly one label: summary.json's `labels_per_record`, or,
+    for a dataset written before it, its per-class counts."""
+    single = single_label(summary)
+    return is_single_label(summary) if single is None else single
+
+
+def dataset_spec(schema: Schema, summary: dict) -> dict:
+    """The parse spec of a dataset's records: the schema's, with the label (and its text) as
+    scalars when every record has exactly one label."""
+    spec = schema.parse_spec()
+    if not is_single_label_dataset(summary):
+        return spec
+    import tensorflow as tf
+
+    dtypes = {"int64": tf.int64, "bytes": tf.string}
+    for key in (schema.label_key, schema.roles.get("text")):
+        if key in spec and key not in schema.scalar:
+            spec[key] = tf.io.FixedLenFeature([], dtypes[schema.kinds[key]])
+    return spec
+
+
 def parse_spec(output_dir_or_schema: str | Schema = DEFAULT_SCHEMA) -> dict:
     """The `tf.io.parse_single_example` spec of a dataset folder or a schema name/preset.
 
-    A string naming a folder with summary.json gives that dataset's spec; any other string
-    is taken as a schema name.
+    A string naming a folder with summary.json gives that dataset's spec (the label a scalar
+    when every record has one: `dataset_spec`); any other string is taken as a schema name,
+    whose list keys stay `VarLenFeature`s.
     """
     if isinstance(output_dir_or_schema, Schema):
         return output_dir_or_schema.parse_spec()
     try:
         schema = get_schema(output_dir_or_schema)
     except ValueError:
-        schema = DatasetFormat.from_summary(read_summary(output_dir_or_schema)).schema
+        summary = read_summary(output_dir_or_schema)
+        return dataset_spec(DatasetFormat.from_summary(summary).schema, summary)
     return schema.parse_spec()
 
 
@@ -104,10 +133,9 @@ def load_dataset(
         known = ", ".join(sorted(summary.get("splits", {}))) or "none"
         raise FileNotFoundError(f"no shards for split {split!r} in {output_dir} (splits: {known})")
     compression = "GZIP" if shards[0].endswith(".gz") else ""
-    spec = schema.parse_spec()
-    single = is_single_label(summary)
+    spec = dataset_spec(schema, summary)
     depth = summary.get("label_offset", 0) + summary.get("num_classes", 0)
-    label_scalar = schema.label_key in schema.scalar
+    label_scalar = isinstance(spec[schema.label_key], tf.io.FixedLenFeature)
 
     def decode(serialized):
         ex = tf.io.parse_single_example(serialized, spec)
@@ -121,8 +149,6 @@ def load_dataset(
         labels = ex[schema.label_key]
         if label_scalar:
             label = labels
-        elif single:
-            label = labels.values[0]
         else:
             label = tf.minimum(tf.reduce_sum(tf.one_hot(labels.values, depth), axis=0), 1.0)
         return image, label

@@ -17,6 +17,7 @@ import io
 import json
 import sys
 import unicodedata
+from collections.abc import Iterable
 
 from apache_beam.io.filesystems import FileSystems
 from PIL import Image
@@ -25,7 +26,7 @@ from beam_pipeline.readers.verify import CommandParser, list_shards, load_format
 from transforms.failures import reason_kind
 from transforms.output.publish import FAILURES_FILE
 from transforms.paths import normalize_root
-from transforms.verify.shards import ShardCheck, check_shard
+from transforms.verify.shards import ShardCheck, bucket_sides, check_shard
 
 DEFAULT_SAMPLES = 8
 DEFAULT_FAILURE_EXAMPLES = 10
@@ -123,8 +124,32 @@ def collect_stats(
             stats.formats.update(dict(check.formats))
             stats.widths.update(dict(check.widths))
             stats.heights.update(dict(check.heights))
-        stats.splits[split] = dict(sorted(classes.items()))
+        stats.splits[split] = dict(sorted(classes.items(), key=lambda kv: class_order(kv[0])))
     return stats
+
+
+def class_order(key: str) -> tuple:
+    """The sort key of a class key: integer class names in numeric order (7 before 42 before
+    9999), before other names in text order; a multi-label key ('1|7') part by part."""
+    return tuple((0, int(part), part) if part.isdigit() else (1, 0, part) for part in key.split("|"))
+
+
+# Scripts that name a language well enough for the page's `lang` (fonts, screen readers):
+# Unicode character names start with these. Latin or Han alone name no one language.
+_SCRIPT_LANGS = (("HIRAGANA", "ja"), ("KATAKANA", "ja"), ("HANGUL", "ko"))
+
+
+def page_lang(names: Iterable[str]) -> str | None:
+    """The report's `lang`: the language the class names' script tells (kana: 'ja', Hangul:
+    'ko'), or None when it tells none (then the page says nothing rather than a wrong 'en')."""
+    found = set()
+    for name in names:
+        for char in name:
+            if ord(char) > 0x2E7F:  # below it no script of _SCRIPT_LANGS
+                found.update(
+                    lang for prefix, lang in _SCRIPT_LANGS if unicodedata.name(char, "").startswith(prefix)
+                )
+    return "ja" if "ja" in found else found.pop() if len(found) == 1 else None
 
 
 def keep_sample(kept: list[tuple[bytes, str, str]], sample: tuple[bytes, str, str], limit: int) -> None:
@@ -165,8 +190,8 @@ def distribution(counter: collections.Counter, label=str) -> str:
 
 
 def size_label(bucket: int) -> str:
-    """A size bucket (transforms.verify.shards.size_bucket) as the range of sides it holds: '65-128'."""
-    return f"{1 if bucket <= 16 else bucket // 2 + 1}-{bucket}"
+    """A size bucket (transforms.verify.shards.size_bucket) as the range of sides it holds: '97-112'."""
+    return "-".join(map(str, bucket_sides(bucket)))
 
 
 def format_table(stats: DatasetStats) -> str:
@@ -277,9 +302,12 @@ def render_report(stats: DatasetStats, title: str) -> str:
     """The self-contained HTML page (no external resources)."""
     e = html.escape
     records = sum(stats.split_total(s).records for s in stats.splits)
+    classes = sorted({key for classes in stats.splits.values() for key in classes}, key=class_order)
+    lang = page_lang(classes)
+    lang_attr = f' lang="{lang}"' if lang else ""  # no language rather than a wrong one
     parts = [
         "<!DOCTYPE html>",
-        '<html lang="en"><head><meta charset="utf-8">',
+        f'<html{lang_attr}><head><meta charset="utf-8">',
         f"<title>{e(title)}</title>",
         f"<style>{_STYLE}</style>",
         "</head><body>",
@@ -318,7 +346,7 @@ def render_report(stats: DatasetStats, title: str) -> str:
         parts.append("</div>")
     parts += _failures_html(stats.failures)
     parts.append("<h2>Samples</h2>")
-    for key in sorted({key for classes in stats.splits.values() for key in classes}):
+    for key in classes:
         parts.append(f'<h3>{e(key or "(unlabelled)")}</h3><div class="sheet">')
         for data, name, split in stats.samples.get(key, []):
             try:

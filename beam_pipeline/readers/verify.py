@@ -23,7 +23,7 @@ from apache_beam.options.pipeline_options import PipelineOptions
 from beam_pipeline.cli.help import Formatter, prog_name
 from beam_pipeline.cli.options import UserError, check_args
 from transforms.encoding.dataset_format import DatasetFormat
-from transforms.output.publish import SUMMARY_FILE
+from transforms.output.publish import SUMMARY_FILE, folder_exists
 from transforms.output.tfds import DATASET_INFO_FILE, FEATURES_FILE
 from transforms.paths import normalize_root
 from transforms.verify.beam import VerifyShards
@@ -39,11 +39,13 @@ def _shard_name(path: str) -> re.Match | None:
 
 
 def load_summary(output_dir: str) -> dict:
-    """summary.json of `output_dir`. Raises UserError when it is not a finished dataset."""
+    """summary.json of `output_dir`. Raises UserError when it is not a finished dataset (or no folder)."""
     path = FileSystems.join(output_dir, SUMMARY_FILE)
     try:
         return json.loads(read_file(path).decode("utf-8"))
     except OSError:
+        if not folder_exists(output_dir):
+            raise UserError(f"{output_dir}: no such folder") from None
         raise UserError(f"{output_dir}: no {SUMMARY_FILE} (not a finished img2tfrecord dataset)") from None
     except ValueError as e:
         raise UserError(f"{path}: not valid JSON ({e})") from None
@@ -182,10 +184,15 @@ def verify(
 
 def main(argv: list[str]) -> int:
     parser = CommandParser("verify", __doc__)
+    parser.epilog = (
+        "Any Apache Beam pipeline option is accepted too (--runner, --project, --region, "
+        "--temp_location, ...; `convert --help_all` lists them): with one, the shards are checked "
+        "by a Beam pipeline on that runner, as with --beam."
+    )
     parser.add_argument("--all", action="store_true", help="Decode every image, not a sample.")
     parser.add_argument("--beam", action="store_true", help="Check the shards with a Beam pipeline.")
     args, beam_args = parser.parse_known_args(argv)
-    check_args(beam_args)  # the rest must be known Beam pipeline options
+    check_args(beam_args, known=("--all", "--beam"))  # the rest must be known Beam pipeline options
     checks, problems = verify(
         args.output_dir, decode_all=args.all, use_beam=args.beam or bool(beam_args), beam_args=beam_args
     )

@@ -7,6 +7,7 @@ import shlex
 
 from beam_pipeline import main
 from beam_pipeline.cli.options import DEFAULT_MAX_FAILURE_RATIO
+from beam_pipeline.cli.outcome import final_line
 from tests.conftest import write_image
 
 
@@ -45,6 +46,4 @@ def test_the_final_line_counts_like_the_bar_and_names_failures_jsonl_only_when_s
     assert main.main(argv) == 0
     assert capsys.readouterr().err.splitlines()[-1] == "img2tfrecord: wrote 3 of 3 images (none failed)"
     summary = {"written": 1205, "listed": 1207, "failed": 2}
-    assert main.final_line(summary) == (
-        "img2tfrecord: wrote 1,205 of 1,207 images (2 failed, see failures.jsonl)"
-    )
+    assert final_line(summary) == ("img2tfrecord: wrote 1,205 of 1,207 images (2 failed, see failures.jsonl)")

@@ -8,6 +8,7 @@ preceded by `<!-- not run: reason -->` is skipped (it installs from PyPI or runs
 from __future__ import annotations
 
 import ast
+import json
 import os
 import re
 import subprocess
@@ -41,6 +42,13 @@ def test_readme_is_a_landing_page():
     # The run blocks are the ones a user can try offline; the skipped ones say why.
     assert sum(run for _, _, run in blocks) >= 4
     assert all(lang in ("sh", "python", "text") for lang, _, _ in blocks)
+
+
+def test_the_first_screen_fits_in_40_lines():
+    """What a new user sees first, the title to the end of the quick start, on one screen."""
+    lines = README.read_text().splitlines()
+    first_screen = lines[: lines.index("## Install")]
+    assert len(first_screen) <= 40, len(first_screen)
 
 
 def _setup_kwargs() -> dict:
@@ -140,3 +148,96 @@ def test_the_output_block_names_files_a_conversion_writes(scratch):
     written = {p.name for p in out.iterdir()}
     for name in named - {"train-00000-of-00003.tfrecord"}:
         assert name in written, name
+
+
+READING = REPO / "docs" / "reading.md"
+
+
+@pytest.fixture(scope="module")
+def datasets(tmp_path_factory) -> Path:
+    """`out` (class folders: one label a record, train and validation) and `out_multi` (a
+    table with two labels for some images), as docs/reading.md's blocks read them."""
+    from beam_pipeline import main
+
+    root = tmp_path_factory.mktemp("reading")
+    rows = ["id,label"]
+    for cls, colour in (("daisy", (250, 250, 250)), ("tulip", (200, 20, 60))):
+        for i in range(6):
+            path = root / "flowers" / cls / f"{cls}{i}.jpg"
+            path.parent.mkdir(parents=True, exist_ok=True)
+            Image.new("RGB", (16 + i, 12), colour).save(path, quality=90)
+            rows.append(
+                f"{cls}{i},{cls}|{'white' if cls == 'daisy' else 'red'}" if i % 2 else f"{cls}{i},{cls}"
+            )
+    (root / "tags.csv").write_text("\n".join(rows) + "\n")
+    common = ["--input", str(root / "flowers"), "--quiet"]
+    main.run([*common, "--output_dir", str(root / "out"), "--splits", "train=0.5,validation=0.5"], False)
+    main.run([*common, "--output_dir", str(root / "out_multi"), "--labels", str(root / "tags.csv")], False)
+    return root
+
+
+def test_the_tf_data_loops_of_reading_md_run_with_a_scalar_label_or_a_sparse_one(datasets):
+    blocks = [code for lang, code, run in readme_blocks(READING.read_text()) if run and lang == "python"]
+    loops = [code for code in blocks if "tf.data.TFRecordDataset" in code]
+    # The spec, then a three-line loop: for, parse, print.
+    assert len(loops) == 2 and all(
+        len(code.split("spec = parse_spec(")[1].splitlines()) == 4 for code in loops
+    )
+    printed = []
+    for code in blocks:
+        result = subprocess.run(
+            [sys.executable, "-c", code],
+            cwd=datasets,
+            env=_env(),
+            capture_output=True,
+            text=True,
+            timeout=600,
+        )
+        assert result.returncode == 0, f"{code}\n{result.stderr}"
+        printed.append(result.stdout.splitlines())
+    single, multi = (printed[blocks.index(code)] for code in loops)
+    # One label a record: a scalar id and its name, `int()` as the loop calls it.
+    assert len(single) == 2 and all(re.fullmatch(r"[01] (daisy|tulip)", line) for line in single), single
+    # Several labels: every id of the image (a SparseTensor's values), and their names.
+    assert len(multi) == 2 and all(line.startswith("[") for line in multi), multi
+    summary = json.loads((datasets / "out_multi" / "summary.json").read_text())
+    assert summary["labels_per_record"] == {"min": 1, "max": 2}
+    ids = [ast.literal_eval(line.split("] ")[0] + "]") for line in multi]
+    names = (datasets / "out_multi" / "labels.txt").read_text().splitlines()
+    for line, got in zip(multi, ids):
+        assert [names[i] for i in got] == [t.decode() for t in ast.literal_eval("[" + line.split("] [")[1])]
+
+
+def test_the_readme_names_every_key_a_slim_record_has():
+    from transforms.encoding.schema import SLIM
+
+    text = README.read_text()
+    paragraph = text[text.index("Each record carries the TF-slim keys") :].split("\n\n")[0]
+    assert [key for key in SLIM.kinds if f"`{key}`" not in paragraph] == []
+
+
+def test_the_label_docs_commands_write_different_folders():
+    """Run one after the other, the second must not stop on the first one's dataset."""
+    outputs = re.findall(r"--output_dir (\S+)", (REPO / "docs" / "labels.md").read_text())
+    assert len(outputs) >= 2 and len(set(outputs)) == len(outputs), outputs
+
+
+def _make_dry_run(target: str) -> list[str]:
+    """The commands `make TARGET` would run from scratch (`make -n -B`: printed, none run)."""
+    result = subprocess.run(
+        ["make", "-n", "-B", target], cwd=REPO, capture_output=True, text=True, timeout=60
+    )
+    assert result.returncode == 0, result.stderr
+    return result.stdout.splitlines()
+
+
+def test_make_demo_installs_the_package_alone():
+    installs = [line for line in _make_dry_run("demo") if " pip install " in line and "uv" in line]
+    assert installs and all(line.split()[-1] == "." for line in installs), installs
+    assert "test]" not in " ".join(_make_dry_run("demo"))
+
+
+def test_the_airflow_venv_install_says_what_it_does_and_how_long_it_took():
+    commands = "\n".join(_make_dry_run("airflow-venv"))
+    assert 'echo "installing Airflow for its tests:' in commands
+    assert "installed in $(( $(date +%s) - start )) s" in commands

@@ -237,3 +237,27 @@ def test_the_cli_precheck_sends_one_list_request(bucket, monkeypatch):
         "data/a b/#1 100%.png",
         "data/a b/[x]*?.jpg",
     ]
+
+
+@pytest.mark.parametrize("target", [2, 1000])  # classes listed whole; listed level by level
+def test_a_bucket_counts_what_it_skips_as_a_local_folder_does(gcs_bucket, tmp_path, monkeypatch, target):
+    """Hidden entries once each (a hidden prefix is not listed: below a prefix listed whole, its
+    objects count once), other extensions by extension: the local walk's counts."""
+    tree = tmp_path / "skips"
+    for cls in ("cat", "dog"):
+        write_image(tree / cls / "1.png", seed=1)
+    for hidden in ("cat/.git/objects/ab/1.png", "cat/.git/HEAD", "dog/.DS_Store", ".cache/x.jpg", "._y.jpg"):
+        (tree / hidden).parent.mkdir(parents=True, exist_ok=True)
+        (tree / hidden).write_bytes(b"x")
+    for other in ("dog/notes.txt", "dog/deep/er/more.TXT", "cat/meta.json", "README"):
+        (tree / other).parent.mkdir(parents=True, exist_ok=True)
+        (tree / other).write_bytes(b"x")
+    prefix = f"skips{target}"
+    upload_tree(gcs_bucket, tree, prefix)
+    monkeypatch.setattr(beam_gcs, "FANOUT_TARGET", target)  # read by ListGcsImages
+    summaries = [
+        main.run(["--input", root, "--output_dir", str(tmp_path / name), "--quiet"], save_main_session=False)
+        for name, root in (("local", str(tree)), ("remote", f"gs://{BUCKET}/{prefix}"))
+    ]
+    expected = {"total": 8, "hidden": 4, "by_extension": {".txt": 2, "(none)": 1, ".json": 1}}
+    assert [s["skipped"] for s in summaries] == [expected, expected]

@@ -51,7 +51,7 @@ def test_inspect_aligns_wide_class_names_and_counts_failures(converted, capsys):
     starts = {inspection.display_width(re.match(r"^(  \S.*?\s{2,})\d", r)[1]) for r in rows}
     assert len(starts) == 1, rows
     assert "formats: jpeg: 4, png: 3" in out
-    assert re.search(r"^widths \(px\): 17-32: 2, 33-64: 2, 65-128: 2, 129-256: 1$", out, re.M)
+    assert re.search(r"^widths \(px\): 17-20: 2, 57-64: 2, 97-112: 2, 129-160: 1$", out, re.M)
     assert re.search(
         r"^failed: 13 images not written \(failures\.jsonl\): 12 × empty file; 1 × not an image$", out, re.M
     )
@@ -180,3 +180,33 @@ def test_report_with_failures_and_captions_renders_in_chromium(converted, tmp_pa
     assert bars > 9 * 100  # class bars of both splits and the three distributions
     dark = (pixels.sum(axis=2) < 200).sum(axis=1)  # text rows
     assert (dark > 0).sum() > 200  # headings, tables, failure rows and captions were drawn
+
+
+def test_report_orders_numeric_ids_as_numbers_tells_lang_from_the_data_and_buckets_sizes_finely(
+    converted, tmp_path, capsys
+):
+    """Class folders named by ids sort 1, 7, 42, 9999 (not 1, 42, 7, 9999); the page's `lang`
+    comes from the class names (none for digits, 'ko' for Hangul); a 1,100-pixel side is in
+    1025-1280, not 1025-2048."""
+    images, out = tmp_path / "images", tmp_path / "out"
+    for name, width in (("42", 8), ("7", 8), ("9999", 1100), ("1", 8)):
+        (images / name).mkdir(parents=True)
+        Image.new("RGB", (width, 8), (10, 20, 30)).save(images / name / "x.png")
+    main.run(["--input", str(images), "--output_dir", str(out), "--quiet"], False)
+    report = tmp_path / "ids.html"
+    assert main.main(["inspect", str(out), "--report", str(report)]) == 0
+    text_out = capsys.readouterr().out
+    rows = [line.split()[0] for line in text_out.splitlines() if line.startswith("  ")]
+    assert rows == ["1", "7", "42", "9999"]
+    assert "widths (px): 1-16: 3, 1025-1280: 1" in text_out
+    page = report.read_text(encoding="utf-8")
+    assert page.startswith("<!DOCTYPE html>\n<html><head>")  # digits tell no language
+    headings = re.findall(r"<h3>(\d+)</h3><div class=\"sheet\">", page)
+    assert headings == ["1", "7", "42", "9999"]
+    assert re.findall(r"<td>(\d+)</td><td>1</td>", page) == ["1", "7", "42", "9999"]
+    assert "1025-1280" in page
+
+    korean = tmp_path / "korean.html"
+    assert main.main(["inspect", str(converted), "--report", str(korean)]) == 0
+    assert korean.read_text(encoding="utf-8").startswith('<!DOCTYPE html>\n<html lang="ko"><head>')
+    assert inspection.page_lang(["cat", "dog"]) is None and inspection.page_lang(["ねこ", "犬"]) == "ja"

@@ -18,6 +18,9 @@ written next to them. What TensorFlow 2.21 does (tests/images/test_image_modes.p
   (`check_png_chunks`) -> rejected.
 - Sides TensorFlow refuses (PNG above 1,000,000, JPEG above JPEG_MAX_SIDE) -> rejected.
 - TIFF, PSD, ICO, TGA, PPM, ... (`_FALLBACK_FORMATS`) -> PNG.
+- AVIF and HEIC/HEIF (ISO base media files, told by their `ftyp` brands) -> PNG when Pillow
+  has a decoder for them (AVIF: Pillow 11.2+; HEIF: the pillow-heif plugin, registered at the
+  first HEIF image if it is installed), else a failure naming the format and the fix.
 """
 
 from __future__ import annotations
@@ -66,7 +69,42 @@ def detect_format(data: bytes) -> str | None:
             if name == "webp" and data[:4] != b"RIFF":
                 continue
             return name
-    return None
+    return _media_format(data)
+
+
+# ISO base media files: the `ftyp` box's brands (major, then compatible) -> format. An AVIF
+# may have the major brand `mif1` and `avif` among its compatible ones: AVIF wins.
+_BRANDS = {b"avif": "avif", b"avis": "avif"} | dict.fromkeys(
+    (b"heic", b"heix", b"heim", b"heis", b"hevc", b"hevx", b"mif1", b"msf1"), "heif"
+)
+# Formats TensorFlow cannot decode whose Pillow decoder may be missing: (their name, the
+# extension their decoder registers, what to do without one).
+_PLUGIN_FORMATS = {
+    "avif": ("AVIF", ".avif", "Pillow 11.2 or newer reads it"),
+    "heif": ("HEIC/HEIF", ".heic", "install the pillow-heif plugin (pip install pillow-heif) to convert it"),
+}
+
+
+def _media_format(data: bytes) -> str | None:
+    """'avif' or 'heif' for an ISO base media file with such a brand, else None."""
+    if data[4:8] != b"ftyp":
+        return None
+    end = min(int.from_bytes(data[:4], "big"), len(data), 256)
+    brands = {_BRANDS.get(data[i : i + 4]) for i in (8, *range(16, end - 3, 4))}
+    return "avif" if "avif" in brands else "heif" if "heif" in brands else None
+
+
+def _pillow_reads(fmt: str) -> bool:
+    """True if Pillow here has a decoder for `fmt` (a key of _PLUGIN_FORMATS). HEIF's plugin is
+    registered with Pillow at the first HEIF image, if it is installed (never at import)."""
+    extension = _PLUGIN_FORMATS[fmt][1]
+    if fmt == "heif" and extension not in Image.registered_extensions():
+        try:
+            from pillow_heif import register_heif_opener
+        except ImportError:
+            return False
+        register_heif_opener()
+    return extension in Image.registered_extensions()
 
 
 def _png_channels(data: bytes) -> int:
@@ -132,6 +170,9 @@ def _open(data: bytes, max_pixels: int) -> tuple[str, Image.Image]:
     if not data:
         raise ImageError("empty file")
     fmt = detect_format(data)
+    if fmt in _PLUGIN_FORMATS and not _pillow_reads(fmt):
+        name, _, fix = _PLUGIN_FORMATS[fmt]
+        raise ImageError(f"{name} image: neither TensorFlow nor Pillow here decodes {name}: {fix}")
     try:
         img = pillow_open(data, fmt, max_pixels)
         fmt = fmt or img.format.lower()

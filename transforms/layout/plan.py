@@ -8,6 +8,7 @@ split's totals (as TensorFlow Datasets' `shuffle.get_bucket_number`).
 from __future__ import annotations
 
 import collections
+import difflib
 import hashlib
 from collections.abc import Iterable, Sequence
 
@@ -66,18 +67,53 @@ def shuffle_order(batch: RecordBatch) -> list[int]:
     return sorted(range(len(keys)), key=keys.__getitem__)
 
 
+# The split names readers expect (TFDS, Keras): a name within SPLIT_TYPO_DISTANCE edits of one
+# of them, but not it, is most likely a typo (`valdiation`) and gets a warning.
+USUAL_SPLITS = ("train", "validation", "test")
+SPLIT_TYPO_DISTANCE = 2
+FOLDERS = "folders"  # --splits folders: the split is the first folder level
+
+
+def edit_distance(a: str, b: str) -> int:
+    """Levenshtein distance (insertions, deletions, substitutions) between two short strings."""
+    row = list(range(len(b) + 1))
+    for i, ca in enumerate(a, 1):
+        diagonal, row[0] = row[0], i
+        for j, cb in enumerate(b, 1):
+            diagonal, row[j] = row[j], min(row[j] + 1, row[j - 1] + 1, diagonal + (ca != cb))
+    return row[-1]
+
+
+def split_name_warnings(names: Iterable[str]) -> list[str]:
+    """A warning for each split name that is within SPLIT_TYPO_DISTANCE edits of a usual one
+    (USUAL_SPLITS) without being it: 'split 'valdiation': did you mean 'validation'?'."""
+    warnings = []
+    for name in names:
+        if name in USUAL_SPLITS:
+            continue
+        distance, usual = min((edit_distance(name.lower(), u), u) for u in USUAL_SPLITS)
+        if distance <= SPLIT_TYPO_DISTANCE:
+            usual_names = ", ".join(USUAL_SPLITS)
+            warnings.append(f"split {name!r} is not one of {usual_names}: did you mean {usual!r}?")
+    return warnings
+
+
 def parse_split_ratios(spec: str) -> tuple[tuple[str, float], ...]:
     """Parses 'train=0.8,validation=0.1,test=0.1'.
 
     Raises:
-      ValueError: malformed, a negative ratio, repeated names, or ratios not summing to 1.
+      ValueError: malformed, a negative ratio, repeated names, or ratios not summing to 1
+        (with the likely fix: `folders` for `folder`, fractions for percentages).
     """
     ratios: list[tuple[str, float]] = []
     for part in spec.split(","):
         name, sep, value = part.partition("=")
         name = name.strip()
         if not sep or not name:
-            raise ValueError(f"--splits: expected name=ratio, got {part!r}")
+            hint = ""
+            if "," not in spec and "=" not in spec and difflib.get_close_matches(spec.strip(), [FOLDERS]):
+                hint = f": did you mean --splits {FOLDERS}?"
+            raise ValueError(f"--splits: expected name=ratio,... or {FOLDERS}, got {part!r}{hint}")
         try:
             ratio = float(value)
         except ValueError:
@@ -89,6 +125,9 @@ def parse_split_ratios(spec: str) -> tuple[tuple[str, float], ...]:
     if len(set(names)) != len(names):
         raise ValueError("--splits: a split is named twice")
     total = sum(r for _, r in ratios)
+    if abs(total - 100.0) < 1e-6:
+        fractions = ",".join(f"{name}={ratio / 100:g}" for name, ratio in ratios)
+        raise ValueError(f"--splits: ratios sum to 100, not 1: did you mean --splits {fractions}?")
     if abs(total - 1.0) > 1e-6:
         raise ValueError(f"--splits: ratios sum to {total:g}, not 1")
     return tuple(ratios)

@@ -23,7 +23,7 @@ import dataclasses
 import posixpath
 import re
 import tarfile
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
 from typing import BinaryIO
 
 from transforms.listing.members import BLOCK, header_digest, parse_address
@@ -127,6 +127,7 @@ def index_tar(
     nested: bool = True,
     prefix: str = "",
     base: int = 0,
+    on_skip: Callable[[str], None] | None = None,
 ) -> Iterator[Member | Problem]:
     """Every image member of the uncompressed tar open as `f` (seekable), in archive order.
 
@@ -145,6 +146,8 @@ def index_tar(
       nested: also index `.tar` members as nested tars (one level: inner tars are not).
       prefix: prefix of every member name (`inner.tar#` inside a nested tar).
       base: offset of `f`'s first byte in the archive file.
+      on_skip: called with the name of each regular member that is neither an image nor a
+        nested tar (listing/skips.py counts them).
 
     Yields:
       Member for each regular image member whose data is all there; Problem for each
@@ -192,6 +195,8 @@ def index_tar(
             yield Problem(name if wanted else where, f"archive truncated: {cut}")
             return
         if not wanted:
+            if on_skip is not None and info.isreg():
+                on_skip(name)
             continue
         if info.issparse():
             yield Problem(
@@ -201,7 +206,14 @@ def index_tar(
             window = _Window(f, info.offset_data, info.size)
             inner = f"{folder}{nested_folder(info.name)}/"
             yield from index_tar(
-                window, info.size, extensions, folder=inner, nested=False, prefix=f"{name}#", base=start
+                window,
+                info.size,
+                extensions,
+                folder=inner,
+                nested=False,
+                prefix=f"{name}#",
+                base=start,
+                on_skip=on_skip,
             )
         elif nested and info.isreg() and lower.endswith(GZIP_SUFFIXES):
             yield Problem(name, "a compressed tar inside an archive is not read (repack it as .tar)")

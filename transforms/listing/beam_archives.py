@@ -25,7 +25,7 @@ import re
 import shutil
 import stat
 import zlib
-from collections.abc import Iterable, Iterator
+from collections.abc import Callable, Iterable, Iterator
 from typing import BinaryIO
 
 import apache_beam as beam
@@ -38,7 +38,7 @@ from transforms import gcs
 from transforms.batching import chunked
 from transforms.failures import FAILED, Failure
 from transforms.listing.archives import ArchiveFile, Member, archive_kind, index_tar
-from transforms.listing.beam_walk import _ListFn
+from transforms.listing.beam_walk import SKIPPED, _ListFn
 from transforms.listing.local import archive_in
 from transforms.listing.members import pinned_address
 from transforms.listing.webdataset import SIDECAR_EXTENSIONS, SampleLabel, label_samples
@@ -151,10 +151,14 @@ def _remove(path: str) -> None:
 
 
 def index_archive(
-    archive: ArchiveFile, extensions: tuple[str, ...], copies_dir: str | None, webdataset: bool = False
+    archive: ArchiveFile,
+    extensions: tuple[str, ...],
+    copies_dir: str | None,
+    webdataset: bool = False,
+    on_skip: Callable[[str], None] | None = None,
 ) -> Iterator[ImageFile | Failure | SampleLabel]:
     """The image members of `archive` as ImageFiles (path = the member's pinned address), and
-    Failures.
+    Failures; `on_skip` is called with the name of each other regular member (index_tar).
 
     A `.tar.gz` is first decompressed into `copies_dir` (see the module docstring); its
     members are still named by the `.tar.gz`'s path, the copy rides in their pin. With
@@ -180,10 +184,11 @@ def index_archive(
                     f.seek(member.offset)
                     return f.read(member.size)
 
-                found = index_tar(f, size, extensions + SIDECAR_EXTENSIONS, folder=archive.folder)
+                wanted = extensions + SIDECAR_EXTENSIONS
+                found = index_tar(f, size, wanted, folder=archive.folder, on_skip=on_skip)
                 items = label_samples(found, read, extensions)
             else:
-                items = index_tar(f, size, extensions, folder=archive.folder)
+                items = index_tar(f, size, extensions, folder=archive.folder, on_skip=on_skip)
             for item in items:
                 if isinstance(item, Member):
                     address = pinned_address(
@@ -204,7 +209,8 @@ def index_archive(
 
 class IndexArchivesFn(_ListFn):
     """ArchiveFile -> FileBatches of its image members; FAILED for what cannot be listed;
-    SAMPLE_LABELS (with `webdataset`): tuples of SampleLabel, up to BATCH_SIZE.
+    SAMPLE_LABELS (with `webdataset`): tuples of SampleLabel, up to BATCH_SIZE; SKIPPED: the
+    counts of its other members (skips.py).
 
     Images and failures count as listed (a Failure here is an input that was found but
     cannot be written).
@@ -217,7 +223,7 @@ class IndexArchivesFn(_ListFn):
 
     def process(self, archive: ArchiveFile) -> Iterable[FileBatch | pvalue.TaggedOutput]:
         self._archives.inc()
-        items = index_archive(archive, IMAGE_EXTENSIONS, self._copies_dir, self._webdataset)
+        items = index_archive(archive, IMAGE_EXTENSIONS, self._copies_dir, self._webdataset, self.skips.other)
         for chunk in chunked(items):
             files = tuple(x for x in chunk if isinstance(x, ImageFile))
             labels = tuple(x for x in chunk if isinstance(x, SampleLabel))
@@ -247,8 +253,8 @@ def IndexArchives(
     progress_key: str | None,
     webdataset: bool,
 ) -> pvalue.DoOutputsTuple:
-    """ArchiveFiles -> `.files` (FileBatch of members), FAILED (Failure) and SAMPLE_LABELS
-    (tuples of SampleLabel, with `webdataset`), indexed on workers.
+    """ArchiveFiles -> `.files` (FileBatch of members), FAILED (Failure), SAMPLE_LABELS
+    (tuples of SampleLabel, with `webdataset`) and SKIPPED (counts), indexed on workers.
 
     The Reshuffle's groups are keyed at random: each holds a few ArchiveFiles (path, folder,
     size), never an archive's members.
@@ -258,5 +264,7 @@ def IndexArchives(
         archives
         | "Spread" >> beam.Reshuffle()  # one archive per element: spread over the workers
         | "Index"
-        >> beam.ParDo(fn).with_output_types(FileBatch).with_outputs(FAILED, SAMPLE_LABELS, main="files")
+        >> beam.ParDo(fn)
+        .with_output_types(FileBatch)
+        .with_outputs(FAILED, SAMPLE_LABELS, SKIPPED, main="files")
     )

@@ -1,5 +1,5 @@
-"""ListGcsImages: a gs:// root -> (FileBatches of images, ArchiveFiles of tar archives), the
-prefixes fanned out over workers (the rule and its bounds: gcs.py).
+"""ListGcsImages: a gs:// root -> (FileBatches of images, ArchiveFiles of tar archives, the
+counts of what was skipped), the prefixes fanned out over workers (the rule and its bounds: gcs.py).
 """
 
 from __future__ import annotations
@@ -12,15 +12,18 @@ from apache_beam.metrics import Metrics
 
 from transforms.failures import USER_ERROR_MARKER
 from transforms.gcs import ERRORS, GCS_SCHEME, Lister, lister, split_gcs_path
-from transforms.listing.beam_walk import ARCHIVES, _KeepFn
+from transforms.listing.beam_walk import ARCHIVES, SKIPPED, _KeepFn
 from transforms.listing.gcs import BELOW, EXPAND, FANOUT_LEVELS, FANOUT_TARGET, OBJECT, list_level
+from transforms.listing.local import hidden_entry
+from transforms.paths import relative_path
 from transforms.records import FileBatch
 
 
 class ListPrefixFn(_KeepFn):
     """(prefix, width) -> FileBatches of the images in it (main output) and its tar archives
     (ARCHIVES). With `whole`, every object below the prefix; else the objects directly in it,
-    and its prefixes as (prefix, width), tagged EXPAND (list one level down) or BELOW (list whole).
+    and its prefixes as (prefix, width), tagged EXPAND (list one level down) or BELOW (list
+    whole), but for hidden ones (`.git/`), counted as SKIPPED and never listed.
     A storage client per worker."""
 
     def __init__(self, root: str, progress_key: str | None, *, whole: bool = False, last_level: bool = False):
@@ -46,6 +49,11 @@ class ListPrefixFn(_KeepFn):
                 if kind == OBJECT:
                     name, size = value
                     yield from self.keep(f"{GCS_SCHEME}{self._bucket}/{name}", size)
+                    continue
+                below = relative_path(f"{GCS_SCHEME}{self._bucket}/{value[0]}", self._root).rstrip("/")
+                hidden = hidden_entry(below)
+                if hidden is not None:
+                    self.skips.hidden(hidden)
                 else:
                     yield pvalue.TaggedOutput(kind, value)
         except ERRORS as e:  # one line for the entry point (exit 2)
@@ -57,25 +65,27 @@ class ListPrefixFn(_KeepFn):
 
 class ListGcsImages(beam.PTransform):
     """Lists every image (FileBatch) and tar archive (ArchiveFile) below `gs://bucket[/prefix]`,
-    each once (gcs.py); `progress_key`: the run whose live Progress counts the images, if any."""
+    each once (gcs.py), and the counts of the rest (SKIPPED); `progress_key`: the run whose
+    live Progress counts the images, if any."""
 
     def __init__(self, root: str, progress_key: str | None = None):
         super().__init__()
         self._root, self._key, self._prefix = root.rstrip("/"), progress_key, split_gcs_path(root)[1]
 
-    def expand(self, pbegin: beam.pvalue.PBegin) -> tuple[beam.PCollection, beam.PCollection]:
+    def expand(self, pbegin: beam.pvalue.PBegin) -> tuple[beam.PCollection, ...]:
         root, key, prefix, levels = self._root, self._key, self._prefix, FANOUT_LEVELS
         expand = pbegin | "Start" >> beam.Impulse() | "Root" >> beam.Map(lambda _: (prefix, 1))
-        files, archives, below = [], [], []
+        files, archives, below, skipped = [], [], [], []
         for level in range(levels):
             if level:
                 expand = expand | f"SpreadLevel{level}" >> beam.Reshuffle()
             fn = ListPrefixFn(root, key, last_level=level == levels - 1)
             listed = expand | f"ListLevel{level}" >> beam.ParDo(fn).with_output_types(FileBatch).with_outputs(
-                EXPAND, BELOW, ARCHIVES, main="files"
+                EXPAND, BELOW, ARCHIVES, SKIPPED, main="files"
             )
             files.append(listed.files)  # FileBatch
             archives.append(listed[ARCHIVES])  # ArchiveFile
+            skipped.append(listed[SKIPPED])  # {(reason, extension): n}
             below.append(listed[BELOW])  # (prefix, width)
             expand = listed[EXPAND]  # (prefix, width); empty after the last level
         whole = (
@@ -85,9 +95,10 @@ class ListGcsImages(beam.PTransform):
             | "ListBelow"
             >> beam.ParDo(ListPrefixFn(root, key, whole=True))
             .with_output_types(FileBatch)
-            .with_outputs(ARCHIVES, main="files")
+            .with_outputs(ARCHIVES, SKIPPED, main="files")
         )
         return (
             [*files, whole.files] | "AllFiles" >> beam.Flatten().with_output_types(FileBatch),
             [*archives, whole[ARCHIVES]] | "AllArchives" >> beam.Flatten(),
+            [*skipped, whole[SKIPPED]] | "AllSkipped" >> beam.Flatten(),
         )

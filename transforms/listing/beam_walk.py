@@ -1,5 +1,6 @@
 """The listing DoFns of local folders and of other filesystems' matches, and their bases.
-In: an impulse (a local root) or Beam's FileMetadata. Out: FileBatch of ImageFile; ARCHIVES: ArchiveFile.
+In: an impulse (a local root) or Beam's FileMetadata. Out: FileBatch of ImageFile; ARCHIVES:
+ArchiveFile; SKIPPED: the counts of what was not read (skips.py), one small dict a bundle.
 """
 
 from __future__ import annotations
@@ -10,29 +11,47 @@ import apache_beam as beam
 from apache_beam import pvalue
 from apache_beam.io.filesystem import FileMetadata
 from apache_beam.metrics import Metrics
+from apache_beam.transforms.window import GlobalWindows
 
 from transforms.batching import RebatchFn
 from transforms.listing.archives import ArchiveFile, archive_kind
-from transforms.listing.local import archive_in, is_listed, walk_local
+from transforms.listing.local import archive_in, hidden_entry, walk_local
+from transforms.listing.skips import SkipCounts
 from transforms.paths import has_image_extension, relative_path
 from transforms.progress import LISTED, Progress, lookup
 from transforms.records import FileBatch, ImageFile
 
-# Tagged output of the listing DoFns: the archives they found (ArchiveFile).
+# Tagged outputs of the listing DoFns: the archives they found (ArchiveFile), and the counts
+# of what they did not read ({(reason, extension): n}, skips.py), one a bundle.
 ARCHIVES = "archives"
+SKIPPED = "skipped"
 
 
 class _ListFn(beam.DoFn):
     """Base of the listing DoFns: counts what they list as `images_listed` and in the
-    run's Progress (`progress_key`, see transforms/progress.py)."""
+    run's Progress (`progress_key`, see transforms/progress.py), and what they pass over
+    in `self.skips`, sent as SKIPPED when the bundle finishes (`skipped_output`)."""
 
     def __init__(self, progress_key: str | None):
         self._progress_key = progress_key
         self._listed = Metrics.counter(self.__class__, f"images_{LISTED}")
         self._progress: Progress | None = None
+        self.skips = SkipCounts()
 
     def setup(self) -> None:
         self._progress = lookup(self._progress_key)
+
+    def start_bundle(self) -> None:
+        super().start_bundle()
+        self.skips = SkipCounts()
+
+    def skipped_output(self) -> Iterator[pvalue.TaggedOutput]:
+        """The bundle's SKIPPED counts (for finish_bundle), even none: every listing has one,
+        so summary.json always has its "skipped" section (the combine has no default)."""
+        yield pvalue.TaggedOutput(SKIPPED, GlobalWindows.windowed_value(self.skips.take()))
+
+    def finish_bundle(self) -> Iterable:
+        yield from self.skipped_output()
 
     def count(self, n: int) -> None:
         self._listed.inc(n)
@@ -56,19 +75,24 @@ class _KeepFn(_ListFn, RebatchFn):
         self._root = root
 
     def keep(self, path: str, size: int) -> Iterator[FileBatch | pvalue.TaggedOutput]:
-        """The file at `path` below the root: an image, an archive, or nothing (hidden, other)."""
+        """The file at `path` below the root: an image, an archive, or nothing (hidden, other:
+        counted in `skips`)."""
         relpath = relative_path(path, self._root)
-        if not is_listed(relpath):
-            return
-        if archive_kind(path) is not None:
+        hidden = hidden_entry(relpath)
+        if hidden is not None:
+            self.skips.hidden(hidden)
+        elif archive_kind(path) is not None:
             yield pvalue.TaggedOutput(ARCHIVES, archive_in(path, self._root, size))
         elif has_image_extension(path):
             yield from map(self.counted, self.batched(ImageFile(path=path, relpath=relpath, size=size)))
+        else:
+            self.skips.other(path)
 
     def finish_bundle(self) -> Iterable:
-        for batch in super().finish_bundle():
+        for batch in RebatchFn.finish_bundle(self):
             self.counted(batch.value)
             yield batch
+        yield from self.skipped_output()
 
 
 class WalkLocalFn(_KeepFn):
@@ -76,7 +100,7 @@ class WalkLocalFn(_KeepFn):
     in walk order; ARCHIVES: each archive found (ArchiveFile)."""
 
     def process(self, _: bytes) -> Iterable[FileBatch | pvalue.TaggedOutput]:
-        for found in walk_local(self._root, archives=True):
+        for found in walk_local(self._root, archives=True, skips=self.skips):
             if isinstance(found, ArchiveFile):
                 yield pvalue.TaggedOutput(ARCHIVES, found)
             else:

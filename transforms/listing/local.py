@@ -12,6 +12,7 @@ from collections.abc import Callable, Iterable
 
 from transforms.failures import USER_ERROR_MARKER
 from transforms.listing.archives import ArchiveFile, archive_kind
+from transforms.listing.skips import SkipCounts
 from transforms.paths import IMAGE_EXTENSIONS, has_image_extension, relative_path
 from transforms.records import ImageFile
 
@@ -36,9 +37,18 @@ def is_hidden(name: str) -> bool:
     return name.startswith(".") or name in HIDDEN_FOLDERS
 
 
+def hidden_entry(relpath: str) -> str | None:
+    """`relpath` up to its first hidden part (`a/.git` of `a/.git/x/y`), or None if no part is."""
+    parts = relpath.split("/")
+    for i, part in enumerate(parts):
+        if is_hidden(part):
+            return "/".join(parts[: i + 1])
+    return None
+
+
 def is_listed(relpath: str) -> bool:
     """False when any part of the '/'-separated `relpath` is hidden (see is_hidden)."""
-    return not any(is_hidden(part) for part in relpath.split("/"))
+    return hidden_entry(relpath) is None
 
 
 def _ids(info: os.stat_result) -> tuple[int, int]:
@@ -46,7 +56,9 @@ def _ids(info: os.stat_result) -> tuple[int, int]:
 
 
 def walk_folders(
-    root: str, onerror: Callable[[OSError], None] = _unlistable
+    root: str,
+    onerror: Callable[[OSError], None] = _unlistable,
+    on_hidden: Callable[[str], None] | None = None,
 ) -> Iterable[tuple[str, list[str]]]:
     """(folder, sorted names of its entries that are not folders) for `root` and every folder
     below it, depth first, hidden entries (is_hidden) left out.
@@ -58,6 +70,7 @@ def walk_folders(
 
     Args:
       onerror: called with the OSError of a folder that cannot be listed (it may raise).
+      on_hidden: called with the path of each hidden entry left out (not what is below it).
     """
     try:
         stack = [(root, (_ids(os.stat(root)),))]  # (folder, (device, inode) of it and those above)
@@ -68,10 +81,15 @@ def walk_folders(
         path, above = stack.pop()
         try:
             with os.scandir(path) as entries:
-                listed = sorted((e.name, e) for e in entries if not is_hidden(e.name))
+                listed = sorted((e.name, e) for e in entries)
         except OSError as e:
             onerror(e)
             continue
+        if on_hidden is not None:
+            for name, entry in listed:
+                if is_hidden(name):
+                    on_hidden(entry.path)
+        listed = [(name, entry) for name, entry in listed if not is_hidden(name)]
         names, below = [], []
         for name, entry in listed:
             try:
@@ -91,19 +109,26 @@ def walk_folders(
 
 
 def walk_local(
-    root: str, extensions: tuple[str, ...] = IMAGE_EXTENSIONS, archives: bool = False
+    root: str,
+    extensions: tuple[str, ...] = IMAGE_EXTENSIONS,
+    archives: bool = False,
+    skips: SkipCounts | None = None,
 ) -> Iterable[ImageFile | ArchiveFile]:
     """Every file below local `root` with an image extension, whatever it turns out to be
-    (with `archives`, also every tar archive as an ArchiveFile), in walk order.
+    (with `archives`, also every tar archive as an ArchiveFile), in walk order; `skips`
+    counts the rest (hidden entries, other extensions: skips.py).
 
     Unlike Beam's local match (which silently skips the files it cannot stat), nothing is
     dropped: broken links, FIFOs and vanished files are listed with size 0 and fail by name
     when read. The root is never a pattern: `[`, `*` and `?` in it are plain characters.
     """
-    for dirpath, names in walk_folders(root):
+    on_hidden = None if skips is None else (lambda path: skips.hidden(relative_path(path, root)))
+    for dirpath, names in walk_folders(root, on_hidden=on_hidden):
         for name in names:
             archive = archives and archive_kind(name) is not None
             if not archive and not has_image_extension(name, extensions):
+                if skips is not None:
+                    skips.other(name)
                 continue
             path = os.path.join(dirpath, name)
             try:

@@ -41,7 +41,7 @@ from transforms.output.publish import (
     publish_failures_only,
     staging_dir,
 )
-from transforms.output.summary import accounting_error, build_summary, too_many_failures
+from transforms.output.summary import accounting_error, build_summary, merge_sections, too_many_failures
 from transforms.output.tfds import write_reader_metadata
 from transforms.records import ClassIndex, FileBatch, RecordBatch, ShardResult
 from transforms.writing.files import delete_paths, make_dirs, write_text
@@ -129,7 +129,7 @@ class FinalizeFn(beam.DoFn):
         summary = build_summary(
             listed_total, dict(listed), dict(written), failures, shards, class_index, self._settings, objects
         )
-        summary.update(extras or {})  # sections added by optional steps (e.g. "labels")
+        summary.update(merge_sections(extras))  # sections of other steps ("labels", "skipped", ...)
         aborted = gcs.exists(FileSystems.join(self._temp_dir, ABORTED_FILE))
         if aborted or not folder_exists(self._temp_dir):  # finalized already (see the class docstring)
             if not aborted:  # (stopped short on purpose: the entry point reads why)
@@ -220,7 +220,8 @@ class WriteMetadata(beam.PTransform):
 
     `files` are the PCollections of listed images (FileBatches, Failures; or RecordBatches
     and Failures after a join) and `records` the labelled ones (RecordBatches), counted for
-    summary.json; `summary_extras` a one-dict PCollection of extra summary sections, or None.
+    summary.json; `summary_extras` PCollections of extra summary sections (small dicts, a
+    side input: a few per run), merged in key order (summary.merge_sections).
     """
 
     def __init__(
@@ -238,7 +239,7 @@ class WriteMetadata(beam.PTransform):
         settings: EncodeSettings,
         max_failure_ratio: float,
         dataset_name: str,
-        summary_extras: beam.PCollection[dict] | None,
+        summary_extras: Sequence[beam.PCollection[dict]] = (),
     ):
         super().__init__()
         self._fn = FinalizeFn(
@@ -246,7 +247,7 @@ class WriteMetadata(beam.PTransform):
         )
         self._staging = staging_dir(temp_dir)
         self._files, self._records, self._failed = tuple(files), records, failed
-        self._shards, self._class_index, self._extras = shards, class_index, summary_extras
+        self._shards, self._class_index, self._extras = shards, class_index, tuple(summary_extras)
 
     def expand(self, pbegin: beam.pvalue.PBegin) -> beam.PCollection[dict]:
         # Lifted combiners without defaults (an empty input leaves the side inputs at theirs);
@@ -266,7 +267,7 @@ class WriteMetadata(beam.PTransform):
             >> beam.CombineGlobally(SumPerKeyFn(split_class_counts)).without_defaults()
             | "ListedSide" >> beam.Map(SideDict).with_output_types(SideDict)
         )
-        extras = self._extras if self._extras is not None else pbegin | "NoExtras" >> beam.Create([{}])
+        extras = self._extras | "AllExtras" >> beam.Flatten(pipeline=pbegin.pipeline)
         failure_counts = pvalue.AsSingleton(
             self._failed | "CountFailures" >> beam.CombineGlobally(FailureCountsFn()).without_defaults(),
             default_value=FailureCounts(),
@@ -303,6 +304,6 @@ class WriteMetadata(beam.PTransform):
                 pvalue.AsList(parts),
                 pvalue.AsList(shards),
                 pvalue.AsSingleton(self._class_index),
-                pvalue.AsSingleton(extras),
+                pvalue.AsList(extras),
             )
         )

@@ -1,13 +1,21 @@
-"""summary.json (pure): the counts per split and class, and the accounting check listed == written + failed."""
+"""summary.json (pure): the counts per split and class, and the accounting check listed == written + failed.
+
+Sections computed by other steps join it as small dicts (`merge_sections`): "labels" (the
+labels join), "skipped" (the listing: transforms/listing/skips.py) and "labels_per_record" /
+"empty_splits" (`record_counts`, `records_section`).
+"""
 
 from __future__ import annotations
 
 import collections
+from collections.abc import Iterable, Mapping, Sequence
 
 from transforms.encoding.encoder import EncodeSettings
 from transforms.layout.prescan import DEDUPE_STAGE
 from transforms.output.failure_log import FailureCounts
-from transforms.records import ClassIndex, ShardResult
+from transforms.records import ClassIndex, RecordBatch, ShardResult
+
+_SPLIT, _LABELS = "split", "labels"
 
 
 def build_summary(
@@ -124,3 +132,41 @@ def accounting_error(summary: dict) -> str | None:
 def too_many_failures(failed: int, listed: int, max_ratio: float) -> bool:
     """True when more than `max_ratio` of the listed images failed."""
     return listed > 0 and failed > max_ratio * listed
+
+
+def record_counts(batch: RecordBatch) -> list[tuple[tuple[str, object], int]]:
+    """((SPLIT, split), records) and ((LABELS, labels a record has), records) of a batch:
+    summed by batching.SumPerKeyFn (bounded by the splits and the distinct label counts)."""
+    splits = collections.Counter(batch.splits).items()
+    labels = collections.Counter(map(len, batch.labels)).items()
+    return [*(((_SPLIT, s), n) for s, n in splits), *(((_LABELS, k), n) for k, n in labels)]
+
+
+def records_section(counts: Mapping[tuple[str, object], int], requested_splits: Sequence[str]) -> dict:
+    """summary.json's `labels_per_record` ({"min", "max"} over every labelled record: readers
+    parse the label as a scalar when both are 1) and `empty_splits` (the splits --splits asked
+    for that got no image), from record_counts' sums."""
+    per_record = [k for kind, k in counts if kind == _LABELS]
+    seen = {s for kind, s in counts if kind == _SPLIT}
+    section: dict = {"empty_splits": [s for s in requested_splits if s not in seen]}
+    if per_record:
+        section["labels_per_record"] = {"min": min(per_record), "max": max(per_record)}
+    return section
+
+
+def merge_sections(sections: Iterable[dict]) -> dict:
+    """The summary sections made by several steps, as one dict (their keys are distinct), in
+    key order: the same summary.json text however the runner's bundles fell."""
+    merged: dict = {}
+    for section in sections:
+        merged.update(section)
+    return dict(sorted(merged.items()))
+
+
+def single_label(summary: Mapping) -> bool | None:
+    """True when every record of the dataset has exactly one label, False when some have
+    none or several, None when the summary does not say (written before `labels_per_record`)."""
+    counts = summary.get("labels_per_record")
+    if not counts:
+        return None
+    return counts.get("min") == counts.get("max") == 1

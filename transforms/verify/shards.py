@@ -66,8 +66,22 @@ class ShardCheck:
 
 
 def size_bucket(pixels: int) -> int:
-    """The distribution bucket of an image side: the smallest power of two >= it, at least 16."""
-    return max(16, 1 << (pixels - 1).bit_length())
+    """The distribution bucket of an image side, named by its largest side: 16 for up to 16,
+    then four a doubling (..., 193-224, 225-256, 257-320, ..., 1025-1280, 1281-1536, ...), so
+    common sizes (224, 256, 384, 512, 640, 768, 1024, 1280, 2048) end a bucket."""
+    if pixels <= 16:
+        return 16
+    below = 1 << ((pixels - 1).bit_length() - 1)  # the largest power of two under `pixels`
+    step = below // 4
+    return below + step * -(-(pixels - below) // step)
+
+
+def bucket_sides(bucket: int) -> tuple[int, int]:
+    """(smallest, largest) side of a size_bucket."""
+    if bucket <= 16:
+        return 1, 16
+    below = 1 << ((bucket - 1).bit_length() - 1)
+    return bucket - below // 4 + 1, bucket
 
 
 class _Checker:
