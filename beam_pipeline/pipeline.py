@@ -99,11 +99,16 @@ def build_pipeline(
                 opts.image_key, opts.label_separator
             )
         else:
-            table = p | "ReadLabels" >> ReadLabels(spec)  # LabelRows (columns: key, labels, split, extras)
+            table = p | "ReadLabels" >> ReadLabels(
+                spec
+            )  # Arrow batches of rows (key, labels, split, extras...)
         labeled = (files, table) | "JoinLabels" >> JoinLabels(
             opts.image_key, join, label_map=label_map
         )  # .records, .failed
-        report = {ORPHANS: labeled.orphans, STATS: labeled.stats}  # OrphanLines, (count name, n)
+        report = {
+            ORPHANS: labeled.orphans,
+            STATS: labeled.stats,
+        }  # (chunk, Arrow batch of orphan rows), (count name, n)
         label_report = report | "WriteOrphans" >> WriteOrphans(
             staging_dir(temp_dir), spec, join
         )  # {"labels": {..}}

@@ -1,121 +1,57 @@
-"""Coders of the labels-table batches that cross a shuffle: their columns coded flat, a
-few values a batch, never one coder call (or Python object) per row.
+"""Coders of what the labels stage sends through a shuffle: Arrow batches (rows, images and
+orphans: one Arrow IPC coder), and JoinedLabels.listed's items (RecordBatch or Failure).
 
-In: LabelRows, JoinPart, OrphanLines, and JoinedLabels.listed's items. Out: bytes. A batch
-is a handful of flat columns (code_column), coded once by the primitive coder (pickled if it
-cannot: coders.tagged). Text columns are one UTF-8 blob joined by NUL (surrogates of
-undecodable file names pass), paths their root when each is root + relpath, ints one int64
-array, labels, splits, sources and errors coders.dictionary_code's, extras the tuple they are
-(1, 1.0 and True are equal but not the same).
+In: pyarrow RecordBatches, and RecordBatch | Failure. Out: bytes. A batch is one Arrow IPC
+stream (its schema, then its buffers as they are in memory: no value is converted or copied
+into Python objects), decoded without a copy out of the bytes Beam hands over; a column null in
+every row is sent as its type alone.
 """
 
 from __future__ import annotations
 
 import pickle
-from collections.abc import Sequence
 
-import numpy as np
+import pyarrow as pa
 
-from transforms.coders import (
-    TupleCoder,
-    decode_record_batch,
-    dictionary_code,
-    dictionary_decode,
-    encode_record_batch,
-    estimate,
-    estimate_record_batch,
-    tagged,
-    untagged,
-)
+from transforms.coders import TupleCoder, decode_record_batch, encode_record_batch, estimate_record_batch
 from transforms.failures import Failure
-from transforms.labels.rows import JoinPart, KeyedFiles, LabelRows, OrphanLines
-from transforms.records import RecordBatch, root_of, rooted_paths
+from transforms.records import RecordBatch
 
-TEXT, INTS, FEW, ANY = "text", "ints", "few", "any"  # how each column is coded
-_FILE_KINDS = (TEXT, TEXT, TEXT, INTS)  # KeyedFiles: keys, paths, relpaths, sizes
-_ROW_KINDS = (TEXT, FEW, FEW, ANY, FEW, INTS, FEW)  # LabelRows' seven columns
-_SEP = "\x00"
-_INT64 = np.dtype("<i8")
+# Schema metadata of a batch coded with its all-null columns left out: the batch's own schema.
+_SCHEMA = b"img2tfrecord.schema"
 
 
-def code_column(column: Sequence, kind: str) -> tuple:
-    """One column as a few flat values (see the module docstring); decode_column reverses it."""
-    column = tuple(column)
-    n = len(column)
-    if kind == TEXT and n:
-        try:
-            text = _SEP.join(column)
-        except TypeError:
-            return ("t", column)
-        if text.count(_SEP) == n - 1:
-            return ("s", text.encode("utf-8", "surrogatepass"))
-    elif kind == INTS:  # ints by construction (sizes, line numbers)
-        try:
-            return ("q", np.array(column, dtype=_INT64).tobytes())
-        except (TypeError, OverflowError, ValueError):
-            pass
-    elif kind == FEW or (kind == ANY and n and column.count(()) == n):  # extras: 1 and 1.0 kept apart
-        table, codes = dictionary_code(column)
-        if codes is not None:
-            return ("d", table, codes)
-    return ("t", column)
+def encode_arrow_batch(batch: pa.RecordBatch) -> bytes:
+    """One Arrow IPC stream; a column that is null in every row (a table without a split
+    column, rows without errors) goes as Arrow's null type, with no buffers at all."""
+    empty = [i for i, c in enumerate(batch.columns) if c.null_count == len(c) > 0 and c.type != pa.null()]
+    if empty:
+        schema = batch.schema
+        columns = [pa.nulls(len(c)) if i in empty else c for i, c in enumerate(batch.columns)]
+        fields = [pa.field(f.name, pa.null()) if i in empty else f for i, f in enumerate(schema)]
+        meta = {**(schema.metadata or {}), _SCHEMA: schema.serialize().to_pybytes()}
+        batch = pa.RecordBatch.from_arrays(columns, schema=pa.schema(fields, metadata=meta))
+    sink = pa.BufferOutputStream()
+    with pa.ipc.new_stream(sink, batch.schema) as writer:
+        writer.write_batch(batch)
+    return sink.getvalue().to_pybytes()
 
 
-def decode_column(coded: tuple, n: int) -> tuple:
-    """The column that code_column coded, `n` values long."""
-    how = coded[0]
-    if how == "s":
-        return tuple(coded[1].decode("utf-8", "surrogatepass").split(_SEP))
-    if how == "q":
-        return tuple(np.frombuffer(coded[1], dtype=_INT64).tolist())
-    if how == "d":
-        return tuple(dictionary_decode(coded[1], coded[2], n))
-    return tuple(coded[1])
+def decode_arrow_batch(data: bytes) -> pa.RecordBatch:
+    batch = pa.ipc.open_stream(data).read_next_batch()
+    meta = batch.schema.metadata or {}
+    if _SCHEMA not in meta:
+        return batch
+    schema = pa.ipc.read_schema(pa.py_buffer(meta[_SCHEMA]))
+    columns = [
+        pa.nulls(batch.num_rows, f.type) if c.type != f.type else c for c, f in zip(batch.columns, schema)
+    ]
+    return pa.RecordBatch.from_arrays(columns, schema=schema)
 
 
-def _code(columns: tuple, kinds: tuple) -> tuple:
-    return (len(columns[0]) if columns else 0, *map(code_column, columns, kinds))
-
-
-def _decode(t: tuple) -> tuple:
-    n = t[0]
-    return tuple(decode_column(c, n) for c in t[1:])
-
-
-def encode_label_rows(batch: LabelRows) -> bytes:
-    return tagged(_code(batch.columns(), _ROW_KINDS), batch)
-
-
-def decode_label_rows(data: bytes) -> LabelRows:
-    return untagged(data, lambda t: LabelRows(*_decode(t)))
-
-
-class LabelRowsCoder(TupleCoder):
-    _type, _encode, _decode = LabelRows, encode_label_rows, decode_label_rows
-    _estimate = lambda batch: estimate(batch.columns())  # noqa: E731
-
-
-def encode_join_part(part: JoinPart) -> bytes:
-    files = part.files.columns()
-    root = root_of(files[1], files[2])
-    if root is not None:
-        files = (files[0], (), *files[2:])
-    return tagged((root, _code(files, _FILE_KINDS), _code(part.rows.columns(), _ROW_KINDS)), part)
-
-
-def decode_join_part(data: bytes) -> JoinPart:
-    def build(t: tuple) -> JoinPart:
-        root, files, rows = t
-        keys, paths, relpaths, sizes = _decode(files)
-        paths = paths if root is None else rooted_paths(root, relpaths)
-        return JoinPart(KeyedFiles(keys, paths, relpaths, sizes), LabelRows(*_decode(rows)))
-
-    return untagged(data, build)
-
-
-class JoinPartCoder(TupleCoder):
-    _type, _encode, _decode = JoinPart, encode_join_part, decode_join_part
-    _estimate = lambda part: estimate(part.files.columns()) + estimate(part.rows.columns())  # noqa: E731
+class ArrowBatchCoder(TupleCoder):
+    _type, _encode, _decode = pa.RecordBatch, encode_arrow_batch, decode_arrow_batch
+    _estimate = lambda batch: 512 + batch.nbytes  # noqa: E731
 
 
 class Listed:
@@ -140,17 +76,5 @@ class ListedCoder(TupleCoder):
     _type, _encode, _decode, _estimate = Listed, encode_listed, decode_listed, estimate_listed
 
 
-class OrphanLinesCoder(TupleCoder):
-    _type = OrphanLines
-    _encode = lambda o: tagged((o.chunk, o.lines), o)  # noqa: E731
-    _decode = lambda data: untagged(data, lambda t: OrphanLines(*t))  # noqa: E731
-    _estimate = lambda o: estimate((o.lines,))  # noqa: E731
-
-
 # Record type -> its coder (registered by beam_pipeline/pipeline.py `register_coders`).
-CODERS = {
-    Listed: ListedCoder,
-    OrphanLines: OrphanLinesCoder,
-    LabelRows: LabelRowsCoder,
-    JoinPart: JoinPartCoder,
-}
+CODERS = {Listed: ListedCoder, pa.RecordBatch: ArrowBatchCoder}

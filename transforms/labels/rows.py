@@ -1,5 +1,11 @@
-"""The labels table's records (pure): its spec, rows, join parts, orphans, label maps, join
-settings, and the names of the flags' choices."""
+"""The labels table's records (pure): its spec, rows (as Arrow columns and as LabelRow), orphans,
+label maps, join settings, and the names of the flags' choices.
+
+Table rows and listed images travel from the reader to the join as pyarrow RecordBatches with
+the columns named here (ROW_COLUMNS, FILE_COLUMNS; extra columns as EXTRA_PREFIX + name), coded
+by one Arrow IPC coder (beam_coders.py). LabelRow is one row as Python values, for the keys a
+policy decides one by one (join.join_key) and for tests.
+"""
 
 from __future__ import annotations
 
@@ -7,10 +13,11 @@ import dataclasses
 import functools
 import json
 import re
-from collections.abc import Iterable
+from collections.abc import Iterable, Sequence
 from typing import NamedTuple
 
-from transforms.records import BATCH_SIZE, ImageFile
+import numpy as np
+import pyarrow as pa
 
 FORMATS = ("csv", "tsv", "jsonl")
 _FORMAT_OF_SUFFIX = {".csv": "csv", ".tsv": "tsv", ".tab": "tsv", ".jsonl": "jsonl", ".ndjson": "jsonl"}
@@ -40,9 +47,23 @@ STAT_NAMES = (
     "unlabeled_kept",
 )
 
-# Items a BucketFn holds at most before it sends them (bounds its memory).
-_MAX_HELD = 100 * BATCH_SIZE
 _SPLIT_NAME = re.compile(r"\w[\w.-]*")
+
+# The columns of a batch of table rows: the join key (binary: UTF-8, surrogates passed), the
+# row's labels joined by LABEL_SEP ("" = none; a control character is never inside a label),
+# its split (null = none), why it cannot be used (null = it can), where it is (source as a
+# dictionary: one file a batch), then the extra columns, typed, as EXTRA_PREFIX + name.
+KEY, LABELS, SPLIT, ERROR, SOURCE, LINE = "key", "labels", "split", "error", "source", "line"
+ROW_COLUMNS = (KEY, LABELS, SPLIT, ERROR, SOURCE, LINE)
+LABEL_SEP = "\x1f"
+EXTRA_PREFIX = "extra:"
+_EXTRA_ARROW_TYPES = {"int": pa.int64(), "float": pa.float64(), "str": pa.string()}
+# The columns of a batch of listed images: key, the listing root (a dictionary: one value a
+# batch as a rule), the path (null where it is root + relpath), relpath, size. Text as binary.
+ROOT, PATH, RELPATH, SIZE = "root", "path", "relpath", "size"
+FILE_COLUMNS = (KEY, ROOT, PATH, RELPATH, SIZE)
+_SOURCE_TYPE = pa.dictionary(pa.int32(), pa.string())
+_ROOT_TYPE = pa.dictionary(pa.int32(), pa.binary())
 
 
 class TableError(ValueError):
@@ -51,9 +72,10 @@ class TableError(ValueError):
 
 @dataclasses.dataclass(frozen=True)
 class TableSpec:
-    """Where the labels table is (a file or glob, local or gs://), its format (FORMATS), and
-    which columns mean what: `separator` splits a label cell ('' = never), `split_column`
-    ('' = none), `extra_columns` ((column, type) pairs carried into the Example)."""
+    """Where the labels table is (a file or glob, local or gs://), its format (FORMATS), its
+    text encoding and delimiter ('' = the format's), and which columns mean what: `separator`
+    splits a label cell ('' = never), `split_column` ('' = none), `extra_columns` ((column,
+    type) pairs carried into the Example)."""
 
     path: str
     format: str
@@ -62,15 +84,75 @@ class TableSpec:
     separator: str = "|"
     split_column: str = ""
     extra_columns: tuple[tuple[str, str], ...] = ()
+    encoding: str = "utf-8"
+    delimiter: str = ""
 
     def required_columns(self) -> tuple[str, ...]:
         split = (self.split_column,) if self.split_column else ()
         return (self.key_column, self.label_column, *split, *(name for name, _ in self.extra_columns))
 
+    def csv_delimiter(self) -> str:
+        return self.delimiter or ("\t" if self.format == "tsv" else ",")
+
+    def schema(self) -> pa.Schema:
+        """The columns of this table's row batches."""
+        extras = [(EXTRA_PREFIX + name, _EXTRA_ARROW_TYPES[kind]) for name, kind in self.extra_columns]
+        return row_schema(extras)
+
+
+def row_schema(extras: Sequence[tuple[str, pa.DataType]] = ()) -> pa.Schema:
+    return pa.schema(
+        [
+            (KEY, pa.binary()),
+            (LABELS, pa.string()),
+            (SPLIT, pa.string()),
+            (ERROR, pa.string()),
+            (SOURCE, _SOURCE_TYPE),
+            (LINE, pa.int64()),
+            *extras,
+        ]
+    )
+
+
+def file_schema() -> pa.Schema:
+    return pa.schema(
+        [
+            (KEY, pa.binary()),
+            (ROOT, _ROOT_TYPE),
+            (PATH, pa.binary()),
+            (RELPATH, pa.binary()),
+            (SIZE, pa.int64()),
+        ]
+    )
+
+
+def encode_text(values: Sequence[str]) -> pa.Array:
+    """Text as a binary column: UTF-8, undecodable file names' surrogates passed through."""
+    try:
+        return pa.array(values, pa.string()).view(pa.binary())
+    except (UnicodeEncodeError, pa.ArrowException):
+        return pa.array([v.encode("utf-8", "surrogatepass") for v in values], pa.binary())
+
+
+def decode_text(column: pa.Array | pa.ChunkedArray) -> list[str]:
+    """A binary column of encode_text as Python strings."""
+    try:
+        return column.cast(pa.string()).to_pylist()
+    except pa.ArrowInvalid:
+        return [None if v is None else v.decode("utf-8", "surrogatepass") for v in column.to_pylist()]
+
+
+def source_column(source: str, n: int) -> pa.DictionaryArray:
+    """`n` rows of one file: its name once, an index a row."""
+    return pa.DictionaryArray.from_arrays(np.zeros(n, np.int32), pa.array([source], pa.string()))
+
+
+def root_column(root: str, n: int) -> pa.DictionaryArray:
+    return pa.DictionaryArray.from_arrays(np.zeros(n, np.int32), encode_text([root]))
+
 
 class LabelRow(NamedTuple):
-    """One row of the table, parsed (a row that cannot be used carries `error`); a named
-    tuple, made in a fraction of a dataclass's time."""
+    """One row of the table as Python values (a row that cannot be used carries `error`)."""
 
     key: str
     labels: tuple[str, ...] = ()
@@ -88,66 +170,60 @@ class LabelRow(NamedTuple):
         return f"{self.source}:{self.line}"
 
 
-@dataclasses.dataclass(frozen=True)
-class LabelRows:
-    """Table rows as one element, column i holding field i of LabelRow for every row (up to
-    BATCH_SIZE, in file order): no object is made per row from the parse to the join."""
-
-    keys: tuple[str, ...] = ()
-    labels: tuple[tuple[str, ...], ...] = ()
-    splits: tuple[str | None, ...] = ()
-    extras: tuple[tuple[tuple[str, object], ...], ...] = ()
-    sources: tuple[str, ...] = ()
-    lines: tuple[int, ...] = ()
-    errors: tuple[str | None, ...] = ()
-
-    def __len__(self) -> int:
-        return len(self.keys)
-
-    @classmethod
-    def of(cls, rows: Iterable[LabelRow]) -> LabelRows:
-        """The batch of these rows (LabelRow tuples)."""
-        rows = tuple(rows)
-        return cls(*zip(*rows)) if rows else cls()
-
-    @property
-    def rows(self) -> tuple[LabelRow, ...]:
-        """The rows as LabelRow tuples (one object a row: for tests)."""
-        return tuple(map(_new_row, zip(*self.columns()))) if self.keys else ()
-
-    def columns(self) -> tuple[tuple, ...]:
-        """The seven columns, in LabelRow's field order."""
-        return self.keys, self.labels, self.splits, self.extras, self.sources, self.lines, self.errors
+def rows_batch(rows: Iterable[LabelRow], spec: TableSpec | None = None) -> pa.RecordBatch:
+    """LabelRows as one batch of ROW_COLUMNS (extras typed by `spec`, else by their values)."""
+    rows = list(rows)
+    names = (
+        [n for n, _ in spec.extra_columns]
+        if spec
+        else list(dict.fromkeys(n for r in rows for n, _ in r.extras))
+    )
+    schema = spec.schema() if spec else None
+    columns = {
+        KEY: encode_text([r.key for r in rows]),
+        LABELS: pa.array([LABEL_SEP.join(r.labels) for r in rows], pa.string()),
+        SPLIT: pa.array([r.split for r in rows], pa.string()),
+        ERROR: pa.array([r.error for r in rows], pa.string()),
+        SOURCE: pa.array([r.source for r in rows], pa.string()).dictionary_encode(),
+        LINE: pa.array([r.line for r in rows], pa.int64()),
+    }
+    for name in names:
+        values = [dict(r.extras).get(name) for r in rows]
+        kind = schema.field(EXTRA_PREFIX + name).type if schema else None
+        columns[EXTRA_PREFIX + name] = pa.array(values, kind)
+    if schema is None:
+        schema = row_schema([(n, c.type) for n, c in columns.items() if n.startswith(EXTRA_PREFIX)])
+    columns[SOURCE] = columns[SOURCE].cast(_SOURCE_TYPE)
+    return pa.RecordBatch.from_pydict(columns, schema=schema)
 
 
-@dataclasses.dataclass(frozen=True)
-class KeyedFiles:
-    """Listed files with their join keys, column by column: the images side of the join."""
-
-    keys: tuple[str, ...] = ()
-    paths: tuple[str, ...] = ()
-    relpaths: tuple[str, ...] = ()
-    sizes: tuple[int, ...] = ()
-
-    def __len__(self) -> int:
-        return len(self.keys)
-
-    def columns(self) -> tuple[tuple, ...]:
-        return self.keys, self.paths, self.relpaths, self.sizes
-
-    def file(self, i: int) -> ImageFile:
-        return ImageFile(self.paths[i], self.relpaths[i], self.sizes[i])
+def extra_names(table: pa.Table | pa.RecordBatch) -> list[str]:
+    """The extra columns of a batch of rows (their Example feature names)."""
+    return [n.removeprefix(EXTRA_PREFIX) for n in table.schema.names if n.startswith(EXTRA_PREFIX)]
 
 
-@dataclasses.dataclass(frozen=True)
-class JoinPart:
-    """Images or table rows of one join bucket (what crosses its shuffle, one side filled)."""
-
-    files: KeyedFiles = KeyedFiles()
-    rows: LabelRows = LabelRows()
-
-    def __len__(self) -> int:
-        return len(self.files) + len(self.rows)
+def label_rows(table: pa.Table | pa.RecordBatch) -> list[LabelRow]:
+    """The rows of a batch as LabelRows (one object a row: the keys a policy decides, tests)."""
+    if not table.num_rows:
+        return []
+    names = extra_names(table)
+    extras = [table.column(EXTRA_PREFIX + n).to_pylist() for n in names]
+    errors = table.column(ERROR).to_pylist()
+    extras = [tuple((n, v) for n, v in zip(names, values) if v is not None) for values in zip(*extras)]
+    extras = [() if error else row for row, error in zip(extras or [()] * table.num_rows, errors)]
+    labels = [tuple(t.split(LABEL_SEP)) if t else () for t in table.column(LABELS).to_pylist()]
+    return list(
+        map(
+            LabelRow,
+            decode_text(table.column(KEY)),
+            labels,
+            table.column(SPLIT).to_pylist(),
+            extras,
+            table.column(SOURCE).cast(pa.string()).to_pylist(),
+            table.column(LINE).to_pylist(),
+            errors,
+        )
+    )
 
 
 @dataclasses.dataclass(frozen=True)
@@ -180,16 +256,6 @@ class OrphanRow:
 
 
 @dataclasses.dataclass(frozen=True)
-class OrphanLines:
-    """Orphan rows of one join bucket whose keys start in one `chunk` of table lines
-    (join.orphan_lines), as `lines` (OrphanRow.order(), OrphanRow.to_json()): the orphans
-    travel a batch a bucket, not one element a row."""
-
-    chunk: tuple[str, int]
-    lines: tuple[tuple[tuple, str], ...]
-
-
-@dataclasses.dataclass(frozen=True)
 class LabelMap:
     """The classes of --label_map: names in id order (labels.txt and the TFDS ClassLabel
     names), `names[i]` having id `first_id + i` (the smallest id of an id,name table, else
@@ -198,14 +264,22 @@ class LabelMap:
     names: tuple[str, ...]
     first_id: int = 0
 
+    def find(self, label: str) -> str | None:
+        """The class a table label stands for: a name stands for itself, an id (as text, '007'
+        too) for its name unless that text is itself a name; None if neither."""
+        if label in self._index:
+            return label
+        if label.isascii() and label.isdigit():
+            if str(int(label)) in self._index:  # '007' for a class named '7'
+                return str(int(label))
+            at = int(label) - self.first_id
+            if 0 <= at < len(self.names):
+                return self.names[at]
+        return None
+
     @functools.cached_property
-    def lookup(self) -> dict[str, str]:
-        """Label text -> class name: each name stands for itself, and each id (as text) for its
-        name unless that text is itself a name."""
-        found = {name: name for name in self.names}
-        for i, name in enumerate(self.names):
-            found.setdefault(str(self.first_id + i), name)
-        return found
+    def _index(self) -> frozenset[str]:
+        return frozenset(self.names)
 
 
 @dataclasses.dataclass(frozen=True)
@@ -220,7 +294,3 @@ class JoinSettings:
     label_type: str = "auto"
     label_map: LabelMap | None = None
     split_from_folders: bool = False
-
-
-# A LabelRow from a tuple of its 7 fields (a C call: no Python frame per row).
-_new_row = functools.partial(tuple.__new__, LabelRow)
