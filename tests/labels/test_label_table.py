@@ -871,3 +871,79 @@ def test_bucket_parts_cross_the_coder_intact():
             got = [(b, f) for b, p in parts for f in image_files(p)]
             assert sorted((f for _, f in got), key=str) == sorted(images, key=str)
             assert all(bucket_of(image_key(f.relpath), 2) == b for b, f in got)
+
+
+def test_invisible_characters_make_a_row_invalid_and_leave_keys():
+    """A byte order mark or a zero-width character inside a label would make a second class
+    that prints like the first: the row is invalid, named. In a key (a BOM at the start of a
+    middle row, as concatenated files leave it) it is taken out, as in the image's key."""
+    text = "id,label\nk1,cat\nk2,cat\u200b\nk3,\ufeffcat\n\ufeffk4,cat\nk5,\u200ddog\n".encode()
+    rows = _rows(text)
+    assert [(r.key, r.labels) for r in rows] == [
+        ("k1", ("cat",)),
+        ("k2", ()),
+        ("k3", ()),
+        ("k4", ("cat",)),
+        ("k5", ()),
+    ]
+    assert rows[1].error == "label 'cat\\u200b' contains an invisible character (U+200B zero width space)"
+    assert "U+FEFF" in rows[2].error and "U+200D" in rows[4].error
+    assert image_key("k\u200b4.jpg") == "k4" and image_key("\ufeffk4.png") == "k4"
+    out = _join([ImageFile(f"/d/{k}.jpg", f"{k}.jpg", 1) for k in ("k1", "k2", "k4")], rows)
+    assert sorted(r.relpath for r in out.records) == ["k1.jpg", "k4.jpg"]
+    assert [f.reason for f in out.failures] == [
+        "bad row for key 'k2' in the labels table (t.csv:3): "
+        "label 'cat\\u200b' contains an invisible character (U+200B zero width space)"
+    ]
+
+
+def test_a_conflict_between_a_label_and_an_empty_label_is_a_conflict():
+    """--duplicate_keys fail: rows `cat` and an empty label disagree (not silently `cat`);
+    first: the first row as it is; union: `cat`."""
+    img = [ImageFile("/d/k.jpg", "k.jpg", 1)]
+    rows = [LabelRow("k", ("cat",), source="t.csv", line=2), LabelRow("k", (), source="t.csv", line=3)]
+    out = _join(img, rows, JoinSettings(duplicates="fail"))
+    assert not out.records and out.stats["conflicting_keys"] == 1
+    assert (
+        out.failures[0].reason
+        == "conflicting rows for key 'k' in the labels table: cat at t.csv:2; (no label) at t.csv:3"
+    )
+    assert _join(img, rows, JoinSettings(duplicates="union")).records[0].labels == ("cat",)
+    assert _join(img, rows, JoinSettings(duplicates="first")).records[0].labels == ("cat",)
+    first_empty = _join(
+        img, rows[::-1] and [rows[1]._replace(line=1), rows[0]], JoinSettings(duplicates="first")
+    )
+    assert "empty label" in first_empty.failures[0].reason
+
+
+def test_a_json_list_inside_a_list_is_a_named_failure_not_flattened():
+    spec = TableSpec(path="t.jsonl", format="jsonl")
+    text = b'{"id": "a", "label": [["cat"], "dog"]}\n{"id": "b", "label": ["cat", {"x": 1}]}\n{"id": "c", "label": ["cat", 7]}\n'
+    rows = list(iter_table(io.BytesIO(text), spec, "t.jsonl"))
+    assert [r.labels for r in rows] == [(), (), ("cat", "7")]
+    assert (
+        rows[0].error
+        == "label [['cat'], 'dog'] holds a list or object inside its list (labels are text or integers)"
+    )
+    assert "inside its list" in rows[1].error
+
+
+def test_a_listing_that_fails_names_the_store_error_not_no_such_file(gcs_bucket, monkeypatch):
+    """A labels glob whose listing fails (no permission, a store that answers 5xx) names the
+    store's answer: "no such file" would send the user looking for a typo."""
+    import os
+
+    from tests.gcs_emulator import FaultProxy
+
+    gcs_bucket.blob("tables/part-1.csv").upload_from_string(b"id,label\nk1,a\n")
+    proxy = FaultProxy(
+        os.environ["STORAGE_EMULATOR_HOST"],
+        lambda method, path, body: 403 if "/o?" in path or path.endswith("/o") else None,
+    )
+    try:
+        monkeypatch.setenv("STORAGE_EMULATOR_HOST", f"http://127.0.0.1:{proxy.port}")
+        with pytest.raises(TableError) as e:
+            check_table(TableSpec(path="gs://labels-bkt/tables/part-*.csv", format="csv"))
+    finally:
+        proxy.close()
+    assert "no such file" not in str(e.value) and "cannot list: Forbidden: 403 GET" in str(e.value)

@@ -4,6 +4,7 @@ above it, or why it has none; and the one rule of a class name, for every source
 from __future__ import annotations
 
 import functools
+import unicodedata
 
 DEFAULT_SPLIT = "train"
 
@@ -30,13 +31,20 @@ _NOT_IN_NAMES = frozenset([*map(chr, range(32)), *map(chr, range(127, 160)), "\u
 def class_name_problem(name: str) -> str | None:
     """Why `name` cannot be a class (or split) name, or None: class names go into labels.txt
     (one a line), summary.json, the TFDS metadata and the records, so they must be UTF-8 text
-    without line breaks or other control characters."""
+    without line breaks or other control characters, and without invisible format characters
+    (Unicode Cf: a byte order mark, zero-width spaces and joiners, bidi marks), which would make
+    a second class that prints exactly like the first."""
     try:
         name.encode("utf-8")
     except UnicodeEncodeError:
         return "is not valid UTF-8"
     if not _NOT_IN_NAMES.isdisjoint(name):
         return "contains a control character (line break, tab, ...)"
+    if not name.isascii():
+        found = next((c for c in name if unicodedata.category(c) == "Cf"), None)
+        if found is not None:
+            what = unicodedata.name(found, "format character").lower()
+            return f"contains an invisible character (U+{ord(found):04X} {what})"
     return None
 
 

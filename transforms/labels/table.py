@@ -130,9 +130,10 @@ def check_regular_file(path: str) -> None:
 
 
 def _list_error(error: Exception) -> str:
-    inner = getattr(error, "exception_details", None) or {}
-    cause = next(iter(inner.values()), error) if isinstance(inner, dict) else error
-    return (str(cause).strip().splitlines() or [type(cause).__name__])[0]
+    """The store's own answer inside a (possibly twice wrapped) filesystem error, in one line."""
+    while isinstance(getattr(error, "exception_details", None), dict) and error.exception_details:
+        error = next(iter(error.exception_details.values()))
+    return f"{type(error).__name__}: {(str(error).strip().splitlines() or [''])[0]}"
 
 
 def check_table(spec: TableSpec) -> list[str]:
