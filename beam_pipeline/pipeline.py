@@ -23,7 +23,7 @@ from transforms.encoding.encoder import EncodeSettings
 from transforms.images.read import read_bytes
 from transforms.labels import beam_coders as label_coders
 from transforms.labels.beam import BuildClassIndex, LabelFromFolders, ReadLabelMap
-from transforms.labels.beam_table import JoinLabels, ReadLabels, WriteOrphans
+from transforms.labels.beam_table import JoinLabels, ReadLabels
 from transforms.labels.beam_webdataset import WEBDATASET, WebDatasetLabels
 from transforms.labels.rows import ORPHANS, STATS
 from transforms.layout.beam import AssignSplits, PlanShards
@@ -32,6 +32,7 @@ from transforms.layout.plan import parse_split_ratios
 from transforms.listing.beam import ListedImages, ListImages
 from transforms.listing.beam_archives import archive_copies_dir
 from transforms.output.beam import WriteMetadata
+from transforms.output.beam_orphans import WriteOrphans
 from transforms.output.fence import Fence
 from transforms.output.publish import staging_dir, temp_dir_for
 from transforms.output.tfds import tfds_name
@@ -108,7 +109,7 @@ def build_pipeline(
         report = {
             ORPHANS: labeled.orphans,
             STATS: labeled.stats,
-        }  # (chunk, Arrow batch of orphan rows), (count name, n)
+        }  # Arrow batches of orphan rows, (count name, n)
         label_report = report | "WriteOrphans" >> WriteOrphans(
             staging_dir(temp_dir), spec, join
         )  # {"labels": {..}}

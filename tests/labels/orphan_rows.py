@@ -1,9 +1,9 @@
-"""Orphan tables as OrphanRow objects: what the tests compare against (orphans.ORPHAN_COLUMNS)."""
+"""Orphan tables as OrphanRow objects: what the tests compare against (rows.ORPHAN_COLUMNS)."""
 
 import pyarrow as pa
 
-from transforms.labels.orphans import FIRST_LINE, FIRST_SOURCE, LINE, REASON, SOURCE
-from transforms.labels.rows import KEY, OrphanRow, decode_text
+from transforms.labels.rows import FIRST_LINE, FIRST_SOURCE, KEY, LINE, REASON, SOURCE, decode_text
+from transforms.output.orphan_log import OrphanRow
 
 
 def orphan_rows(orphans: pa.Table | pa.RecordBatch) -> list[OrphanRow]:

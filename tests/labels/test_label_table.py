@@ -15,16 +15,14 @@ from apache_beam.testing.util import assert_that, equal_to
 from beam_pipeline.cli.options import ConvertOptions, is_job_label, route_labels_flag
 from tests.labels.orphan_rows import orphan_rows
 from transforms.batching import CountImagesFn, chunked
-from transforms.labels.beam_coders import ArrowBatchCoder
+from transforms.coders import ArrowBatchCoder
 from transforms.labels.beam_table import JoinLabels, ReadLabels
 from transforms.labels.classes import class_index_for
 from transforms.labels.join import JoinResult, bucket_count, files_batch, join_bucket, join_key, resolve_rows
-from transforms.labels.orphans import orphan_chunks
 from transforms.labels.rows import (
     KEY,
     JoinSettings,
     LabelRow,
-    OrphanRow,
     TableError,
     TableSpec,
     decode_text,
@@ -41,6 +39,7 @@ from transforms.labels.table import (
     parse_extra_columns,
     split_labels,
 )
+from transforms.output.orphan_log import OrphanRow
 from transforms.records import BATCH_SIZE, ClassIndex, FileBatch, ImageFile
 
 CSV = TableSpec(path="t.csv", format="csv")
@@ -459,7 +458,7 @@ def test_join_labels_same_output_with_one_bucket_or_many(tmp_path, per_bucket):
         assert_that(joined.failed, equal_to(expected.failures), label="CheckFailed")
         orphans = [(o.order(), o.to_json()) for o in _orphans(expected)]
         lines = joined.orphans | "Lines" >> beam.FlatMap(
-            lambda o: [(r.order(), r.to_json()) for r in orphan_rows(o[1])]
+            lambda o: [(r.order(), r.to_json()) for r in orphan_rows(o)]
         )
         assert_that(lines, equal_to(orphans), label="CheckOrphans")
         assert_that(
@@ -592,9 +591,9 @@ def test_write_orphans_in_parts_keeps_the_order_of_one_sorted_list(tmp_path, mon
     one list sorted by orphan_order (a key's rows together, where its first row is)."""
     import json
 
-    import transforms.labels.orphans as label_orphans
-    from transforms.labels.beam_table import WriteOrphans
+    import transforms.output.orphan_log as label_orphans
     from transforms.labels.rows import ORPHANS, STATS
+    from transforms.output.beam_orphans import WriteOrphans
 
     monkeypatch.setattr(label_orphans, "CHUNK_LINES", 3)  # many parts from a few rows
     rows = [LabelRow(f"k{i % 9}", ("a",), source=f"t{i % 2}.csv", line=i + 2) for i in range(40)]
@@ -603,10 +602,9 @@ def test_write_orphans_in_parts_keeps_the_order_of_one_sorted_list(tmp_path, mon
     assert len(_orphans(result)) == 41
     spec = TableSpec(path="t*.csv", format="csv")
     with TestPipeline() as p:
-        # As the join sends them: a batch per bucket and chunk (here a few buckets).
-        whole = result.orphans[0]
-        batches = [b for i in range(0, 41, 7) for b in orphan_chunks(whole.slice(i, 7))]
-        assert len(batches) > 10
+        # As the join sends them: a batch per bucket (here a few buckets).
+        whole = result.orphans[0].combine_chunks()
+        batches = [whole.slice(i, 7).to_batches()[0] for i in range(0, 41, 7)]
         orphans = p | "Orphans" >> beam.Create(batches)
         stats = p | "Stats" >> beam.Create(list(result.stats.items()))
         summary = {ORPHANS: orphans, STATS: stats} | WriteOrphans(str(tmp_path), spec, JoinSettings())
@@ -627,11 +625,11 @@ def test_write_orphans_in_parts_keeps_the_order_of_one_sorted_list(tmp_path, mon
 
 
 def test_write_orphans_without_orphans_writes_an_empty_file(tmp_path):
-    from transforms.labels.beam_table import WriteOrphans
     from transforms.labels.rows import ORPHANS, STATS
+    from transforms.output.beam_orphans import WriteOrphans
 
     with TestPipeline() as p:
-        orphans = p | "Orphans" >> beam.Create([]).with_output_types(tuple[tuple[str, int], pa.RecordBatch])
+        orphans = p | "Orphans" >> beam.Create([]).with_output_types(pa.RecordBatch)
         stats = p | "Stats" >> beam.Create([("rows", 0)])
         _ = {ORPHANS: orphans, STATS: stats} | WriteOrphans(str(tmp_path), CSV, JoinSettings())
     assert (tmp_path / "orphan_labels.jsonl").read_bytes() == b""

@@ -371,3 +371,20 @@ def test_label_map_table_errors(tmp_path):
         None,
         None,
     ]
+
+
+def test_exit_3_keeps_orphan_labels_and_names_it(tmp_path, capsys):
+    """Too many failures (exit 3): nothing is published, but the rows that matched no image,
+    often the cause (keys in another form), are kept next to failures.jsonl and named."""
+    for name in ("a1", "a2", "a3", "a4"):
+        write_image(tmp_path / "in" / "c" / f"{name}.png", seed=len(name))
+    table = tmp_path / "labels.csv"
+    table.write_text("id,label\na1,cat\nA2.PNG,cat\nA3.PNG,cat\nA4.PNG,dog\n")
+    out = tmp_path / "out"
+    argv = ["--input", str(tmp_path / "in"), "--output_dir", str(out), "--labels", str(table), "--quiet"]
+    assert main.main(argv) == main.EXIT_TOO_MANY_FAILURES
+    line = capsys.readouterr().err.strip().splitlines()[-1]
+    assert f"the 3 table rows that matched no image in {out / 'orphan_labels.jsonl'}" in line
+    orphans = [json.loads(x) for x in (out / "orphan_labels.jsonl").read_text().splitlines()]
+    assert [o["key"] for o in orphans] == ["A2.PNG", "A3.PNG", "A4.PNG"]
+    assert not (out / "summary.json").exists() and (out / "failures.jsonl").exists()

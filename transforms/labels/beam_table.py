@@ -1,32 +1,28 @@
-"""The Beam shells of the labels table: ReadLabels, JoinLabels, WriteOrphans.
+"""The Beam shells of the labels table: ReadLabels, JoinLabels.
 
-In: the table's files, FileBatches of images. Out: labelled RecordBatches, Failures,
-orphan_labels.jsonl and the join's counts. Rows, images and orphans travel as Arrow record
-batches (one IPC coder, beam_coders.py) from the reader to the join and the orphans' file,
-never one element (or Python object) per row or image. Bounds: see JoinLabels and WriteOrphans.
+In: the table's files, FileBatches of images. Out: labelled RecordBatches, Failures, orphan
+rows (output/beam_orphans.py writes them) and the join's counts. Rows, images and orphans
+travel as Arrow record batches (transforms/coders.py ArrowBatchCoder), never one element (or
+Python object) per row or image. Bounds: see JoinLabels.
 """
 
 from __future__ import annotations
 
 import dataclasses
-from collections.abc import Iterable, Iterator, Mapping
+from collections.abc import Iterable, Iterator
 
 import apache_beam as beam
 import pyarrow as pa
 from apache_beam import pvalue
 from apache_beam.io import fileio
-from apache_beam.io.filesystem import CompressionTypes
-from apache_beam.io.filesystems import FileSystems
 from apache_beam.metrics import Metrics
 from apache_beam.transforms.window import GlobalWindows
 
-from transforms import gcs
 from transforms.batching import CountImagesFn, group_size
 from transforms.failures import FAILED, USER_ERROR_MARKER
 from transforms.gcs import literal_or_glob
 from transforms.labels.beam_coders import Listed
-from transforms.labels.join import bucket_count, files_batch, join_bucket, label_summary, split_by_bucket
-from transforms.labels.orphans import orphan_chunks, orphan_lines
+from transforms.labels.join import bucket_count, files_batch, join_bucket, split_by_bucket
 from transforms.labels.rows import (
     DUPLICATE_POLICIES,
     ERROR,
@@ -34,7 +30,6 @@ from transforms.labels.rows import (
     IMAGE_KEYS,
     LISTED,
     ORPHANS,
-    ORPHANS_FILE,
     RELPATH,
     STATS,
     UNLABELED_POLICIES,
@@ -51,8 +46,6 @@ from transforms.records import BATCH_SIZE, FileBatch, RecordBatch
 # Rows or images a BucketFn holds at most before it sends them (bounds its memory: Arrow
 # columns, ~50 bytes a row).
 _MAX_HELD = 200 * BATCH_SIZE
-# Bytes copied at a time when the orphans' parts are appended.
-_COPY_BYTES = 4 << 20
 
 
 class ReadLabelsFn(beam.DoFn):
@@ -139,7 +132,7 @@ def _tables(parts: Iterable[pa.RecordBatch]) -> tuple[pa.Table, pa.Table]:
 
 class JoinLabelsFn(beam.DoFn):
     """(bucket, [Arrow batch]) -> RecordBatches of the bucket's labelled images; FAILED,
-    ORPHANS ((chunk, Arrow batch of orphan rows)), STATS and LISTED (each RecordBatch and
+    ORPHANS (an Arrow batch of orphan rows), STATS and LISTED (each RecordBatch and
     Failure again) as tagged outputs; --label_map as the side input `label_map`."""
 
     def __init__(self, settings: JoinSettings, step: str = "GroupByBucket"):
@@ -169,9 +162,8 @@ class JoinLabelsFn(beam.DoFn):
         for failure in result.failures:
             yield pvalue.TaggedOutput(FAILED, failure)
             yield pvalue.TaggedOutput(LISTED, failure)
-        for orphans in result.orphans:
-            for chunk in orphan_chunks(orphans):  # an element per chunk of table lines
-                yield pvalue.TaggedOutput(ORPHANS, chunk)
+        for orphans in result.orphans:  # a batch per bucket
+            yield pvalue.TaggedOutput(ORPHANS, orphans.combine_chunks().to_batches()[0])
         for item in result.stats.items():
             yield pvalue.TaggedOutput(STATS, item)
 
@@ -180,7 +172,7 @@ class JoinLabelsFn(beam.DoFn):
 class JoinedLabels:
     """The outputs of JoinLabels: `records` (RecordBatches), `failed` (Failures), `listed`
     (both again: every image but those skipped as unlabeled, for batching.CountImagesFn),
-    `orphans` ((chunk, Arrow batch) pairs) and `stats` ((count name, n) pairs for summary.json)."""
+    `orphans` (Arrow batches of orphan rows, one per bucket) and `stats` ((count name, n) pairs for summary.json)."""
 
     records: beam.PCollection
     failed: beam.PCollection
@@ -252,66 +244,8 @@ class JoinLabels(beam.PTransform):
             .with_output_types(RecordBatch)
             .with_outputs(FAILED, ORPHANS, STATS, LISTED, main="records")
         )
-        joined[ORPHANS].element_type = beam.typehints.Tuple[beam.typehints.Tuple[str, int], pa.RecordBatch]
+        joined[ORPHANS].element_type = pa.RecordBatch
         # The records and failures again, as one output of the join (a Flatten of the two
         # would be materialized by the local runner), coded by ListedCoder.
         joined[LISTED].element_type = Listed
         return JoinedLabels(joined.records, joined[FAILED], joined[LISTED], joined[ORPHANS], joined[STATS])
-
-
-class WriteOrphans(beam.PTransform):
-    """Writes orphan rows to <output_dir>/orphan_labels.jsonl; returns the summary section.
-
-    Never one list of all orphans: the join sends them as Arrow batches per chunk of table
-    lines where their key's first row is (orphans.CHUNK_LINES of a file's lines: a group holds
-    the orphan rows of the keys first seen there, at most one batch per join bucket), each
-    group sorted and written as a part (orphans.orphan_lines); one step appends the parts in
-    order (streamed; its side input is one path per chunk). The returned singleton
-    ({"labels": {...}}) comes after the file is written, so summary.json waits for it.
-    """
-
-    def __init__(self, output_dir: str, spec: TableSpec, settings: JoinSettings):
-        super().__init__()
-        self._path = FileSystems.join(output_dir, ORPHANS_FILE)
-        self._spec, self._settings = spec, settings
-
-    def expand(self, joined: Mapping[str, beam.PCollection]) -> beam.PCollection[dict]:
-        spec, settings, path = self._spec, self._settings, self._path
-        parts = (
-            joined[ORPHANS]
-            | "GroupByChunk" >> beam.GroupByKey()  # ((source, chunk), [Arrow batch of orphan rows])
-            | "WriteParts" >> beam.MapTuple(lambda chunk, batches: write_orphan_part(chunk, batches, path))
-        )  # (chunk, part path)
-        once = joined[ORPHANS].pipeline | "Once" >> beam.Create([None])
-        written = once | "Concatenate" >> beam.Map(
-            lambda _, found: concatenate_parts(path, found), pvalue.AsList(parts)
-        )
-        counts = joined[STATS] | "SumCounts" >> beam.CombinePerKey(sum)  # (name, n)
-        return once | "Summarize" >> beam.Map(
-            lambda _, c, _file: label_summary(c, spec, settings),
-            pvalue.AsDict(counts),
-            pvalue.AsSingleton(written),
-        )
-
-
-def write_orphan_part(chunk: tuple[str, int], batches: Iterable[pa.RecordBatch], path: str) -> tuple:
-    """Writes one chunk's orphan rows, sorted, beside `path`; returns (chunk, part path)."""
-    import zlib
-
-    digest = zlib.crc32(chunk[0].encode("utf-8", "surrogateescape"))
-    part = f"{path}.part-{digest:08x}-{chunk[1]:06d}"
-    with FileSystems.create(part) as f:
-        f.write(orphan_lines(pa.Table.from_batches(list(batches))))
-    return chunk, part
-
-
-def concatenate_parts(path: str, parts: Iterable[tuple[tuple[str, int], str]]) -> str:
-    """Appends the parts, in chunk order, into `path` (empty if none). The parts stay: a retried
-    bundle concatenates them again, and they go with the run's staging folder."""
-    ordered = [part for _, part in sorted(parts)]
-    with gcs.create(path) as out:
-        for part in ordered:
-            with gcs.open_read(part, compression_type=CompressionTypes.UNCOMPRESSED) as f:
-                while block := f.read(_COPY_BYTES):
-                    out.write(block)
-    return path

@@ -10,17 +10,16 @@ numbers in other spellings), and at each distinct label or split cell once.
 
 from __future__ import annotations
 
-import posixpath
 import unicodedata
 from collections.abc import Mapping, Sequence
 from operator import itemgetter, methodcaller
 
-import numpy as np
 import pyarrow as pa
 import pyarrow.compute as pc
 
 from transforms.labels.folders import class_name_problem
 from transforms.labels.rows import (
+    _EXTRA_ARROW_TYPES,
     _SPLIT_NAME,
     ERROR,
     EXTRA_PREFIX,
@@ -35,6 +34,7 @@ from transforms.labels.rows import (
     TableError,
     TableSpec,
     source_column,
+    text_bytes,
 )
 
 # The csv module's field size limit (131,072 characters), kept for every format: a longer
@@ -44,7 +44,6 @@ FIELD_LIMIT = 131_072
 # blank at either end (and not starting with '/' or './'); _KEY_BYTES: the bytes of such keys.
 _PLAIN_KEY = r"^[!-\[\]-~]([ -\[\]-~]*[!-\[\]-~])?$"
 _KEY_BYTES = bytes(range(33, 127)).replace(b"\\", b"")
-_PLAIN_NUMBER = {"int": r"^-?[0-9]{1,18}$", "float": r"^-?[0-9]{1,15}(\.[0-9]{1,15})?$"}
 
 
 def normalize_key(text: str) -> str:
@@ -63,14 +62,7 @@ def normalize_key(text: str) -> str:
 
 def image_key(relpath: str, mode: str = "stem") -> str:
     """The join key of an image: its file stem, file name or path relative to the input."""
-    if mode == "relpath":
-        return normalize_key(relpath)
-    name = relpath.rsplit("/", 1)[-1]
-    if mode == "name":
-        return normalize_key(name)
-    if mode == "stem":
-        return normalize_key(posixpath.splitext(name)[0])
-    raise ValueError(f"--image_key must be one of {', '.join(IMAGE_KEYS)}")
+    return image_keys([relpath], mode)[0]
 
 
 _LAST_DOT = methodcaller("rpartition", ".")
@@ -89,11 +81,12 @@ def normalize_keys(keys: Sequence[str]) -> list[str]:
 
 
 def image_keys(relpaths: Sequence[str], mode: str = "stem") -> list[str]:
-    """table.image_key of each relpath, computed for the column at once."""
+    """The join key of each image (its file stem, file name or path relative to the input),
+    computed for the column at once."""
     if mode == "relpath":
         return normalize_keys(relpaths)
-    if mode not in ("name", "stem"):
-        raise ValueError("--image_key must be one of stem, name, relpath")
+    if mode not in IMAGE_KEYS:
+        raise ValueError(f"--image_key must be one of {', '.join(IMAGE_KEYS)}")
     names = list(map(itemgetter(2), map(_LAST_SLASH, relpaths)))
     if mode == "stem":  # posixpath.splitext: a name's leading dots never start its extension
         heads = map(_FIRST, map(_LAST_DOT, names))
@@ -182,20 +175,12 @@ def parse_row(fields: Mapping[str, object], spec: TableSpec, source: str = "", l
     return LabelRow(key=key, labels=labels, split=split, extras=extras, source=source, line=line)
 
 
-def _text_bytes(cells: pa.Array) -> bytes:
-    """The text of a column of cells, back to back."""
-    if not len(cells) or cells.buffers()[2] is None:
-        return b""
-    offsets = np.frombuffer(cells.buffers()[1], np.int32, len(cells) + 1, cells.offset * 4)
-    return cells.buffers()[2].to_pybytes()[offsets[0] : offsets[-1]]
-
-
 def _plain_keys(cells: pa.Array) -> pa.Array:
     """Per key cell: whether normalize_key leaves it as it is (printable ASCII, no backslash,
     no blank at either end, not starting with '/' or './'); the whole column at once when it
     is all printable ASCII without blanks or backslashes (the usual table)."""
     leading = pc.or_(pc.starts_with(cells, "/"), pc.starts_with(cells, "./"))
-    if not _text_bytes(cells).translate(None, _KEY_BYTES):
+    if not text_bytes(cells).translate(None, _KEY_BYTES):
         return pc.invert(leading)
     return pc.and_(pc.match_substring_regex(cells, _PLAIN_KEY), pc.invert(leading))
 
@@ -228,8 +213,9 @@ def row_batch(cells: Mapping[str, pa.Array], lines: pa.Array, spec: TableSpec, s
     if not pc.all(pc.greater(pc.binary_length(keys), 0)).as_py():
         errors.insert(0, pc.if_else(pc.equal(keys, ""), f"no value in key column {spec.key_column!r}", None))
     columns = {}
-    for name, kind in spec.extra_columns:
-        columns[EXTRA_PREFIX + name], extra_errors = _extra(cells[name], name, kind)
+    for name, kind in spec.extra_columns:  # the values as convert_extra gives them, typed
+        values, extra_errors = _by_distinct(cells[name], _extra_cell(name, kind))
+        columns[EXTRA_PREFIX + name] = values.cast(_EXTRA_ARROW_TYPES[kind])
         errors.append(extra_errors)
     split = pa.nulls(n, pa.string())
     if spec.split_column:
@@ -271,29 +257,14 @@ def _label_cell(separator: str):
     return parse
 
 
-def _extra(cells: pa.Array, name: str, kind: str) -> tuple[pa.Array, pa.Array]:
-    """(values, errors) of an extra column: plain numbers cast at once, others by convert_extra."""
-    nulls = pa.nulls(len(cells), pa.string())
-    if kind == "str":
-        return cells, nulls
-    arrow = pa.int64() if kind == "int" else pa.float64()
-    plain = pc.match_substring_regex(cells, _PLAIN_NUMBER[kind])
-    values = pc.if_else(plain, cells, pa.scalar(None, pa.string())).cast(arrow)
-    if pc.all(plain).as_py() is not False:
-        return values, nulls
-    found, errors = [], []
-    for cell in cells.filter(pc.invert(plain)).to_pylist():
+def _extra_cell(name: str, kind: str):
+    def parse(cell: str) -> tuple[str | None, str | None]:
         try:
-            found.append(convert_extra(name, kind, cell))
-            errors.append(None)
+            return repr(convert_extra(name, kind, cell)) if kind != "str" else cell, None
         except ValueError as e:
-            found.append(None)
-            errors.append(str(e))
-    other = pc.invert(plain)
-    return (
-        pc.replace_with_mask(values, other, pa.array(found, arrow)),
-        pc.replace_with_mask(nulls, other, pa.array(errors, pa.string())),
-    )
+            return None, str(e)
+
+    return parse
 
 
 def delimiter_hint(header: list[str], spec: TableSpec) -> str:

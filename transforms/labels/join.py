@@ -4,7 +4,7 @@ of the keys that need one.
 In: Arrow batches of table rows (rows.ROW_COLUMNS) and of listed images (rows.FILE_COLUMNS,
 files_batch), shuffled by key bucket (bucket_of_keys: the range a key's hash falls in, out of a
 count that grows with the data, bucket_count). Out of join_bucket: the bucket's labelled
-records (RecordBatch columns), Failures, orphan rows (an Arrow table, orphans.py) and counts,
+records (RecordBatch columns), Failures, orphan rows (Arrow: rows.ORPHAN_COLUMNS) and counts,
 under the --unlabeled and --duplicate_keys policies.
 
 The common case is vectorised: rows whose key no image has are orphans (pyarrow.compute
@@ -23,7 +23,7 @@ from __future__ import annotations
 
 import dataclasses
 import zlib
-from collections.abc import Iterable, Iterator, Mapping
+from collections.abc import Iterable, Iterator
 
 import numpy as np
 import pyarrow as pa
@@ -31,7 +31,6 @@ import pyarrow.compute as pc
 
 from transforms.failures import Failure
 from transforms.labels.folders import DEFAULT_SPLIT
-from transforms.labels.orphans import orphans_of
 from transforms.labels.rows import (
     ERROR,
     EXTRA_PREFIX,
@@ -39,17 +38,18 @@ from transforms.labels.rows import (
     KEY,
     LABEL_SEP,
     LABELS,
-    ORPHANS_FILE,
+    LINE,
+    NO_IMAGE,
+    ORPHAN_COLUMNS,
     PATH,
     RELPATH,
     ROOT,
     SIZE,
+    SOURCE,
     SPLIT,
     STAGE,
-    STAT_NAMES,
     JoinSettings,
     LabelRow,
-    TableSpec,
     decode_text,
     encode_text,
     extra_names,
@@ -67,7 +67,7 @@ PART_ROWS = 10 * BATCH_SIZE
 class JoinResult:
     """Everything the keys of a join produce; the labelled records as the six columns
     RecordBatch.from_columns takes (path, relpath, size, labels, split, extras); the orphan
-    rows as Arrow tables (orphans.ORPHAN_COLUMNS)."""
+    rows as Arrow tables (rows.ORPHAN_COLUMNS)."""
 
     columns: tuple[list, ...] = dataclasses.field(default_factory=lambda: tuple([] for _ in range(6)))
     failures: list[Failure] = dataclasses.field(default_factory=list)
@@ -331,56 +331,52 @@ def join_bucket(images: pa.Table, rows: pa.Table, settings: JoinSettings) -> Joi
 
 
 def _join_usual(images: pa.Table, rows: pa.Table, settings: JoinSettings, out: JoinResult) -> None:
-    """The keys with one image and one usable row (both tables sorted by key, one row a key)."""
-    n = images.num_rows
-    out.count("rows", n)
-    out.count("matched_rows", n)
-    if not n:
-        return
+    """The keys with one image and one usable row (both tables sorted by key, one row a key),
+    at once; key by key (join_key) if a label or a split from the folders may fail."""
     coded = rows.column(LABELS).combine_chunks().dictionary_encode()
     answers = [_check_labels(tuple(t.split(LABEL_SEP)), settings) for t in coded.dictionary.to_pylist()]
-    labels = [answers[i][0] for i in coded.indices.to_pylist()]
-    problems = [answers[i][1] for i in coded.indices.to_pylist()] if any(a[1] for a in answers) else None
-    files = _image_files(images)
     splits = rows.column(SPLIT).to_pylist()
+    if any(a[1] for a in answers) or (settings.split_from_folders and None in splits):
+        _key_by_key(images, rows, settings, out)
+        return
+    out.count("rows", images.num_rows)
+    out.count("matched_rows", images.num_rows)
+    files = _image_files(images)
     names = extra_names(rows)
     extras = [tuple(zip(names, v)) for v in zip(*(rows.column(EXTRA_PREFIX + n).to_pylist() for n in names))]
-    extras = extras if names else [()] * n
-    if problems is None and (settings.split_from_folders is False or None not in splits):
-        splits = [DEFAULT_SPLIT if s is None else s for s in splits]
-        columns = (
-            [f.path for f in files],
-            [f.relpath for f in files],
-            [f.size for f in files],
-            labels,
-            splits,
-            extras,
+    columns = (
+        [f.path for f in files],
+        [f.relpath for f in files],
+        [f.size for f in files],
+        [answers[i][0] for i in coded.indices.to_pylist()],
+        [DEFAULT_SPLIT if s is None else s for s in splits],
+        extras if names else [()] * len(files),
+    )
+    for column, values in zip(out.columns, columns):
+        column.extend(values)
+
+
+def orphans_of(rows: pa.Table) -> pa.Table:
+    """The orphan rows of a batch of table rows that no image matched: each row's reason (its
+    error, else NO_IMAGE) and, for a key with several rows, its first row (the smallest
+    (source, line) of the key; null: the row itself). Sources and reasons as dictionaries."""
+    key, source, line = (rows.column(c).combine_chunks() for c in (KEY, SOURCE, LINE))
+    first_source, first_line = pa.nulls(len(source), source.type), pa.nulls(len(source), pa.int64())
+    counts = pc.value_counts(key)
+    repeated = counts.field("values").filter(pc.greater(counts.field("counts"), 1))
+    if len(repeated):  # keys with several orphan rows: their first row, key by key
+        firsts: dict = {}
+        again = pc.is_in(key, value_set=repeated)
+        at = pc.indices_nonzero(again)
+        keys = key.take(at).to_pylist()
+        places = list(zip(source.take(at).to_pylist(), line.take(at).to_pylist()))
+        for k, place in zip(keys, places):
+            firsts[k] = min(firsts.get(k, place), place)
+        first_source = pc.replace_with_mask(
+            pa.nulls(len(source), pa.string()), again, pa.array([firsts[k][0] for k in keys], pa.string())
+        ).dictionary_encode()
+        first_line = pc.replace_with_mask(
+            first_line, again, pa.array([firsts[k][1] for k in keys], pa.int64())
         )
-        for column, values in zip(out.columns, columns):
-            column.extend(values)
-        return
-    for i, f in enumerate(files):  # a label or split that fails: record by record
-        row = LabelRow("", labels[i], splits[i], extras[i])
-        if problems and problems[i]:
-            out.failures.append(Failure(f.path, problems[i], STAGE, None, "|".join(labels[i])))
-            continue
-        try:
-            split = _split_of(f.relpath, row, settings)
-        except ValueError as e:
-            out.failures.append(Failure(f.path, str(e), STAGE, None, "|".join(labels[i])))
-            continue
-        out.add_record(f.path, f.relpath, f.size, labels[i], split, extras[i])
-
-
-def label_summary(counts: Mapping[str, int], spec: TableSpec, settings: JoinSettings) -> dict:
-    """The "labels" section of summary.json."""
-    section: dict = {
-        "table": spec.path,
-        "key_column": spec.key_column,
-        "label_column": spec.label_column,
-        "unlabeled": settings.unlabeled,
-        "duplicate_keys_policy": settings.duplicates,
-        "orphans_file": ORPHANS_FILE,
-    }
-    section.update({name: int(counts.get(name, 0)) for name in STAT_NAMES})
-    return {"labels": section}
+    reason = pc.coalesce(rows.column(ERROR), NO_IMAGE).combine_chunks().dictionary_encode()
+    return pa.table([key, source, line, reason, first_source, first_line], names=list(ORPHAN_COLUMNS))

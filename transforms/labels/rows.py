@@ -3,7 +3,7 @@ label maps, join settings, and the names of the flags' choices.
 
 Table rows and listed images travel from the reader to the join as pyarrow RecordBatches with
 the columns named here (ROW_COLUMNS, FILE_COLUMNS; extra columns as EXTRA_PREFIX + name), coded
-by one Arrow IPC coder (beam_coders.py). LabelRow is one row as Python values, for the keys a
+by one Arrow IPC coder (transforms/coders.py). LabelRow is one row as Python values, for the keys a
 policy decides one by one (join.join_key) and for tests.
 """
 
@@ -11,7 +11,6 @@ from __future__ import annotations
 
 import dataclasses
 import functools
-import json
 import re
 from collections.abc import Iterable, Sequence
 from typing import NamedTuple
@@ -34,17 +33,9 @@ STAGE = "label"
 ORPHANS, STATS, LISTED = "orphans", "stats", "listed"
 
 # Counts reported under "labels" in summary.json (always present, 0 when nothing happened).
-STAT_NAMES = (
-    "rows",
-    "matched_rows",
-    "orphan_rows",
-    "invalid_rows",
-    "duplicate_keys",
-    "conflicting_keys",
-    "keys_with_several_images",
-    "unlabeled_images",
-    "unlabeled_skipped",
-    "unlabeled_kept",
+STAT_NAMES = tuple(
+    "rows matched_rows orphan_rows invalid_rows duplicate_keys conflicting_keys keys_with_several_images "
+    "unlabeled_images unlabeled_skipped unlabeled_kept".split()
 )
 
 _SPLIT_NAME = re.compile(r"\w[\w.-]*")
@@ -62,6 +53,11 @@ _EXTRA_ARROW_TYPES = {"int": pa.int64(), "float": pa.float64(), "str": pa.string
 # batch as a rule), the path (null where it is root + relpath), relpath, size. Text as binary.
 ROOT, PATH, RELPATH, SIZE = "root", "path", "relpath", "size"
 FILE_COLUMNS = (KEY, ROOT, PATH, RELPATH, SIZE)
+# The columns of a batch of orphan rows (join.orphans_of): a row's reason, and its key's first
+# row when the key has several (null: the row itself). Written by output/orphan_log.py.
+REASON, FIRST_SOURCE, FIRST_LINE = "reason", "first_source", "first_line"
+ORPHAN_COLUMNS = (KEY, SOURCE, LINE, REASON, FIRST_SOURCE, FIRST_LINE)
+NO_IMAGE = "no image with this key"
 _SOURCE_TYPE = pa.dictionary(pa.int32(), pa.string())
 _ROOT_TYPE = pa.dictionary(pa.int32(), pa.binary())
 
@@ -101,29 +97,12 @@ class TableSpec:
 
 
 def row_schema(extras: Sequence[tuple[str, pa.DataType]] = ()) -> pa.Schema:
-    return pa.schema(
-        [
-            (KEY, pa.binary()),
-            (LABELS, pa.string()),
-            (SPLIT, pa.string()),
-            (ERROR, pa.string()),
-            (SOURCE, _SOURCE_TYPE),
-            (LINE, pa.int64()),
-            *extras,
-        ]
-    )
+    types = (pa.binary(), pa.string(), pa.string(), pa.string(), _SOURCE_TYPE, pa.int64())
+    return pa.schema([*zip(ROW_COLUMNS, types), *extras])
 
 
 def file_schema() -> pa.Schema:
-    return pa.schema(
-        [
-            (KEY, pa.binary()),
-            (ROOT, _ROOT_TYPE),
-            (PATH, pa.binary()),
-            (RELPATH, pa.binary()),
-            (SIZE, pa.int64()),
-        ]
-    )
+    return pa.schema(list(zip(FILE_COLUMNS, (pa.binary(), _ROOT_TYPE, pa.binary(), pa.binary(), pa.int64()))))
 
 
 def encode_text(values: Sequence[str]) -> pa.Array:
@@ -140,6 +119,14 @@ def decode_text(column: pa.Array | pa.ChunkedArray) -> list[str]:
         return column.cast(pa.string()).to_pylist()
     except pa.ArrowInvalid:
         return [None if v is None else v.decode("utf-8", "surrogatepass") for v in column.to_pylist()]
+
+
+def text_bytes(column: pa.Array) -> bytes:
+    """The values of a text or binary column, back to back."""
+    if not len(column) or column.buffers()[2] is None:
+        return b""
+    offsets = np.frombuffer(column.buffers()[1], np.int32, len(column) + 1, column.offset * 4)
+    return column.buffers()[2].to_pybytes()[offsets[0] : offsets[-1]]
 
 
 def source_column(source: str, n: int) -> pa.DictionaryArray:
@@ -178,23 +165,19 @@ def rows_batch(rows: Iterable[LabelRow], spec: TableSpec | None = None) -> pa.Re
         if spec
         else list(dict.fromkeys(n for r in rows for n, _ in r.extras))
     )
+    columns = [
+        encode_text([r.key for r in rows]),
+        pa.array([LABEL_SEP.join(r.labels) for r in rows], pa.string()),
+        *(pa.array(values, pa.string()) for values in ([r.split for r in rows], [r.error for r in rows])),
+        pa.array([r.source for r in rows], pa.string()).dictionary_encode().cast(_SOURCE_TYPE),
+        pa.array([r.line for r in rows], pa.int64()),
+    ]
     schema = spec.schema() if spec else None
-    columns = {
-        KEY: encode_text([r.key for r in rows]),
-        LABELS: pa.array([LABEL_SEP.join(r.labels) for r in rows], pa.string()),
-        SPLIT: pa.array([r.split for r in rows], pa.string()),
-        ERROR: pa.array([r.error for r in rows], pa.string()),
-        SOURCE: pa.array([r.source for r in rows], pa.string()).dictionary_encode(),
-        LINE: pa.array([r.line for r in rows], pa.int64()),
-    }
     for name in names:
-        values = [dict(r.extras).get(name) for r in rows]
         kind = schema.field(EXTRA_PREFIX + name).type if schema else None
-        columns[EXTRA_PREFIX + name] = pa.array(values, kind)
-    if schema is None:
-        schema = row_schema([(n, c.type) for n, c in columns.items() if n.startswith(EXTRA_PREFIX)])
-    columns[SOURCE] = columns[SOURCE].cast(_SOURCE_TYPE)
-    return pa.RecordBatch.from_pydict(columns, schema=schema)
+        columns.append(pa.array([dict(r.extras).get(name) for r in rows], kind))
+    schema = schema or row_schema([(EXTRA_PREFIX + n, c.type) for n, c in zip(names, columns[6:])])
+    return pa.RecordBatch.from_arrays(columns, schema=schema)
 
 
 def extra_names(table: pa.Table | pa.RecordBatch) -> list[str]:
@@ -212,47 +195,9 @@ def label_rows(table: pa.Table | pa.RecordBatch) -> list[LabelRow]:
     extras = [tuple((n, v) for n, v in zip(names, values) if v is not None) for values in zip(*extras)]
     extras = [() if error else row for row, error in zip(extras or [()] * table.num_rows, errors)]
     labels = [tuple(t.split(LABEL_SEP)) if t else () for t in table.column(LABELS).to_pylist()]
-    return list(
-        map(
-            LabelRow,
-            decode_text(table.column(KEY)),
-            labels,
-            table.column(SPLIT).to_pylist(),
-            extras,
-            table.column(SOURCE).cast(pa.string()).to_pylist(),
-            table.column(LINE).to_pylist(),
-            errors,
-        )
-    )
-
-
-@dataclasses.dataclass(frozen=True)
-class OrphanRow:
-    """A table row that no listed image matched (or that could not be parsed)."""
-
-    key: str
-    source: str
-    line: int
-    reason: str
-    # (source, line) of the first row of this key: a key's orphan rows are written together,
-    # where its first row is (order). Not written out, not compared.
-    first: tuple[str, int] = dataclasses.field(default=("", 0), compare=False, repr=False)
-
-    def to_json(self) -> str:
-        """The row's line of orphan_labels.jsonl: its fields as JSON, keys sorted."""
-        fields = {"key": self.key, "line": self.line, "reason": self.reason, "source": self.source}
-        text = json.dumps(fields, ensure_ascii=False)
-        try:
-            text.encode("utf-8")
-        except UnicodeEncodeError:  # undecodable bytes of a file name: escaped
-            text = json.dumps(fields)
-        return text
-
-    def order(self) -> tuple:
-        """Where the row goes in orphan_labels.jsonl: keys by their first row, a key's rows
-        together in file order (the same on every runner)."""
-        first = self.first if self.first[0] else (self.source, self.line)
-        return first, self.source, self.line, self.key, self.reason
+    keys, splits = decode_text(table.column(KEY)), table.column(SPLIT).to_pylist()
+    sources, lines = table.column(SOURCE).cast(pa.string()).to_pylist(), table.column(LINE).to_pylist()
+    return list(map(LabelRow, keys, labels, splits, extras, sources, lines, errors))
 
 
 @dataclasses.dataclass(frozen=True)

@@ -48,30 +48,14 @@ def _reader(data, spec: TableSpec, block: int, handler, names: list[str] | None)
 
 def read_header(stream: Utf8Stream, spec: TableSpec, source: str) -> tuple[list[str], int]:
     """The header's column names and the lines it takes, read ahead (peek) of `stream`."""
-    size = 64 << 10
-    while True:
-        head = stream.peek(size)
-        if not head:
-            raise TableError(f"labels table {source} is empty")
-        records = [0]  # records after the header: rejected ones, then those of the first batch
-
-        def count(row: pacsv.InvalidRow, records: list = records) -> str:
-            records[0] += 1
-            return "skip"
-
-        try:
-            reader = _reader(io.BytesIO(head), spec, len(head), count, None)
-            records[0] += reader.read_next_batch().num_rows if len(head) == size else 0
-        except StopIteration:
-            pass
-        except pa.ArrowInvalid as e:
-            raise TableError(f"labels table {source}: cannot read the header: {e}") from None
-        if len(head) < size or records[0]:  # the whole file, or a record after the header
-            names = reader.schema.names
-            return names, 1 + sum(name.count("\n") for name in names)
-        if size >= LINE_CAP:
-            raise TableError(f"labels table {source}: its header is over {LINE_CAP >> 20} MiB")
-        size *= 4
+    head = stream.peek(BLOCK_BYTES)
+    if not head:
+        raise TableError(f"labels table {source} is empty")
+    try:
+        names = _reader(io.BytesIO(head), spec, len(head) + 1, lambda row: "skip", None).schema.names
+    except pa.ArrowInvalid as e:
+        raise TableError(f"labels table {source}: cannot read the header: {e}") from None
+    return names, 1 + sum(name.count("\n") for name in names)
 
 
 class _Lines:

@@ -1,12 +1,10 @@
 """A labels table's bytes as checked UTF-8 text (pure): its encoding, its lines and their cap.
 
-In: a table file opened as bytes (local or gs://, compressed or not). Out: the same text as
-UTF-8 bytes for pyarrow.csv (Utf8Stream: checked, or transcoded from --labels_encoding), or a
-line at a time for JSON Lines (bounded_lines), or a TableError that names the file, the first
-line that is not text, what the bytes look like (a Korean Windows CP949 file, Latin-1, UTF-16
-with its byte order mark...) and the fix. Every record and line is capped (LINE_CAP), so a
-table without line breaks is refused at bounded memory instead of read whole.
-"""
+In: a table file opened as bytes. Out: UTF-8 bytes for pyarrow.csv (Utf8Stream: checked, or
+transcoded from --labels_encoding), a line at a time for JSON Lines (bounded_lines, under
+LINE_CAP: a table without line breaks is refused at bounded memory), or a TableError naming
+the file, the first line that is not text, what it looks like (CP949, Latin-1, UTF-16...) and
+the fix."""
 
 from __future__ import annotations
 
@@ -31,20 +29,18 @@ _LOOKS_LIKE = (
     ("Windows-1252/Latin-1 (Western European Windows)", "cp1252", None),
     ("Latin-1", "latin-1", None),
 )
-_BOMS = (
-    (codecs.BOM_UTF32_LE, "UTF-32 (it starts with a UTF-32 byte order mark)", "utf-32"),
-    (codecs.BOM_UTF32_BE, "UTF-32 (it starts with a UTF-32 byte order mark)", "utf-32"),
-    (codecs.BOM_UTF16_LE, "UTF-16 (it starts with a UTF-16 byte order mark)", "utf-16"),
-    (codecs.BOM_UTF16_BE, "UTF-16 (it starts with a UTF-16 byte order mark)", "utf-16"),
-)
+_BOMS = {
+    "utf-32": (codecs.BOM_UTF32_LE, codecs.BOM_UTF32_BE),
+    "utf-16": (codecs.BOM_UTF16_LE, codecs.BOM_UTF16_BE),
+}
 
 
 def guess_encoding(head: bytes, line: bytes) -> tuple[str, str, str] | None:
     """(what it looks like, the --labels_encoding that reads it, the line as read in it) for a
     table that is not UTF-8, from its first bytes and its first bad line; None if no guess."""
-    for bom, name, codec in _BOMS:
-        if head.startswith(bom):
-            return name, codec, ""
+    for codec, boms in _BOMS.items():
+        if head.startswith(boms):
+            return f"{codec.upper()} (it starts with a {codec.upper()} byte order mark)", codec, ""
     if line.count(b"\x00") * 4 >= len(line) > 0:
         return "UTF-16 without a byte order mark", "utf-16-le" if line[1:2] == b"\x00" else "utf-16-be", ""
     for name, codec, holds in _LOOKS_LIKE:

@@ -1,68 +1,76 @@
-"""Orphan rows (pure): table rows no listed image matched, or that could not be used, as the
-lines of orphan_labels.jsonl.
+"""orphan_labels.jsonl (pure): the table rows no listed image matched, or that could not be used.
 
-In: the rows of a join bucket that have no image (Arrow). Out: an Arrow table of
-ORPHAN_COLUMNS (orphans_of), cut into chunks of table lines (orphan_chunks: a chunk is the
-group that WriteOrphans sorts and writes as one part), and a chunk's JSON lines in the file's
-order (orphan_lines): keys by their first row, a key's rows together in table order, each line
-what OrphanRow.to_json writes. Built for the column at once; Python writes only the rare lines
-that need escapes (control characters, undecodable file names).
+In: Arrow batches of orphan rows (labels.rows.ORPHAN_COLUMNS, from the join). Out: the chunks of
+table lines they fall in (orphan_chunks: a chunk is the group WriteOrphans sorts and writes as
+one part), and a chunk's lines in the file's order (orphan_lines): keys by their first row, a
+key's rows together in table order, each line what OrphanRow.to_json writes. Built for the
+column at once; Python writes only the rare lines that need escapes (control characters,
+undecodable file names).
 """
 
 from __future__ import annotations
 
-from collections.abc import Iterator
+import dataclasses
+import json
+from collections.abc import Iterator, Mapping
 
 import numpy as np
 import pyarrow as pa
 import pyarrow.compute as pc
 
-from transforms.labels.rows import ERROR, KEY, LINE, SOURCE, OrphanRow, decode_text
+from transforms.labels.rows import (
+    FIRST_LINE,
+    FIRST_SOURCE,
+    KEY,
+    LINE,
+    ORPHANS_FILE,
+    REASON,
+    SOURCE,
+    STAT_NAMES,
+    JoinSettings,
+    TableSpec,
+    decode_text,
+    text_bytes,
+)
 
-REASON, FIRST_SOURCE, FIRST_LINE = "reason", "first_source", "first_line"
-ORPHAN_COLUMNS = (KEY, SOURCE, LINE, REASON, FIRST_SOURCE, FIRST_LINE)
-NO_IMAGE = "no image with this key"
 # Table lines per orphan part (bounds a WriteOrphans group and the file's parts per file).
 CHUNK_LINES = 100_000
 # The order of orphan_labels.jsonl (OrphanRow.order).
-_ORDER = [
-    (FIRST_SOURCE, "ascending"),
-    (FIRST_LINE, "ascending"),
-    (SOURCE, "ascending"),
-    (LINE, "ascending"),
-    (KEY, "ascending"),
-    (REASON, "ascending"),
-]
+_ORDER = [(name, "ascending") for name in (FIRST_SOURCE, FIRST_LINE, SOURCE, LINE, KEY, REASON)]
 
 
-def orphans_of(rows: pa.Table) -> pa.Table:
-    """The orphan rows of a batch of table rows that no image matched: each row's reason (its
-    error, else NO_IMAGE) and, for a key with several rows, its first row (the smallest
-    (source, line) of the key; null: the row itself). Sources and reasons as dictionaries."""
-    key, source, line = (rows.column(c).combine_chunks() for c in (KEY, SOURCE, LINE))
-    first_source, first_line = pa.nulls(len(source), source.type), pa.nulls(len(source), pa.int64())
-    counts = pc.value_counts(key)
-    repeated = counts.field("values").filter(pc.greater(counts.field("counts"), 1))
-    if len(repeated):  # keys with several orphan rows: their first row, key by key
-        firsts: dict = {}
-        again = pc.is_in(key, value_set=repeated)
-        at = pc.indices_nonzero(again)
-        keys = key.take(at).to_pylist()
-        places = list(zip(source.take(at).to_pylist(), line.take(at).to_pylist()))
-        for k, place in zip(keys, places):
-            firsts[k] = min(firsts.get(k, place), place)
-        first_source = pc.replace_with_mask(
-            pa.nulls(len(source), pa.string()), again, pa.array([firsts[k][0] for k in keys], pa.string())
-        ).dictionary_encode()
-        first_line = pc.replace_with_mask(
-            first_line, again, pa.array([firsts[k][1] for k in keys], pa.int64())
-        )
-    reason = pc.coalesce(rows.column(ERROR), NO_IMAGE).combine_chunks().dictionary_encode()
-    return pa.table([key, source, line, reason, first_source, first_line], names=list(ORPHAN_COLUMNS))
+@dataclasses.dataclass(frozen=True)
+class OrphanRow:
+    """A table row that no listed image matched (or that could not be parsed)."""
+
+    key: str
+    source: str
+    line: int
+    reason: str
+    # (source, line) of the first row of this key: a key's orphan rows are written together,
+    # where its first row is (order). Not written out, not compared.
+    first: tuple[str, int] = dataclasses.field(default=("", 0), compare=False, repr=False)
+
+    def to_json(self) -> str:
+        """The row's line of orphan_labels.jsonl: its fields as JSON, keys sorted."""
+        fields = {"key": self.key, "line": self.line, "reason": self.reason, "source": self.source}
+        text = json.dumps(fields, ensure_ascii=False)
+        try:
+            text.encode("utf-8")
+        except UnicodeEncodeError:  # undecodable bytes of a file name: escaped
+            text = json.dumps(fields)
+        return text
+
+    def order(self) -> tuple:
+        """Where the row goes in orphan_labels.jsonl: keys by their first row, a key's rows
+        together in file order (the same on every runner)."""
+        first = self.first if self.first[0] else (self.source, self.line)
+        return first, self.source, self.line, self.key, self.reason
 
 
-def orphan_chunks(orphans: pa.Table) -> Iterator[tuple[tuple[str, int], pa.RecordBatch]]:
+def orphan_chunks(orphans: pa.RecordBatch) -> Iterator[tuple[tuple[str, int], pa.RecordBatch]]:
     """((first source, chunk of CHUNK_LINES table lines), its orphan rows) of `orphans`."""
+    orphans = pa.Table.from_batches([orphans])
     firsts = _with_firsts(orphans.select([SOURCE, LINE, FIRST_SOURCE, FIRST_LINE]))
     chunk = pc.divide(firsts.column(FIRST_LINE), CHUNK_LINES).to_numpy()
     sources = firsts.column(FIRST_SOURCE).combine_chunks().dictionary_encode()
@@ -96,19 +104,12 @@ def _json_text(column: pa.Array) -> pa.Array | None:
     between the quotes), or None when some value needs more than '"' and '\\' escaped."""
     coded = column.dictionary_encode() if len(column) > 64 else None
     values = coded.dictionary if coded is not None else column
-    data = _text_bytes(values)
+    data = text_bytes(values)
     if data.translate(None, bytes(range(32, 256))):  # a control character
         return None
     if data.translate(None, bytes(range(256)).translate(None, _ESCAPED)):
         values = pc.replace_substring(pc.replace_substring(values, "\\", "\\\\"), '"', '\\"')
     return values.take(coded.indices) if coded is not None else values
-
-
-def _text_bytes(column: pa.Array) -> bytes:
-    if not len(column) or column.buffers()[2] is None:
-        return b""
-    offsets = np.frombuffer(column.buffers()[1], np.int32, len(column) + 1, column.offset * 4)
-    return column.buffers()[2].to_pybytes()[offsets[0] : offsets[-1]]
 
 
 def orphan_lines(orphans: pa.Table) -> bytes:
@@ -137,6 +138,20 @@ def orphan_lines(orphans: pa.Table) -> bytes:
             '"}\n',
             "",
         )
-        return _text_bytes(joined)
+        return text_bytes(joined)
     rows = zip(decode_text(table.column(KEY)), *(table.column(c).to_pylist() for c in (SOURCE, LINE, REASON)))
     return "".join(OrphanRow(*row).to_json() + "\n" for row in rows).encode("utf-8")
+
+
+def label_summary(counts: Mapping[str, int], spec: TableSpec, settings: JoinSettings) -> dict:
+    """The "labels" section of summary.json."""
+    section: dict = {
+        "table": spec.path,
+        "key_column": spec.key_column,
+        "label_column": spec.label_column,
+        "unlabeled": settings.unlabeled,
+        "duplicate_keys_policy": settings.duplicates,
+        "orphans_file": ORPHANS_FILE,
+    }
+    section.update({name: int(counts.get(name, 0)) for name in STAT_NAMES})
+    return {"labels": section}
