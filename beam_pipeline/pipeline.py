@@ -21,10 +21,8 @@ from beam_pipeline.cli.options import ConvertOptions, encode_settings, join_sett
 from transforms import coders
 from transforms.encoding.encoder import EncodeSettings
 from transforms.images.read import read_bytes
-from transforms.labels import beam_coders as label_coders
 from transforms.labels.beam import BuildClassIndex, LabelFromFolders, ReadLabelMap
-from transforms.labels.beam_table import JoinLabels, ReadLabels
-from transforms.labels.beam_webdataset import WEBDATASET, WebDatasetLabels
+from transforms.labels.beam_table import WEBDATASET, JoinLabels, ReadLabels, WebDatasetLabels
 from transforms.labels.rows import ORPHANS, STATS
 from transforms.layout.beam import AssignSplits, PlanShards
 from transforms.layout.beam_prescan import DropDuplicates, EstimateSizes
@@ -47,9 +45,8 @@ def register_coders() -> None:
     A type missing here would be pickled, silently (tests/cli/test_coders_registered.py).
     Called for every graph (registering is idempotent), not on import.
     """
-    for table in (coders.CODERS, label_coders.CODERS):
-        for record_type, coder in table.items():
-            beam.coders.registry.register_coder(record_type, coder)
+    for record_type, coder in coders.CODERS.items():
+        beam.coders.registry.register_coder(record_type, coder)
 
 
 def build_pipeline(

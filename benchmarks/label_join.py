@@ -68,7 +68,8 @@ def write_table(path: str, images: int, orphans: int) -> str:
 
 
 def commands(python: str, data: str, table: str, out: str) -> dict[str, list[str]]:
-    convert = [python, "-m", "beam_pipeline", "convert", "--input", data, "--overwrite", "--quiet"]
+    # -P: the checkout's code from PYTHONPATH, never the current folder's (python -m puts it first).
+    convert = [python, "-P", "-m", "beam_pipeline", "convert", "--input", data, "--overwrite", "--quiet"]
     return {
         "folders": convert + ["--output_dir", f"{out}-folders"],
         "table": convert + ["--output_dir", f"{out}-table", "--labels", table, "--label_column", "label"],

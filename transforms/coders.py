@@ -6,7 +6,7 @@ behind a tag byte when it cannot be (surrogates of undecodable file names), so e
 round-trips exactly. A batch is one coder call on its columns with the repeats taken out: paths
 as one root when each is root + relpath, labels, splits and extras as a table and a byte or two
 a record (`dictionary_code`). Registered in one place: beam_pipeline/pipeline.py
-`register_coders` (CODERS here and in labels/beam_coders.py).
+`register_coders` (CODERS).
 """
 
 from __future__ import annotations
@@ -20,6 +20,7 @@ import pyarrow as pa
 from apache_beam import coders
 
 from transforms.beam_internals import CacheAware
+from transforms.failures import Failure
 from transforms.records import FileBatch, ImageRecord, RecordBatch, ShardTask, root_of, rooted_paths
 
 _FIELDS = coders.FastPrimitivesCoder().get_impl()
@@ -249,6 +250,28 @@ class ArrowBatchCoder(TupleCoder):
     _estimate = lambda batch: 512 + batch.nbytes  # noqa: E731
 
 
+class Listed:
+    """Type of the elements of JoinedLabels.listed: RecordBatches and Failures (ListedCoder)."""
+
+
+def encode_listed(item: RecordBatch | Failure) -> bytes:
+    if type(item) is RecordBatch:
+        return b"R" + encode_record_batch(item)
+    return b"P" + pickle.dumps(item, protocol=4)
+
+
+def decode_listed(data: bytes) -> RecordBatch | Failure:
+    return decode_record_batch(data[1:]) if data[:1] == b"R" else pickle.loads(data[1:])
+
+
+def estimate_listed(item: RecordBatch | Failure) -> int:
+    return estimate_record_batch(item) if type(item) is RecordBatch else 200
+
+
+class ListedCoder(TupleCoder):
+    _type, _encode, _decode, _estimate = Listed, encode_listed, decode_listed, estimate_listed
+
+
 class _Unwalked(CacheAware):
     """Sized by Beam's state cache without a walk of its objects (transforms/beam_internals.py):
     its items are small strings, ints and numpy arrays."""
@@ -293,4 +316,5 @@ CODERS = {
     SideDict: SideDictCoder,
     SideList: SideListCoder,
     pa.RecordBatch: ArrowBatchCoder,
+    Listed: ListedCoder,
 }

@@ -28,7 +28,7 @@ from apache_beam.options.pipeline_options import (
 from beam_pipeline.cli.options import ConvertOptions, UserError, table_spec
 from transforms.gcs import ERRORS as LIST_ERRORS
 from transforms.gcs import first_page, literal_or_glob, split_gcs_path
-from transforms.labels.beam_webdataset import WEBDATASET
+from transforms.labels.beam_table import WEBDATASET
 from transforms.labels.label_map import load_label_map
 from transforms.labels.rows import IMAGE_KEYS, KEY, TableError, TableSpec, decode_text
 from transforms.labels.table import check_table, image_key, iter_row_batches

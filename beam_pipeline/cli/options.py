@@ -19,7 +19,7 @@ from transforms.images.types import (
     RESIZE_MODES,
     STORES,
 )
-from transforms.labels.beam_webdataset import WEBDATASET
+from transforms.labels.beam_table import WEBDATASET
 from transforms.labels.rows import (
     DUPLICATE_POLICIES,
     FORMATS,

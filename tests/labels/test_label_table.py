@@ -17,7 +17,7 @@ from tests.labels.orphan_rows import orphan_rows
 from transforms.batching import CountImagesFn, chunked
 from transforms.coders import ArrowBatchCoder
 from transforms.labels.beam_table import JoinLabels, ReadLabels
-from transforms.labels.classes import class_index_for
+from transforms.labels.folders import class_index_for
 from transforms.labels.join import JoinResult, bucket_count, files_batch, join_bucket, join_key, resolve_rows
 from transforms.labels.rows import (
     KEY,

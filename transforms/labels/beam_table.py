@@ -1,6 +1,7 @@
-"""The Beam shells of the labels table: ReadLabels, JoinLabels.
+"""The Beam shells of the labels table: ReadLabels, WebDatasetLabels, JoinLabels.
 
-In: the table's files, FileBatches of images. Out: labelled RecordBatches, Failures, orphan
+In: the table's files (or WebDataset sidecar labels: tuples of SampleLabel from the listing),
+FileBatches of images. Out: labelled RecordBatches, Failures, orphan
 rows (output/beam_orphans.py writes them) and the join's counts. Rows, images and orphans
 travel as Arrow record batches (transforms/coders.py ArrowBatchCoder), never one element (or
 Python object) per row or image. Bounds: see JoinLabels.
@@ -19,9 +20,9 @@ from apache_beam.metrics import Metrics
 from apache_beam.transforms.window import GlobalWindows
 
 from transforms.batching import CountImagesFn, group_size
+from transforms.coders import Listed
 from transforms.failures import FAILED, USER_ERROR_MARKER
 from transforms.gcs import literal_or_glob
-from transforms.labels.beam_coders import Listed
 from transforms.labels.join import bucket_count, files_batch, join_bucket, split_by_bucket
 from transforms.labels.rows import (
     DUPLICATE_POLICIES,
@@ -35,12 +36,15 @@ from transforms.labels.rows import (
     UNLABELED_POLICIES,
     JoinSettings,
     LabelMap,
+    LabelRow,
     TableError,
     TableSpec,
     file_schema,
     row_schema,
+    rows_batch,
 )
-from transforms.labels.table import check_regular_file, iter_row_batches
+from transforms.labels.table import check_regular_file, image_key, iter_row_batches, split_labels
+from transforms.listing.webdataset import SampleLabel
 from transforms.records import BATCH_SIZE, FileBatch, RecordBatch
 
 # Rows or images a BucketFn holds at most before it sends them (bounds its memory: Arrow
@@ -121,13 +125,12 @@ class BucketFn(beam.DoFn):
 
 def _tables(parts: Iterable[pa.RecordBatch]) -> tuple[pa.Table, pa.Table]:
     """A bucket's parts as (its images, its rows)."""
-    images, rows = [], []
+    sides: dict[bool, list] = {True: [], False: []}  # images have a relpath
     for part in parts:
-        (images if RELPATH in part.schema.names else rows).append(part)
-    return (
-        pa.Table.from_batches(images, schema=file_schema()) if not images else pa.Table.from_batches(images),
-        pa.Table.from_batches(rows, schema=row_schema()) if not rows else pa.Table.from_batches(rows),
-    )
+        sides[RELPATH in part.schema.names].append(part)
+    images, rows = sides[True], sides[False]
+    empty = file_schema() if not images else None, row_schema() if not rows else None
+    return pa.Table.from_batches(images, schema=empty[0]), pa.Table.from_batches(rows, schema=empty[1])
 
 
 class JoinLabelsFn(beam.DoFn):
@@ -249,3 +252,31 @@ class JoinLabels(beam.PTransform):
         # would be materialized by the local runner), coded by ListedCoder.
         joined[LISTED].element_type = Listed
         return JoinedLabels(joined.records, joined[FAILED], joined[LISTED], joined[ORPHANS], joined[STATS])
+
+
+WEBDATASET = "webdataset"  # the --labels value that asks for sidecar labels
+
+
+def sample_rows(labels: tuple[SampleLabel, ...], image_key_mode: str, separator: str) -> pa.RecordBatch:
+    """The rows of sidecar labels: key by `image_key_mode`, labels split at `separator`
+    (a label that split_labels refuses makes a row with an error: its image's failure)."""
+    rows = []
+    for label in labels:
+        key = image_key(label.relpath, image_key_mode)
+        try:
+            rows.append(LabelRow(key, split_labels(label.value, separator), source=label.source))
+        except ValueError as e:
+            rows.append(LabelRow(key, source=label.source, error=str(e)))
+    return rows_batch(rows)
+
+
+class WebDatasetLabels(beam.PTransform):
+    """Tuples of SampleLabel -> Arrow batches of rows (one per tuple), for JoinLabels."""
+
+    def __init__(self, image_key_mode: str, separator: str = "|"):
+        super().__init__()
+        self._mode, self._separator = image_key_mode, separator
+
+    def expand(self, labels: beam.PCollection[tuple]) -> beam.PCollection[pa.RecordBatch]:
+        to_rows = beam.Map(sample_rows, self._mode, self._separator)
+        return labels | "ToRows" >> to_rows.with_output_types(pa.RecordBatch)

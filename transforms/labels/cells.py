@@ -1,11 +1,9 @@
-"""A labels table's cells as rows (pure): the rules of keys, labels, splits and extras, and of
-the header.
+"""A labels table's cells as rows (pure): the rules of keys, labels, splits, extras and header.
 
-In: the cells of a block of records (Arrow text columns, from table_csv.py) or one record as a
-dict (table_jsonl.py). Out: Arrow batches of rows.ROW_COLUMNS (row_batch), each row's reason if
-it cannot be used, or a LabelRow (parse_row). A column is checked at once with pyarrow.compute;
-Python looks only at the cells the fast path cannot vouch for (keys that are not plain ASCII,
-numbers in other spellings), and at each distinct label or split cell once.
+In: a block of records' cells (Arrow text columns, table_csv.py) or one record as a dict (JSON
+Lines). Out: Arrow batches of rows.ROW_COLUMNS (row_batch) or a LabelRow (parse_row), with each
+row's reason if it cannot be used. Columns are checked at once with pyarrow.compute; Python sees
+only the keys that are not plain ASCII, and each distinct label, split or extra cell once.
 """
 
 from __future__ import annotations
@@ -269,15 +267,16 @@ def _extra_cell(name: str, kind: str):
 
 def delimiter_hint(header: list[str], spec: TableSpec) -> str:
     """A header read as one column that another delimiter would split: the flag to pass, or ''."""
-    if spec.format == "jsonl" or len(header) != 1:
-        return ""
-    for found, name, flag in (
-        (";", "';'", "--labels_delimiter ';'"),
-        ("\t", "a tab", "--labels_format tsv"),
-        (",", "','", "--labels_format csv"),
-        ("|", "'|'", "--labels_delimiter '|'"),
-    ):
-        if found != spec.csv_delimiter() and found in header[0]:
+    hints = {";": "';'", "\t": "a tab", ",": "','", "|": "'|'"}
+    flags = {"\t": "--labels_format tsv", ",": "--labels_format csv"}
+    for found, name in hints.items():
+        if (
+            spec.format != "jsonl"
+            and len(header) == 1
+            and found != spec.csv_delimiter()
+            and found in header[0]
+        ):
+            flag = flags.get(found, f"--labels_delimiter '{found}'")
             return f"its header has no {spec.csv_delimiter()!r} but {name} between names: pass {flag}"
     return ""
 

@@ -1,22 +1,18 @@
 """The labels join on Arrow columns (pure): key buckets, the join of one bucket, and the policy
 of the keys that need one.
 
-In: Arrow batches of table rows (rows.ROW_COLUMNS) and of listed images (rows.FILE_COLUMNS,
-files_batch), shuffled by key bucket (bucket_of_keys: the range a key's hash falls in, out of a
-count that grows with the data, bucket_count). Out of join_bucket: the bucket's labelled
-records (RecordBatch columns), Failures, orphan rows (Arrow: rows.ORPHAN_COLUMNS) and counts,
-under the --unlabeled and --duplicate_keys policies.
+In: Arrow batches of table rows (rows.ROW_COLUMNS) and listed images (FILE_COLUMNS, files_batch),
+shuffled by key bucket (bucket_of_keys, bucket_count). Out of join_bucket: labelled records
+(RecordBatch columns), Failures, orphan rows (ORPHAN_COLUMNS) and counts, under the --unlabeled
+and --duplicate_keys policies. Vectorised for the common case: rows whose key no image has are
+orphans (pyarrow.compute is_in), and the keys with one image and one usable row are joined at
+once (both sides sorted by key), labels checked once per distinct value; Python goes key by
+key (join_key) only for the keys a policy decides (several rows or images, invalid rows, empty
+labels, images without a row).
 
-The common case is vectorised: rows whose key no image has are orphans (pyarrow.compute
-is_in), and a key with one image and one usable row is joined with every such key of the
-bucket at once (both sides sorted by key), its labels checked once per distinct value. Python
-goes key by key (join_key) only for the keys a policy decides: several rows or images,
-invalid rows, empty labels, images without a row.
-
-Many rows per key (issue 31: the objects of one image): rows_by_key gathers the rows of each
-key into one row of lists, in table order, every other column carried along; join_bucket's
-classification path then sees a key with several rows as a duplicate. A caller that wants
-the rows of a key as one per-image value joins rows_by_key(rows) instead of `rows`.
+Many rows per key (issue 31: the objects of one image): rows_by_key gathers each key's rows
+into one row of lists, in table order, every other column carried along; join a rows_by_key
+table to get one per-image value a key (join_bucket would see several rows as duplicates).
 """
 
 from __future__ import annotations
@@ -78,14 +74,12 @@ class JoinResult:
         if n:
             self.stats[name] = self.stats.get(name, 0) + n
 
-    def add_record(self, *fields: object) -> None:
-        """Adds one record: path, relpath, size, labels, split, extras."""
+    def add_record(self, *fields: object) -> None:  # path, relpath, size, labels, split, extras
         for column, value in zip(self.columns, fields):
             column.append(value)
 
     @property
-    def records(self) -> list[ImageRecord]:
-        """The labelled records as ImageRecords (for tests)."""
+    def records(self) -> list[ImageRecord]:  # the labelled records as ImageRecords (tests)
         return list(map(ImageRecord, *self.columns))
 
 
@@ -146,22 +140,22 @@ def rows_by_key(rows: pa.Table) -> pa.Table:
 
 def _check_labels(labels: tuple[str, ...], settings: JoinSettings) -> tuple[tuple[str, ...], str | None]:
     """Labels canonicalized for --label_map and --label_type int, or the reason they are not acceptable."""
-    if settings.label_map is not None:
-        out = []
-        for name in labels:
-            found = settings.label_map.find(name)
-            if found is None:
-                return labels, f"label {name!r} is not in --label_map (neither a class name nor an id of it)"
-            out.append(found)
-        return tuple(dict.fromkeys(out)), None
-    if settings.label_type == "int":
-        out = []
-        for name in labels:
-            if not name.isascii() or not name.isdigit():
-                return labels, f"label {name!r} is not a non-negative integer (--label_type int)"
-            out.append(str(int(name)))
-        return tuple(dict.fromkeys(out)), None
-    return labels, None
+    if settings.label_map is None and settings.label_type != "int":
+        return labels, None
+    out = []
+    for name in labels:
+        if settings.label_map is not None:
+            found, problem = (
+                settings.label_map.find(name),
+                "is not in --label_map (neither a class name nor an id of it)",
+            )
+        else:
+            found = str(int(name)) if name.isascii() and name.isdigit() else None
+            problem = "is not a non-negative integer (--label_type int)"
+        if found is None:
+            return labels, f"label {name!r} {problem}"
+        out.append(found)
+    return tuple(dict.fromkeys(out)), None
 
 
 def resolve_rows(rows: list[LabelRow], policy: str) -> tuple[LabelRow | None, str | None, bool]:

@@ -1,10 +1,7 @@
-"""The labels table's records (pure): its spec, rows (as Arrow columns and as LabelRow), orphans,
-label maps, join settings, and the names of the flags' choices.
-
-Table rows and listed images travel from the reader to the join as pyarrow RecordBatches with
-the columns named here (ROW_COLUMNS, FILE_COLUMNS; extra columns as EXTRA_PREFIX + name), coded
-by one Arrow IPC coder (transforms/coders.py). LabelRow is one row as Python values, for the keys a
-policy decides one by one (join.join_key) and for tests.
+"""The labels table's records (pure): its spec, rows (Arrow columns, LabelRow), label maps,
+join settings, and the names of the flags' choices. Rows, images and orphans travel as pyarrow
+RecordBatches with the columns named here (ROW_COLUMNS, FILE_COLUMNS, ORPHAN_COLUMNS; extras
+as EXTRA_PREFIX + name); LabelRow is one row as Python values (join.join_key, tests).
 """
 
 from __future__ import annotations

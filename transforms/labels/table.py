@@ -2,13 +2,19 @@
 made on the submitting machine before the run.
 
 In: a table file or glob (CSV, TSV or JSON Lines; local or gs://; plain or compressed), read as
-a stream. Out: Arrow batches of rows.ROW_COLUMNS (iter_row_batches: table_csv.py or
-table_jsonl.py over text.Utf8Stream, the cells by cells.py), or a TableError in one line.
+a stream. Out: Arrow batches of rows.ROW_COLUMNS (iter_row_batches: table_csv.py, or JSON Lines
+here, over text.Utf8Stream, the cells by cells.py), or a TableError in one line.
+
+JSON Lines: a line at a time under text.LINE_CAP (bounded_lines: a line of 2 GiB is refused
+once 4 MiB of it are read, as pyarrow.csv refuses such a record), each parsed by the json module
+and cells.parse_row; pyarrow.json would refuse a field whose type changes from line to line (a
+label as text, then a list) and stop at the first line that is not JSON instead of naming it.
 """
 
 from __future__ import annotations
 
 import dataclasses
+import json
 import os
 import posixpath
 import stat
@@ -21,7 +27,7 @@ from apache_beam.io.filesystems import FileSystems
 
 from transforms import gcs
 from transforms.gcs import literal_or_glob
-from transforms.labels import table_csv, table_jsonl
+from transforms.labels import table_csv
 from transforms.labels.cells import (  # noqa: F401 - the rules of cells, read from here too
     FIELD_LIMIT,
     check_header,
@@ -42,8 +48,9 @@ from transforms.labels.rows import (
     TableError,
     TableSpec,
     label_rows,
+    rows_batch,
 )
-from transforms.labels.text import Utf8Stream
+from transforms.labels.text import Utf8Stream, bounded_lines
 
 
 def detect_format(path: str, fmt: str = "auto") -> str:
@@ -82,19 +89,64 @@ def parse_extra_columns(spec: str) -> tuple[tuple[str, str], ...]:
     return tuple(out)
 
 
+ROWS_PER_BATCH = 50_000
+
+
+def _row(number: int, raw: bytes, spec: TableSpec, source: str) -> LabelRow | None:
+    if not raw.strip():
+        return None
+    try:
+        obj = json.loads(raw)
+    except ValueError as e:
+        return LabelRow(key="", source=source, line=number, error=f"not JSON: {e}")
+    if not isinstance(obj, dict):
+        return LabelRow(key="", source=source, line=number, error="not a JSON object")
+    long = next((k for k, v in obj.items() if isinstance(v, str) and len(v) > FIELD_LIMIT), None)
+    if long is not None:
+        raise TableError(
+            f"labels table {source} line {number}: field larger than field limit ({FIELD_LIMIT})"
+        )
+    return parse_row(obj, spec, source, number)
+
+
+def jsonl_batches(stream: Utf8Stream, spec: TableSpec, source: str) -> Iterator[pa.RecordBatch]:
+    """The rows of a JSON Lines table (see the module docstring)."""
+    rows: list[LabelRow] = []
+    for number, raw in bounded_lines(stream, source):
+        row = _row(number, raw, spec, source)
+        if row is not None:
+            rows.append(row)
+        if len(rows) >= ROWS_PER_BATCH:
+            yield rows_batch(rows, spec)
+            rows = []
+    if rows:
+        yield rows_batch(rows, spec)
+
+
+def first_object_keys(stream: Utf8Stream, source: str) -> list[str]:
+    """The field names of the first JSON object of a table (TableError if it is not one)."""
+    for _, raw in bounded_lines(stream, source):
+        if raw.strip():
+            try:
+                return list(json.loads(raw).keys())
+            except (ValueError, AttributeError):
+                raise TableError(f"labels table {source}: the first line is not a JSON object") from None
+    raise TableError(f"labels table {source} is empty")
+
+
 def iter_row_batches(f: BinaryIO, spec: TableSpec, source: str = "") -> Iterator[pa.RecordBatch]:
     """The rows of a table file (read as a stream), as Arrow batches of ROW_COLUMNS in file
     order (a block of records at a time; rows pyarrow rejects follow their block's batch).
 
     CSV and TSV (table_csv.py): a header row, RFC 4180 quoting (fields may hold the delimiter,
-    quotes and line breaks), CRLF, LF or CR line ends. JSON Lines (table_jsonl.py): one object a
+    quotes and line breaks), CRLF, LF or CR line ends. JSON Lines: one object a
     line. A row's line is the line (from 1, split at '\\n') its record starts on. Raises
     TableError: the text is not `spec.encoding` (UTF-8 unless given), the header lacks a
     required column, a record or line over text.LINE_CAP, a field over FIELD_LIMIT characters,
     a quoted field never closed.
     """
     stream = Utf8Stream(f, source, spec.encoding)
-    reader = table_jsonl.jsonl_batches if spec.format == "jsonl" else table_csv.csv_batches
+    reader = jsonl_batches if spec.format == "jsonl" else table_csv.csv_batches
     yield from reader(stream, spec, source)
 
 
@@ -110,7 +162,7 @@ def read_header(path: str, spec: TableSpec) -> list[str]:
     with gcs.open_read(path) as f:
         stream = Utf8Stream(f, path, spec.encoding)
         if spec.format == "jsonl":
-            return table_jsonl.first_object_keys(stream, path)
+            return first_object_keys(stream, path)
         return table_csv.read_header(stream, spec, path)[0]
 
 

@@ -75,13 +75,6 @@ class _Lines:
         (line, text) of the rejected records among them (all that are left if `final`)."""
         n = len(breaks)
         numbers = np.arange(self.next, self.next + n, dtype=np.int64)
-        if n and not final and not (self.rejected and min(self.rejected) <= numbers[-1]):
-            lines = numbers + self.breaks  # no rejected record among them
-            if breaks.any():
-                lines += np.cumsum(breaks) - breaks
-            self.breaks += int(breaks.sum())
-            self.next, self.last = int(numbers[-1]) + 1, int(lines[-1])
-            return lines, []
         placed = []
         for number in sorted(self.rejected):
             if not final and (not n or number > numbers[-1]):
@@ -147,27 +140,18 @@ def _block(
     found, rejected = lines.place(breaks, final=batch is None)
     line = pa.array(found, pa.int64())
     for column in columns:
-        if pc.max(pc.binary_length(column)).as_py() > FIELD_LIMIT:
-            long = pc.greater(pc.utf8_length(column), FIELD_LIMIT)
-            if pc.any(long).as_py():
-                first = line[pc.index(long, True).as_py()].as_py()
-                raise TableError(
-                    f"labels table {source} line {first}: field larger than field limit ({FIELD_LIMIT})"
-                )
+        if (pc.max(pc.utf8_length(column)).as_py() or 0) > FIELD_LIMIT:
+            first = line[pc.index(pc.greater(pc.utf8_length(column), FIELD_LIMIT), True).as_py()]
+            raise TableError(
+                f"labels table {source} line {first}: field larger than field limit ({FIELD_LIMIT})"
+            )
     parts = []
     if n:
         needed = {name: columns[i] for name, i in at.items() if name in spec.required_columns()}
         rows = row_batch(needed, line, spec, source)
-        empty = pc.equal(rows.column(KEY), b"")
-        if pc.any(empty).as_py():  # blank records, or records without a key
-            blank = [
-                i
-                for i in pc.indices_nonzero(empty).to_pylist()
-                if not any(c[i].as_py().strip() for c in columns)
-            ]
-            if blank:
-                rows = rows.filter(pc.invert(pc.is_in(pa.array(range(n)), pa.array(blank))))
-        parts.append(rows)
+        empty = pc.indices_nonzero(pc.equal(rows.column(KEY), b"")).to_pylist()  # blank, or no key
+        blank = [i for i in empty if not any(c[i].as_py().strip() for c in columns)]
+        parts.append(rows.filter(pc.invert(pc.is_in(pa.array(range(n)), pa.array(blank, pa.int64())))))
     bad = [_rejected(text, number, at[spec.key_column], spec, source, width) for number, text in rejected]
     if any(bad):
         parts.append(rows_batch([row for row in bad if row], spec))

@@ -74,9 +74,9 @@ def not_text_message(source: str, line: int, encoding: str, head: bytes, bad: by
 
 class Utf8Stream:
     """The bytes of a table file as UTF-8, read as pyarrow reads a file (`read(size)`): checked
-    as they pass (or transcoded from `encoding`), a leading byte order mark dropped. Counts the
-    line breaks and '"' characters passed (`lines`, `quotes`). `peek(n)` reads ahead without
-    consuming. `returns` counts carriage returns. Raises TableError at the first line that is not text in `encoding`."""
+    as they pass (or transcoded from `encoding`), a leading byte order mark dropped; `peek(n)`
+    reads ahead. Counts the line breaks, '"' and carriage returns read (`lines`, `quotes`,
+    `returns`). Raises TableError at the first line that is not text in `encoding`."""
 
     closed = False
 
@@ -84,12 +84,9 @@ class Utf8Stream:
         self._f, self._source, self._encoding = f, source, encoding
         self._utf8 = codecs.lookup(encoding).name == "utf-8"
         self._decoder = codecs.getincrementaldecoder("utf-8-sig" if self._utf8 else encoding)()
-        self._head = b""  # the file's first bytes (what the encoding guess looks at)
-        self._held = b""  # read ahead by peek
+        self._head = self._held = b""  # the first bytes (for the encoding guess); read ahead by peek
         self._done = False
-        self.lines = 0
-        self.quotes = 0
-        self.returns = 0
+        self.lines = self.quotes = self.returns = 0
 
     def read(self, size: int = -1) -> bytes:
         out = self.peek(size if size and size > 0 else _CHUNK)
