@@ -2,6 +2,7 @@
 
     python benchmarks/label_join.py                        # 100,000 images, 1,000,000-row table, 3 rounds
     python benchmarks/label_join.py --rounds 5 --against /path/to/other/checkout   # A/B, interleaved
+    python benchmarks/label_join.py --classes 1000000 --against /path/to/other/checkout
 
 The images are identical 633-byte JPEGs in 100 class folders (memory.py's tiny dataset, cached
 in benchmarks/work/); the table (`id,label`, cached too) holds one row per image (its stem and
@@ -87,6 +88,58 @@ def check_table_run(out: str, images: int, orphans: int) -> None:
         )
 
 
+def class_map_runs(args, checkouts: dict[str, str]) -> int:
+    """--classes N: 3 images labelled by ids 0-2 of an id,name --label_map of N classes (~70-
+    character names, as GLDv2's train_label_to_category.csv) against a 3-class map: peak RSS,
+    summary.json and labels.txt sizes per checkout, and whether labels.txt is byte-identical
+    across checkouts."""
+    import random
+    import string
+
+    from PIL import Image
+
+    root = os.path.join(args.work_dir, "class-map")
+    os.makedirs(os.path.join(root, "images"), exist_ok=True)
+    for i in range(3):
+        Image.new("RGB", (8, 8), (i * 80, 30, 200)).save(os.path.join(root, "images", f"img{i}.png"))
+    with open(os.path.join(root, "labels.csv"), "w") as f:
+        f.write("id,label\n" + "".join(f"img{i},{i}\n" for i in range(3)))
+    rnd = random.Random(0)
+    letters = string.ascii_letters + "_()0123456789"
+    maps = {}
+    for n in (3, args.classes):
+        maps[n] = os.path.join(root, f"map-{n}.csv")
+        if not os.path.exists(maps[n]):
+            with open(maps[n], "w") as f:
+                f.write("landmark_id,category\n")
+                for i in range(n):
+                    f.write(
+                        f"{i},http://commons.wikimedia.org/wiki/Category:{''.join(rnd.choice(letters) for _ in range(27))}\n"
+                    )
+    labels = {}
+    for name, repo in checkouts.items():
+        for n, label_map in maps.items():
+            out = os.path.join(root, f"out-{name}-{n}")
+            cmd = [os.path.join(repo, ".venv", "bin", "python"), "-P", "-m", "beam_pipeline", "convert"]
+            cmd += ["--input", os.path.join(root, "images"), "--output_dir", out, "--overwrite", "--quiet"]
+            cmd += ["--labels", os.path.join(root, "labels.csv"), "--label_map", label_map]
+            m = run_measured(cmd, env={**os.environ, "PYTHONPATH": repo}, log_path=out + ".log")
+            if m.returncode:
+                raise SystemExit(f"{name} with {n} classes failed; see {out}.log")
+            with open(os.path.join(out, "labels.txt"), "rb") as f:
+                labels[name, n] = f.read()
+            summary = os.path.getsize(os.path.join(out, "summary.json"))
+            print(
+                f"{name:>4} {n:>9,} classes: wall {m.wall_s:6.1f} s, CPU {m.cpu_s:6.1f} s, peak RSS {m.peak_rss_mb:6.0f} MB, "
+                f"summary.json {summary:,} bytes, labels.txt {len(labels[name, n]):,} bytes, load {os.getloadavg()[0]:.1f}",
+                flush=True,
+            )
+    if len(checkouts) > 1:
+        same = all(labels["new", n] == labels["old", n] for n in maps)
+        print(f"labels.txt byte-identical across checkouts: {same}")
+    return 0
+
+
 def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--images", type=int, default=100_000)
@@ -97,8 +150,14 @@ def main(argv: list[str] | None = None) -> int:
     )
     parser.add_argument("--work_dir", default=WORK_DIR)
     parser.add_argument("--only", default="", help="Comma-separated variants to run (default: all).")
+    parser.add_argument(
+        "--classes", type=int, help="Instead: 3 images with an N-class --label_map vs a 3-class one."
+    )
     args = parser.parse_args(argv)
     os.makedirs(args.work_dir, exist_ok=True)
+    if args.classes:
+        checkouts = {"new": REPO, **({"old": os.path.abspath(args.against)} if args.against else {})}
+        return class_map_runs(args, checkouts)
     data = tiny_dataset(args.images, args.work_dir)
     table = write_table(
         os.path.join(args.work_dir, f"labels-{args.images}-{args.orphans}.csv"), args.images, args.orphans
