@@ -22,10 +22,8 @@ from transforms import coders
 from transforms.batching import SumPerKeyFn
 from transforms.encoding.encoder import EncodeSettings
 from transforms.images.read import read_bytes
-from transforms.labels import beam_coders as label_coders
 from transforms.labels.beam import BuildClassIndex, LabelFromFolders, ReadLabelMap
-from transforms.labels.beam_table import JoinLabels, ReadLabels, WriteOrphans
-from transforms.labels.beam_webdataset import WEBDATASET, WebDatasetLabels
+from transforms.labels.beam_table import WEBDATASET, JoinLabels, ReadLabels, WebDatasetLabels
 from transforms.labels.rows import ORPHANS, STATS
 from transforms.layout.beam import AssignSplits, PlanShards
 from transforms.layout.beam_prescan import DropDuplicates, EstimateSizes
@@ -33,6 +31,7 @@ from transforms.layout.plan import parse_split_ratios
 from transforms.listing.beam import ListedImages, ListImages
 from transforms.listing.beam_archives import archive_copies_dir
 from transforms.output.beam import WriteMetadata
+from transforms.output.beam_orphans import WriteOrphans
 from transforms.output.fence import Fence
 from transforms.output.publish import staging_dir, temp_dir_for
 from transforms.output.summary import record_counts, records_section
@@ -48,9 +47,8 @@ def register_coders() -> None:
     A type missing here would be pickled, silently (tests/cli/test_coders_registered.py).
     Called for every graph (registering is idempotent), not on import.
     """
-    for table in (coders.CODERS, label_coders.CODERS):
-        for record_type, coder in table.items():
-            beam.coders.registry.register_coder(record_type, coder)
+    for record_type, coder in coders.CODERS.items():
+        beam.coders.registry.register_coder(record_type, coder)
 
 
 def build_pipeline(
@@ -101,11 +99,16 @@ def build_pipeline(
                 opts.image_key, opts.label_separator
             )
         else:
-            table = p | "ReadLabels" >> ReadLabels(spec)  # LabelRows (columns: key, labels, split, extras)
+            table = p | "ReadLabels" >> ReadLabels(
+                spec
+            )  # Arrow batches of rows (key, labels, split, extras...)
         labeled = (files, table) | "JoinLabels" >> JoinLabels(
             opts.image_key, join, label_map=label_map
         )  # .records, .failed
-        report = {ORPHANS: labeled.orphans, STATS: labeled.stats}  # OrphanLines, (count name, n)
+        report = {
+            ORPHANS: labeled.orphans,
+            STATS: labeled.stats,
+        }  # Arrow batches of orphan rows, (count name, n)
         label_report = report | "WriteOrphans" >> WriteOrphans(
             staging_dir(temp_dir), spec, join
         )  # {"labels": {..}}

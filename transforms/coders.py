@@ -6,7 +6,7 @@ behind a tag byte when it cannot be (surrogates of undecodable file names), so e
 round-trips exactly. A batch is one coder call on its columns with the repeats taken out: paths
 as one root when each is root + relpath, labels, splits and extras as a table and a byte or two
 a record (`dictionary_code`). Registered in one place: beam_pipeline/pipeline.py
-`register_coders` (CODERS here and in labels/beam_coders.py).
+`register_coders` (CODERS).
 """
 
 from __future__ import annotations
@@ -16,9 +16,11 @@ from collections.abc import Sequence
 from typing import Any
 
 import numpy as np
+import pyarrow as pa
 from apache_beam import coders
 
 from transforms.beam_internals import CacheAware
+from transforms.failures import Failure
 from transforms.objects import Objects
 from transforms.records import FileBatch, ImageRecord, RecordBatch, ShardTask, root_of, rooted_paths
 
@@ -232,6 +234,69 @@ class RecordBatchCoder(TupleCoder):
     )
 
 
+# Schema metadata of a batch coded with its all-null columns left out: the batch's own schema.
+_ARROW_SCHEMA = b"img2tfrecord.schema"
+
+
+def encode_arrow_batch(batch: pa.RecordBatch) -> bytes:
+    """One Arrow IPC stream (the schema, then the buffers as they are in memory: no value is
+    made a Python object); a column null in every row (a table without a split column, rows
+    without errors) goes as Arrow's null type, with no buffers at all."""
+    empty = [i for i, c in enumerate(batch.columns) if c.null_count == len(c) > 0 and c.type != pa.null()]
+    if empty:
+        schema = batch.schema
+        columns = [pa.nulls(len(c)) if i in empty else c for i, c in enumerate(batch.columns)]
+        fields = [pa.field(f.name, pa.null()) if i in empty else f for i, f in enumerate(schema)]
+        meta = {**(schema.metadata or {}), _ARROW_SCHEMA: schema.serialize().to_pybytes()}
+        batch = pa.RecordBatch.from_arrays(columns, schema=pa.schema(fields, metadata=meta))
+    sink = pa.BufferOutputStream()
+    with pa.ipc.new_stream(sink, batch.schema) as writer:
+        writer.write_batch(batch)
+    return sink.getvalue().to_pybytes()
+
+
+def decode_arrow_batch(data: bytes) -> pa.RecordBatch:
+    """The batch encode_arrow_batch coded, its buffers read in place from `data` (no copy)."""
+    batch = pa.ipc.open_stream(data).read_next_batch()
+    meta = batch.schema.metadata or {}
+    if _ARROW_SCHEMA not in meta:
+        return batch
+    schema = pa.ipc.read_schema(pa.py_buffer(meta[_ARROW_SCHEMA]))
+    columns = [
+        pa.nulls(batch.num_rows, f.type) if c.type != f.type else c for c, f in zip(batch.columns, schema)
+    ]
+    return pa.RecordBatch.from_arrays(columns, schema=schema)
+
+
+class ArrowBatchCoder(TupleCoder):
+    """A pyarrow RecordBatch (the labels' table rows, listed images and orphan rows)."""
+
+    _type, _encode, _decode = pa.RecordBatch, encode_arrow_batch, decode_arrow_batch
+    _estimate = lambda batch: 512 + batch.nbytes  # noqa: E731
+
+
+class Listed:
+    """Type of the elements of JoinedLabels.listed: RecordBatches and Failures (ListedCoder)."""
+
+
+def encode_listed(item: RecordBatch | Failure) -> bytes:
+    if type(item) is RecordBatch:
+        return b"R" + encode_record_batch(item)
+    return b"P" + pickle.dumps(item, protocol=4)
+
+
+def decode_listed(data: bytes) -> RecordBatch | Failure:
+    return decode_record_batch(data[1:]) if data[:1] == b"R" else pickle.loads(data[1:])
+
+
+def estimate_listed(item: RecordBatch | Failure) -> int:
+    return estimate_record_batch(item) if type(item) is RecordBatch else 200
+
+
+class ListedCoder(TupleCoder):
+    _type, _encode, _decode, _estimate = Listed, encode_listed, decode_listed, estimate_listed
+
+
 class _Unwalked(CacheAware):
     """Sized by Beam's state cache without a walk of its objects (transforms/beam_internals.py):
     its items are small strings, ints and numpy arrays."""
@@ -275,4 +340,6 @@ CODERS = {
     RecordBatch: RecordBatchCoder,
     SideDict: SideDictCoder,
     SideList: SideListCoder,
+    pa.RecordBatch: ArrowBatchCoder,
+    Listed: ListedCoder,
 }

@@ -70,9 +70,24 @@ _FIXES: tuple[tuple[str, str], ...] = (
         "the table's keys must be the images' keys: check --key_column and --image_key "
         "(stem, name, relpath), or pass --unlabeled skip",
     ),
-    ("bad row", "fix the labels table's rows (see failures.jsonl)"),
+    (
+        "bad row",
+        "fix those rows of the labels table: failures.jsonl names each one's file:line and what is wrong",
+    ),
+    (
+        "conflicting rows for key",
+        "pass --duplicate_keys first (the first row wins) or union (all their labels), or remove the extra rows",
+    ),
+    (
+        "rows for key … disagree",
+        "make a key's rows agree on the split and extra columns, or pass --duplicate_keys first",
+    ),
+    (
+        "label … is not a non-negative integer",
+        "fix those labels, or pass --label_type str (labels are names)",
+    ),
     ("too large", "raise --max_pixels if these images are trusted"),
-    ("label … is not in the class index", "list every label in --label_map"),
+    ("label … is not in --label_map", "list every label in --label_map"),
     ("duplicate", "--dedupe drops exact duplicates; leave it off to keep them"),
 )
 _DAMAGED = "remove or repair the damaged files, or raise --max_failure_ratio"

@@ -28,9 +28,9 @@ from apache_beam.options.pipeline_options import (
 from beam_pipeline.cli.options import ConvertOptions, UserError, table_spec
 from transforms.gcs import ERRORS as LIST_ERRORS
 from transforms.gcs import first_page, literal_or_glob, split_gcs_path
-from transforms.labels.beam_webdataset import WEBDATASET
+from transforms.labels.beam_table import WEBDATASET
 from transforms.labels.label_map import load_label_map
-from transforms.labels.rows import IMAGE_KEYS, TableError, TableSpec
+from transforms.labels.rows import IMAGE_KEYS, KEY, TableError, TableSpec, decode_text
 from transforms.labels.table import check_table, image_key, iter_row_batches
 from transforms.listing.archives import archive_kind
 from transforms.listing.local import is_archive_input, walk_folders
@@ -268,7 +268,7 @@ def _table_keys(spec: TableSpec) -> set[str] | None:
     for path in check_table(spec):
         with FileSystems.open(path) as f:
             for batch in iter_row_batches(f, spec, path):
-                keys.update(key for key in batch.keys if key)
+                keys.update(key for key in decode_text(batch.column(KEY)) if key)
                 if len(keys) > MAX_KEY_ROWS:
                     return None
     return keys

@@ -4,6 +4,7 @@ check_args) and the settings they give the stages (EncodeSettings, TableSpec, Jo
 from __future__ import annotations
 
 import argparse
+import codecs
 import difflib
 import re
 from collections.abc import Iterable
@@ -21,7 +22,7 @@ from transforms.images.types import (
     RESIZE_MODES,
     STORES,
 )
-from transforms.labels.beam_webdataset import WEBDATASET
+from transforms.labels.beam_table import WEBDATASET
 from transforms.labels.rows import (
     DUPLICATE_POLICIES,
     FORMATS,
@@ -84,6 +85,15 @@ def add_flags(parser, *, labels_flag: str = "--labels_path", local_runner: bool 
     )
     group.add_argument(
         "--labels_format", choices=("auto",) + FORMATS, default="auto", help="auto: from the extension."
+    )
+    group.add_argument(
+        "--labels_encoding",
+        default="utf-8",
+        metavar="CODEC",
+        help="Text encoding of the table (cp949, latin-1, ...).",
+    )
+    group.add_argument(
+        "--labels_delimiter", default="", metavar="CHAR", help="CSV delimiter ('' = ',', or a tab for tsv)."
     )
     group.add_argument("--key_column", default="id", metavar="COL", help="Column of the image key.")
     group.add_argument("--label_column", default="label", metavar="COL", help="Column of the label(s).")
@@ -351,8 +361,15 @@ def _validate_label_flags(opts: ConvertOptions) -> None:
     try:
         detect_format(opts.labels_path, opts.labels_format)
         extras = parse_extra_columns(opts.extra_columns)
+        codecs.lookup(opts.labels_encoding)
+    except LookupError:
+        raise UserError(
+            f"--labels_encoding {opts.labels_encoding}: no such text encoding (cp949, latin-1, utf-16, ...)"
+        ) from None
     except ValueError as e:
         raise UserError(str(e)) from None
+    if len(opts.labels_delimiter) > 1 or opts.labels_delimiter in ('"', "\n", "\r"):
+        raise UserError("--labels_delimiter must be one character other than a quote or a line break")
     reserved = {opts.key_column, opts.label_column, opts.split_column}
     for name, _ in extras:
         if name in reserved:
@@ -372,6 +389,8 @@ def table_spec(opts: ConvertOptions) -> TableSpec:
         separator=opts.label_separator,
         split_column=opts.split_column,
         extra_columns=parse_extra_columns(opts.extra_columns),
+        encoding=opts.labels_encoding,
+        delimiter=opts.labels_delimiter,
     )
 
 

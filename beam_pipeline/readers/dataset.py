@@ -20,7 +20,6 @@ from transforms.encoding.dataset_format import DatasetFormat
 from transforms.encoding.schema import DEFAULT_SCHEMA, Schema, get_schema
 from transforms.images.decoding import decode_stored
 from transforms.output.publish import SUMMARY_FILE
-from transforms.output.summary import single_label
 from transforms.output.tfds import is_single_label
 
 SHARD_GLOB = "{split}-*-of-*.tfrecord*"
@@ -46,18 +45,11 @@ def read_summary(output_dir: str) -> dict:
         return json.loads(f.read().decode("utf-8"))
 
 
-def is_single_label_dataset(summary: dict) -> bool:
-    """True when every record has exactly one label: summary.json's `labels_per_record`, or,
-    for a dataset written before it, its per-class counts."""
-    single = single_label(summary)
-    return is_single_label(summary) if single is None else single
-
-
 def dataset_spec(schema: Schema, summary: dict) -> dict:
     """The parse spec of a dataset's records: the schema's, with the label (and its text) as
     scalars when every record has exactly one label."""
     spec = schema.parse_spec()
-    if not is_single_label_dataset(summary):
+    if not is_single_label(summary):
         return spec
     import tensorflow as tf
 

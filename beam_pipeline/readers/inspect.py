@@ -22,7 +22,13 @@ from collections.abc import Iterable
 from apache_beam.io.filesystems import FileSystems
 from PIL import Image
 
-from beam_pipeline.readers.verify import CommandParser, list_shards, load_format, load_summary
+from beam_pipeline.readers.verify import (
+    CommandParser,
+    list_shards,
+    load_class_names,
+    load_format,
+    load_summary,
+)
 from transforms.failures import reason_kind
 from transforms.output.publish import FAILURES_FILE
 from transforms.paths import normalize_root
@@ -107,7 +113,7 @@ def collect_stats(
     output_dir = normalize_root(output_dir)
     summary = load_summary(output_dir)
     fmt = load_format(output_dir, summary)
-    names, offset = summary.get("class_names", []), summary.get("label_offset", 0)
+    names, offset = load_class_names(output_dir), summary.get("label_offset", 0)
     stats = DatasetStats(failures=read_failures(output_dir, failure_examples))
     for split, paths in list_shards(output_dir).items():
         classes: dict[str, ClassStats] = collections.defaultdict(ClassStats)

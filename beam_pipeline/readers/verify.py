@@ -23,7 +23,7 @@ from apache_beam.options.pipeline_options import PipelineOptions
 from beam_pipeline.cli.help import Formatter, prog_name
 from beam_pipeline.cli.options import UserError, check_args
 from transforms.encoding.dataset_format import DatasetFormat
-from transforms.output.publish import SUMMARY_FILE, folder_exists
+from transforms.output.publish import LABELS_FILE, SUMMARY_FILE, folder_exists
 from transforms.output.tfds import DATASET_INFO_FILE, FEATURES_FILE
 from transforms.paths import normalize_root
 from transforms.verify.beam import VerifyShards
@@ -49,6 +49,14 @@ def load_summary(output_dir: str) -> dict:
         raise UserError(f"{output_dir}: no {SUMMARY_FILE} (not a finished img2tfrecord dataset)") from None
     except ValueError as e:
         raise UserError(f"{path}: not valid JSON ({e})") from None
+
+
+def load_class_names(output_dir: str) -> list[str]:
+    """The class names of a dataset in id order: labels.txt, one a line (none if it has none)."""
+    path = FileSystems.join(output_dir, LABELS_FILE)
+    if not FileSystems.exists(path):
+        return []
+    return read_file(path).decode("utf-8").split("\n")[:-1]
 
 
 def load_format(output_dir: str, summary: dict) -> DatasetFormat:
@@ -169,7 +177,7 @@ def verify(
     tfds_info = json.loads(read_file(info_path).decode("utf-8")) if FileSystems.exists(info_path) else None
     shards = list_shards(output_dir)
     paths = [p for split_paths in shards.values() for p in split_paths]
-    names, offset = summary.get("class_names", []), summary.get("label_offset", 0)
+    names, offset = load_class_names(output_dir), summary.get("label_offset", 0)
     if use_beam:
         check = VerifyShards(fmt, names, offset, decode_all)
         checks = _check_with_beam(paths, check, output_dir, list(beam_args))

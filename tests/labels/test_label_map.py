@@ -132,3 +132,51 @@ def test_graph_with_gldv2_sized_map_stays_under_2_mb(tmp_path):
     build_pipeline(p, options.view_as(ConvertOptions), "0" * 32)
     size = len(p.to_runner_api().SerializeToString())
     assert size < 2_000_000, size
+
+
+def test_summary_holds_counts_not_names_and_many_classes_go_to_class_counts_csv(tmp_path, monkeypatch):
+    """summary.json carries counts, never a copy of the class names (labels.txt has them); past
+    SUMMARY_CLASSES (split, class) pairs the per-class counts are in class_counts.csv, and the
+    readers (verify, inspect, load_dataset) and the TFDS names file still agree with labels.txt."""
+    import csv
+    import json
+
+    import transforms.output.summary as summary_module
+    from beam_pipeline.readers.dataset import load_dataset
+    from beam_pipeline.readers.inspect import collect_stats
+    from beam_pipeline.readers.verify import verify
+
+    monkeypatch.setattr(summary_module, "SUMMARY_CLASSES", 2)
+    images = tmp_path / "imgs"
+    for i, cls in enumerate(("cat", "cat", "dog", "emu")):
+        write_image(images / cls / f"{i}.png", (6 + i, 5), seed=i)
+    out = tmp_path / "out"
+    summary = main.run(["--input", str(images), "--output_dir", str(out), "--quiet"], save_main_session=False)
+    on_disk = json.loads((out / "summary.json").read_text())
+    assert on_disk == summary and "class_names" not in summary and "written_per_class" not in summary
+    assert summary["num_classes"] == 3 and summary["labels_per_record"] == {"min": 1, "max": 1}
+    assert summary["class_counts_file"] == "class_counts.csv" and "classes" not in summary["splits"]["train"]
+    rows = list(csv.reader((out / "class_counts.csv").open()))
+    assert rows == [
+        ["split", "class", "listed", "written", "failed"],
+        ["train", "cat", "2", "2", "0"],
+        ["train", "dog", "1", "1", "0"],
+        ["train", "emu", "1", "1", "0"],
+    ]
+    assert (out / "labels.txt").read_text() == "cat\ndog\nemu\n"
+    assert (out / "image-class-label.labels.txt").read_bytes() == (out / "labels.txt").read_bytes()
+    checks, problems = verify(str(out))
+    assert problems == [] and sum(c.records for c in checks) == 4
+    stats = collect_stats(str(out))
+    assert {cls: s.records for cls, s in stats.splits["train"].items()} == {"cat": 2, "dog": 1, "emu": 1}
+    assert sorted(int(label) for _, label in load_dataset(str(out))) == [0, 0, 1, 2]
+    monkeypatch.setattr(summary_module, "SUMMARY_CLASSES", 1000)  # a rerun with few classes: no stale file
+    main.run(
+        ["--input", str(images), "--output_dir", str(out), "--quiet", "--overwrite"], save_main_session=False
+    )
+    assert not (out / "class_counts.csv").exists()
+    assert json.loads((out / "summary.json").read_text())["written_per_class"] == {
+        "cat": 2,
+        "dog": 1,
+        "emu": 1,
+    }

@@ -195,7 +195,21 @@ def test_jsonl_multilabel_extras_split_column_label_map_keep(tmp_path):
         # Found inside the pipeline, past the header:
         (["--labels", "{tmp}/open.csv"], 'open.csv line 3: a quoted field is never closed (a missing "'),
         (["--labels", "{tmp}/huge.csv"], "huge.csv line 2: field larger than field limit (131072)"),
-        (["--labels", "{tmp}/cr.csv"], "cr.csv line 2: new-line character seen in unquoted field"),
+        # Not UTF-8, another delimiter, a line over the cap: named with the fix, before the run.
+        (["--labels", "{tmp}/cp949.csv"], "cp949.csv line 2 is not UTF-8: it looks like CP949/EUC-KR"),
+        (["--labels", "{tmp}/cp949.csv"], "or pass --labels_encoding cp949"),
+        (["--labels", "{tmp}/utf16.csv"], "utf16.csv line 1 is not UTF-8: it looks like UTF-16 (it starts"),
+        (["--labels", "{tmp}/latin1.csv"], "latin1.csv line 3 is not UTF-8: it looks like Windows-1252"),
+        (
+            ["--labels", "{tmp}/semi.csv"],
+            "its header has no ',' but ';' between names: pass --labels_delimiter ';'",
+        ),
+        (
+            ["--labels", "{tmp}/tab.csv"],
+            "its header has no ',' but a tab between names: pass --labels_format tsv",
+        ),
+        (["--labels", "{tmp}/long.jsonl"], "long.jsonl line 2 is over 4 MiB"),
+        (["--labels", "{tmp}/late.csv"], "late.csv line 200003 is not UTF-8"),  # found inside the pipeline
         (["--labels", "{tmp}/fifo.csv"], "fifo.csv is not a regular file (a pipe or a device)"),
     ],
 )
@@ -204,7 +218,17 @@ def test_label_table_user_errors(tmp_path, capsys, extra, message):
     (tmp_path / "t.csv").write_text("id,label\nx,cat\n")
     (tmp_path / "open.csv").write_text('id,label\nx,cat\ny,"dog\nz,ant\n')
     (tmp_path / "huge.csv").write_text("id,label\nx," + "c" * 200_000 + "\n")
-    (tmp_path / "cr.csv").write_bytes(b"id,label\nx,ca\rt\n")
+    (tmp_path / "cp949.csv").write_bytes("id,label\nx,경복궁\n".encode("cp949"))
+    (tmp_path / "utf16.csv").write_bytes("id,label\nx,cat\n".encode("utf-16"))
+    (tmp_path / "latin1.csv").write_bytes("id,label\nx,cat\ny,café\n".encode("latin-1"))
+    (tmp_path / "semi.csv").write_text("id;landmark_id\nx;1\n")
+    (tmp_path / "tab.csv").write_text("id\tlabel\nx\tcat\n")
+    (tmp_path / "long.jsonl").write_bytes(
+        b'{"id": "x", "label": "cat"}\n{"id": "y", "label": "' + b"c" * (5 << 20) + b'"}\n'
+    )
+    (tmp_path / "late.csv").write_bytes(
+        ("id,label\nx,cat\n" + "y,dog\n" * 200_000).encode() + "z,café\n".encode("latin-1")
+    )
     os.mkfifo(tmp_path / "fifo.csv")  # as `--labels <(zcat t.csv.gz)` gives: a pipe
     (tmp_path / "t.txt").write_text("id,label\nx,cat\n")
     (tmp_path / "t2.csv").write_text("id,class\nx,cat\n")
@@ -338,4 +362,29 @@ def test_label_map_table_errors(tmp_path):
     (tmp_path / "names.csv").write_text("name,id\nb,11\na,10\n")  # name,id order, from id 10
     label_map = load_label_map(str(tmp_path / "names.csv"))
     assert (label_map.names, label_map.first_id) == (("a", "b"), 10)
-    assert label_map.lookup == {"a": "a", "b": "b", "10": "a", "11": "b"}
+    assert [label_map.find(t) for t in ("a", "b", "10", "11", "010", "12", "c")] == [
+        "a",
+        "b",
+        "a",
+        "b",
+        "a",
+        None,
+        None,
+    ]
+
+
+def test_exit_3_keeps_orphan_labels_and_names_it(tmp_path, capsys):
+    """Too many failures (exit 3): nothing is published, but the rows that matched no image,
+    often the cause (keys in another form), are kept next to failures.jsonl and named."""
+    for name in ("a1", "a2", "a3", "a4"):
+        write_image(tmp_path / "in" / "c" / f"{name}.png", seed=len(name))
+    table = tmp_path / "labels.csv"
+    table.write_text("id,label\na1,cat\nA2.PNG,cat\nA3.PNG,cat\nA4.PNG,dog\n")
+    out = tmp_path / "out"
+    argv = ["--input", str(tmp_path / "in"), "--output_dir", str(out), "--labels", str(table), "--quiet"]
+    assert main.main(argv) == main.EXIT_TOO_MANY_FAILURES
+    line = capsys.readouterr().err.strip().splitlines()[-1]
+    assert f"the 3 table rows that matched no image in {out / 'orphan_labels.jsonl'}" in line
+    orphans = [json.loads(x) for x in (out / "orphan_labels.jsonl").read_text().splitlines()]
+    assert [o["key"] for o in orphans] == ["A2.PNG", "A3.PNG", "A4.PNG"]
+    assert not (out / "summary.json").exists() and (out / "failures.jsonl").exists()

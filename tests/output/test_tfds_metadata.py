@@ -54,7 +54,16 @@ def test_multi_label_dataset_with_offset_loads_in_tfds_load_dataset_and_verify(t
     summary = build_summary(4, written, written, FailureCounts(), [], index)
     summary["splits"]["train"].update(shards=1, bytes=sum(map(len, serialized)))
     (tmp_path / "summary.json").write_text(json.dumps(summary))
-    write_reader_metadata(str(tmp_path), summary, SLIM, {"train": [4]}, "none")
+    (tmp_path / "labels.txt").write_text("a\nb\n")
+    write_reader_metadata(
+        str(tmp_path),
+        summary,
+        SLIM,
+        {"train": [4]},
+        "none",
+        class_index=index,
+        labels_file=str(tmp_path / "labels.txt"),
+    )
 
     builder = tfds.builder_from_directory(str(tmp_path))
     label = builder.info.features["image"]["class"]["label"]
@@ -103,15 +112,21 @@ def test_per_object_preset_gets_sequences_and_a_label_map(tmp_path):
     assert obj["bbox"]["xmin"].shape == (None,) and obj["class"]["text"].shape == (None,)
     assert isinstance(features["image"]["source_id"], tfds.features.Text)
 
-    summary = {"class_names": ["cat", 'say "hi"'], "label_offset": 1, "written_per_class": {"cat": 1}}
-    files = write_reader_metadata(str(tmp_path), summary, odapi, {"train": [1]}, "gzip")
+    summary = {"label_offset": 1, "labels_per_record": {"min": 1, "max": 1}}
+    index = ClassIndex(("cat", 'say "hi"'), 1)
+    files = write_reader_metadata(
+        str(tmp_path), summary, odapi, {"train": [1]}, "gzip", class_index=index, labels_file=""
+    )
     assert files == ["label_map.pbtxt"]  # gzip: no TFDS files (stale ones are retired by publish)
     assert not (tmp_path / "dataset_info.json").exists()
     assert (tmp_path / "label_map.pbtxt").read_text() == (
         'item {\n  id: 1\n  name: "cat"\n  display_name: "cat"\n}\n'
         'item {\n  id: 2\n  name: "say \\"hi\\""\n  display_name: "say \\"hi\\""\n}\n'
     )
-    assert label_map_pbtxt(["서울"], 1) == 'item {\n  id: 1\n  name: "서울"\n  display_name: "서울"\n}\n'
+    assert (
+        "".join(label_map_pbtxt(["서울"], 1))
+        == 'item {\n  id: 1\n  name: "서울"\n  display_name: "서울"\n}\n'
+    )
 
 
 def test_small_helpers():

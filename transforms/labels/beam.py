@@ -12,8 +12,7 @@ from apache_beam.metrics import Metrics
 
 from transforms.coders import SideList
 from transforms.failures import FAILED, USER_ERROR_MARKER, Failure
-from transforms.labels.classes import _index_or_user_error
-from transforms.labels.folders import folder_label
+from transforms.labels.folders import _index_or_user_error, folder_label
 from transforms.labels.label_map import load_label_map
 from transforms.labels.rows import LabelMap
 from transforms.records import ClassIndex, FileBatch, RecordBatch

@@ -1,16 +1,19 @@
-"""The labels table's records (pure): its spec, rows, join parts, orphans, label maps, join
-settings, and the names of the flags' choices."""
+"""The labels table's records (pure): its spec, rows (Arrow columns, LabelRow), label maps,
+join settings, and the names of the flags' choices. Rows, images and orphans travel as pyarrow
+RecordBatches with the columns named here (ROW_COLUMNS, FILE_COLUMNS, ORPHAN_COLUMNS; extras
+as EXTRA_PREFIX + name); LabelRow is one row as Python values (join.join_key, tests).
+"""
 
 from __future__ import annotations
 
 import dataclasses
 import functools
-import json
 import re
-from collections.abc import Iterable
+from collections.abc import Iterable, Sequence
 from typing import NamedTuple
 
-from transforms.records import BATCH_SIZE, ImageFile
+import numpy as np
+import pyarrow as pa
 
 FORMATS = ("csv", "tsv", "jsonl")
 _FORMAT_OF_SUFFIX = {".csv": "csv", ".tsv": "tsv", ".tab": "tsv", ".jsonl": "jsonl", ".ndjson": "jsonl"}
@@ -27,22 +30,33 @@ STAGE = "label"
 ORPHANS, STATS, LISTED = "orphans", "stats", "listed"
 
 # Counts reported under "labels" in summary.json (always present, 0 when nothing happened).
-STAT_NAMES = (
-    "rows",
-    "matched_rows",
-    "orphan_rows",
-    "invalid_rows",
-    "duplicate_keys",
-    "conflicting_keys",
-    "keys_with_several_images",
-    "unlabeled_images",
-    "unlabeled_skipped",
-    "unlabeled_kept",
+STAT_NAMES = tuple(
+    "rows matched_rows orphan_rows invalid_rows duplicate_keys conflicting_keys keys_with_several_images "
+    "unlabeled_images unlabeled_skipped unlabeled_kept".split()
 )
 
-# Items a BucketFn holds at most before it sends them (bounds its memory).
-_MAX_HELD = 100 * BATCH_SIZE
 _SPLIT_NAME = re.compile(r"\w[\w.-]*")
+
+# The columns of a batch of table rows: the join key (binary: UTF-8, surrogates passed), the
+# row's labels joined by LABEL_SEP ("" = none; a control character is never inside a label),
+# its split (null = none), why it cannot be used (null = it can), where it is (source as a
+# dictionary: one file a batch), then the extra columns, typed, as EXTRA_PREFIX + name.
+KEY, LABELS, SPLIT, ERROR, SOURCE, LINE = "key", "labels", "split", "error", "source", "line"
+ROW_COLUMNS = (KEY, LABELS, SPLIT, ERROR, SOURCE, LINE)
+LABEL_SEP = "\x1f"
+EXTRA_PREFIX = "extra:"
+_EXTRA_ARROW_TYPES = {"int": pa.int64(), "float": pa.float64(), "str": pa.string()}
+# The columns of a batch of listed images: key, the listing root (a dictionary: one value a
+# batch as a rule), the path (null where it is root + relpath), relpath, size. Text as binary.
+ROOT, PATH, RELPATH, SIZE = "root", "path", "relpath", "size"
+FILE_COLUMNS = (KEY, ROOT, PATH, RELPATH, SIZE)
+# The columns of a batch of orphan rows (join.orphans_of): a row's reason, and its key's first
+# row when the key has several (null: the row itself). Written by output/orphan_log.py.
+REASON, FIRST_SOURCE, FIRST_LINE = "reason", "first_source", "first_line"
+ORPHAN_COLUMNS = (KEY, SOURCE, LINE, REASON, FIRST_SOURCE, FIRST_LINE)
+NO_IMAGE = "no image with this key"
+_SOURCE_TYPE = pa.dictionary(pa.int32(), pa.string())
+_ROOT_TYPE = pa.dictionary(pa.int32(), pa.binary())
 
 
 class TableError(ValueError):
@@ -51,9 +65,10 @@ class TableError(ValueError):
 
 @dataclasses.dataclass(frozen=True)
 class TableSpec:
-    """Where the labels table is (a file or glob, local or gs://), its format (FORMATS), and
-    which columns mean what: `separator` splits a label cell ('' = never), `split_column`
-    ('' = none), `extra_columns` ((column, type) pairs carried into the Example)."""
+    """Where the labels table is (a file or glob, local or gs://), its format (FORMATS), its
+    text encoding and delimiter ('' = the format's), and which columns mean what: `separator`
+    splits a label cell ('' = never), `split_column` ('' = none), `extra_columns` ((column,
+    type) pairs carried into the Example)."""
 
     path: str
     format: str
@@ -62,15 +77,66 @@ class TableSpec:
     separator: str = "|"
     split_column: str = ""
     extra_columns: tuple[tuple[str, str], ...] = ()
+    encoding: str = "utf-8"
+    delimiter: str = ""
 
     def required_columns(self) -> tuple[str, ...]:
         split = (self.split_column,) if self.split_column else ()
         return (self.key_column, self.label_column, *split, *(name for name, _ in self.extra_columns))
 
+    def csv_delimiter(self) -> str:
+        return self.delimiter or ("\t" if self.format == "tsv" else ",")
+
+    def schema(self) -> pa.Schema:
+        """The columns of this table's row batches."""
+        extras = [(EXTRA_PREFIX + name, _EXTRA_ARROW_TYPES[kind]) for name, kind in self.extra_columns]
+        return row_schema(extras)
+
+
+def row_schema(extras: Sequence[tuple[str, pa.DataType]] = ()) -> pa.Schema:
+    types = (pa.binary(), pa.string(), pa.string(), pa.string(), _SOURCE_TYPE, pa.int64())
+    return pa.schema([*zip(ROW_COLUMNS, types), *extras])
+
+
+def file_schema() -> pa.Schema:
+    return pa.schema(list(zip(FILE_COLUMNS, (pa.binary(), _ROOT_TYPE, pa.binary(), pa.binary(), pa.int64()))))
+
+
+def encode_text(values: Sequence[str]) -> pa.Array:
+    """Text as a binary column: UTF-8, undecodable file names' surrogates passed through."""
+    try:
+        return pa.array(values, pa.string()).view(pa.binary())
+    except (UnicodeEncodeError, pa.ArrowException):
+        return pa.array([v.encode("utf-8", "surrogatepass") for v in values], pa.binary())
+
+
+def decode_text(column: pa.Array | pa.ChunkedArray) -> list[str]:
+    """A binary column of encode_text as Python strings."""
+    try:
+        return column.cast(pa.string()).to_pylist()
+    except pa.ArrowInvalid:
+        return [None if v is None else v.decode("utf-8", "surrogatepass") for v in column.to_pylist()]
+
+
+def text_bytes(column: pa.Array) -> bytes:
+    """The values of a text or binary column, back to back."""
+    if not len(column) or column.buffers()[2] is None:
+        return b""
+    offsets = np.frombuffer(column.buffers()[1], np.int32, len(column) + 1, column.offset * 4)
+    return column.buffers()[2].to_pybytes()[offsets[0] : offsets[-1]]
+
+
+def source_column(source: str, n: int) -> pa.DictionaryArray:
+    """`n` rows of one file: its name once, an index a row."""
+    return pa.DictionaryArray.from_arrays(np.zeros(n, np.int32), pa.array([source], pa.string()))
+
+
+def root_column(root: str, n: int) -> pa.DictionaryArray:
+    return pa.DictionaryArray.from_arrays(np.zeros(n, np.int32), encode_text([root]))
+
 
 class LabelRow(NamedTuple):
-    """One row of the table, parsed (a row that cannot be used carries `error`); a named
-    tuple, made in a fraction of a dataclass's time."""
+    """One row of the table as Python values (a row that cannot be used carries `error`)."""
 
     key: str
     labels: tuple[str, ...] = ()
@@ -88,105 +154,47 @@ class LabelRow(NamedTuple):
         return f"{self.source}:{self.line}"
 
 
-@dataclasses.dataclass(frozen=True)
-class LabelRows:
-    """Table rows as one element, column i holding field i of LabelRow for every row (up to
-    BATCH_SIZE, in file order): no object is made per row from the parse to the join."""
-
-    keys: tuple[str, ...] = ()
-    labels: tuple[tuple[str, ...], ...] = ()
-    splits: tuple[str | None, ...] = ()
-    extras: tuple[tuple[tuple[str, object], ...], ...] = ()
-    sources: tuple[str, ...] = ()
-    lines: tuple[int, ...] = ()
-    errors: tuple[str | None, ...] = ()
-
-    def __len__(self) -> int:
-        return len(self.keys)
-
-    @classmethod
-    def of(cls, rows: Iterable[LabelRow]) -> LabelRows:
-        """The batch of these rows (LabelRow tuples)."""
-        rows = tuple(rows)
-        return cls(*zip(*rows)) if rows else cls()
-
-    @property
-    def rows(self) -> tuple[LabelRow, ...]:
-        """The rows as LabelRow tuples (one object a row: for tests)."""
-        return tuple(map(_new_row, zip(*self.columns()))) if self.keys else ()
-
-    def columns(self) -> tuple[tuple, ...]:
-        """The seven columns, in LabelRow's field order."""
-        return self.keys, self.labels, self.splits, self.extras, self.sources, self.lines, self.errors
+def rows_batch(rows: Iterable[LabelRow], spec: TableSpec | None = None) -> pa.RecordBatch:
+    """LabelRows as one batch of ROW_COLUMNS (extras typed by `spec`, else by their values)."""
+    rows = list(rows)
+    names = (
+        [n for n, _ in spec.extra_columns]
+        if spec
+        else list(dict.fromkeys(n for r in rows for n, _ in r.extras))
+    )
+    columns = [
+        encode_text([r.key for r in rows]),
+        pa.array([LABEL_SEP.join(r.labels) for r in rows], pa.string()),
+        *(pa.array(values, pa.string()) for values in ([r.split for r in rows], [r.error for r in rows])),
+        pa.array([r.source for r in rows], pa.string()).dictionary_encode().cast(_SOURCE_TYPE),
+        pa.array([r.line for r in rows], pa.int64()),
+    ]
+    schema = spec.schema() if spec else None
+    for name in names:
+        kind = schema.field(EXTRA_PREFIX + name).type if schema else None
+        columns.append(pa.array([dict(r.extras).get(name) for r in rows], kind))
+    schema = schema or row_schema([(EXTRA_PREFIX + n, c.type) for n, c in zip(names, columns[6:])])
+    return pa.RecordBatch.from_arrays(columns, schema=schema)
 
 
-@dataclasses.dataclass(frozen=True)
-class KeyedFiles:
-    """Listed files with their join keys, column by column: the images side of the join."""
-
-    keys: tuple[str, ...] = ()
-    paths: tuple[str, ...] = ()
-    relpaths: tuple[str, ...] = ()
-    sizes: tuple[int, ...] = ()
-
-    def __len__(self) -> int:
-        return len(self.keys)
-
-    def columns(self) -> tuple[tuple, ...]:
-        return self.keys, self.paths, self.relpaths, self.sizes
-
-    def file(self, i: int) -> ImageFile:
-        return ImageFile(self.paths[i], self.relpaths[i], self.sizes[i])
+def extra_names(table: pa.Table | pa.RecordBatch) -> list[str]:
+    """The extra columns of a batch of rows (their Example feature names)."""
+    return [n.removeprefix(EXTRA_PREFIX) for n in table.schema.names if n.startswith(EXTRA_PREFIX)]
 
 
-@dataclasses.dataclass(frozen=True)
-class JoinPart:
-    """Images or table rows of one join bucket (what crosses its shuffle, one side filled)."""
-
-    files: KeyedFiles = KeyedFiles()
-    rows: LabelRows = LabelRows()
-
-    def __len__(self) -> int:
-        return len(self.files) + len(self.rows)
-
-
-@dataclasses.dataclass(frozen=True)
-class OrphanRow:
-    """A table row that no listed image matched (or that could not be parsed)."""
-
-    key: str
-    source: str
-    line: int
-    reason: str
-    # (source, line) of the first row of this key: a key's orphan rows are written together,
-    # where its first row is (order). Not written out, not compared.
-    first: tuple[str, int] = dataclasses.field(default=("", 0), compare=False, repr=False)
-
-    def to_json(self) -> str:
-        """The row's line of orphan_labels.jsonl: its fields as JSON, keys sorted."""
-        fields = {"key": self.key, "line": self.line, "reason": self.reason, "source": self.source}
-        text = json.dumps(fields, ensure_ascii=False)
-        try:
-            text.encode("utf-8")
-        except UnicodeEncodeError:  # undecodable bytes of a file name: escaped
-            text = json.dumps(fields)
-        return text
-
-    def order(self) -> tuple:
-        """Where the row goes in orphan_labels.jsonl: keys by their first row, a key's rows
-        together in file order (the same on every runner)."""
-        first = self.first if self.first[0] else (self.source, self.line)
-        return first, self.source, self.line, self.key, self.reason
-
-
-@dataclasses.dataclass(frozen=True)
-class OrphanLines:
-    """Orphan rows of one join bucket whose keys start in one `chunk` of table lines
-    (join.orphan_lines), as `lines` (OrphanRow.order(), OrphanRow.to_json()): the orphans
-    travel a batch a bucket, not one element a row."""
-
-    chunk: tuple[str, int]
-    lines: tuple[tuple[tuple, str], ...]
+def label_rows(table: pa.Table | pa.RecordBatch) -> list[LabelRow]:
+    """The rows of a batch as LabelRows (one object a row: the keys a policy decides, tests)."""
+    if not table.num_rows:
+        return []
+    names = extra_names(table)
+    extras = [table.column(EXTRA_PREFIX + n).to_pylist() for n in names]
+    errors = table.column(ERROR).to_pylist()
+    extras = [tuple((n, v) for n, v in zip(names, values) if v is not None) for values in zip(*extras)]
+    extras = [() if error else row for row, error in zip(extras or [()] * table.num_rows, errors)]
+    labels = [tuple(t.split(LABEL_SEP)) if t else () for t in table.column(LABELS).to_pylist()]
+    keys, splits = decode_text(table.column(KEY)), table.column(SPLIT).to_pylist()
+    sources, lines = table.column(SOURCE).cast(pa.string()).to_pylist(), table.column(LINE).to_pylist()
+    return list(map(LabelRow, keys, labels, splits, extras, sources, lines, errors))
 
 
 @dataclasses.dataclass(frozen=True)
@@ -198,14 +206,22 @@ class LabelMap:
     names: tuple[str, ...]
     first_id: int = 0
 
+    def find(self, label: str) -> str | None:
+        """The class a table label stands for: a name stands for itself, an id (as text, '007'
+        too) for its name unless that text is itself a name; None if neither."""
+        if label in self._index:
+            return label
+        if label.isascii() and label.isdigit():
+            if str(int(label)) in self._index:  # '007' for a class named '7'
+                return str(int(label))
+            at = int(label) - self.first_id
+            if 0 <= at < len(self.names):
+                return self.names[at]
+        return None
+
     @functools.cached_property
-    def lookup(self) -> dict[str, str]:
-        """Label text -> class name: each name stands for itself, and each id (as text) for its
-        name unless that text is itself a name."""
-        found = {name: name for name in self.names}
-        for i, name in enumerate(self.names):
-            found.setdefault(str(self.first_id + i), name)
-        return found
+    def _index(self) -> frozenset[str]:
+        return frozenset(self.names)
 
 
 @dataclasses.dataclass(frozen=True)
@@ -220,7 +236,3 @@ class JoinSettings:
     label_type: str = "auto"
     label_map: LabelMap | None = None
     split_from_folders: bool = False
-
-
-# A LabelRow from a tuple of its 7 fields (a C call: no Python frame per row).
-_new_row = functools.partial(tuple.__new__, LabelRow)

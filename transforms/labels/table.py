@@ -1,52 +1,56 @@
-"""Parsing a labels table (CSV, TSV, JSON Lines; plain or compressed) into LabelRows (pure).
+"""Reading a labels table file (pure): its format, its rows as Arrow batches, and the checks
+made on the submitting machine before the run.
 
-In: a table file (read as a stream). Out: LabelRows, each row's reason if it is invalid.
-CSV and TSV by pyarrow.csv, a block of ~4 MB at a time, each column checked for the block at
-once; JSON Lines by the json module, a line at a time.
+In: a table file or glob (CSV, TSV or JSON Lines; local or gs://; plain or compressed), read as
+a stream. Out: Arrow batches of rows.ROW_COLUMNS (iter_row_batches: table_csv.py, or JSON Lines
+here, over text.Utf8Stream, the cells by cells.py), or a TableError in one line.
 
-Over 500 lines: the rules of each cell and of the records pyarrow hands over or rejects
-(their lines, bad UTF-8, blank records, a quote never closed) are one table's rules, tested
-together in tests/labels/test_label_table.py.
+JSON Lines: a line at a time under text.LINE_CAP (bounded_lines: a line of 2 GiB is refused
+once 4 MiB of it are read, as pyarrow.csv refuses such a record), each parsed by the json module
+and cells.parse_row; pyarrow.json would refuse a field whose type changes from line to line (a
+label as text, then a list) and stop at the first line that is not JSON instead of naming it.
 """
 
 from __future__ import annotations
 
-import codecs
-import csv
 import dataclasses
-import itertools
 import json
 import os
 import posixpath
-import re
 import stat
-import unicodedata
-from collections.abc import Callable, Iterator, Mapping, Sequence
-from operator import itemgetter, methodcaller
+from collections.abc import Iterator
 from typing import BinaryIO
 
-import numpy as np
 import pyarrow as pa
-import pyarrow.compute as pc
-import pyarrow.csv as pacsv
+from apache_beam.io.filesystem import BeamIOError
 from apache_beam.io.filesystems import FileSystems
 
 from transforms import gcs
 from transforms.gcs import literal_or_glob
-from transforms.labels.folders import class_name_problem
+from transforms.labels import table_csv
+from transforms.labels.cells import (  # noqa: F401 - the rules of cells, read from here too
+    FIELD_LIMIT,
+    check_header,
+    convert_extra,
+    image_key,
+    image_keys,
+    normalize_key,
+    normalize_keys,
+    parse_row,
+    split_labels,
+)
 from transforms.labels.rows import (
     _COMPRESSED_SUFFIXES,
     _FORMAT_OF_SUFFIX,
-    _SPLIT_NAME,
     EXTRA_TYPES,
     FORMATS,
-    IMAGE_KEYS,
     LabelRow,
-    LabelRows,
     TableError,
     TableSpec,
+    label_rows,
+    rows_batch,
 )
-from transforms.records import BATCH_SIZE
+from transforms.labels.text import Utf8Stream, bounded_lines
 
 
 def detect_format(path: str, fmt: str = "auto") -> str:
@@ -57,8 +61,7 @@ def detect_format(path: str, fmt: str = "auto") -> str:
         return fmt
     name = path.lower()
     for suffix in _COMPRESSED_SUFFIXES:
-        if name.endswith(suffix):
-            name = name[: -len(suffix)]
+        name = name.removesuffix(suffix)
     found = _FORMAT_OF_SUFFIX.get(posixpath.splitext(name)[1])
     if found is None:
         raise ValueError(
@@ -86,531 +89,81 @@ def parse_extra_columns(spec: str) -> tuple[tuple[str, str], ...]:
     return tuple(out)
 
 
-def normalize_key(text: str) -> str:
-    """A key as both sides of the join see it: NFC Unicode (macOS writes file names
-    decomposed, tables are usually composed), '/'-separated, no outer blanks."""
-    key = unicodedata.normalize("NFC", text.strip()).replace("\\", "/")
-    while key.startswith("./"):
-        key = key[2:]
-    return key.lstrip("/")
+ROWS_PER_BATCH = 50_000
 
 
-def image_key(relpath: str, mode: str = "stem") -> str:
-    """The join key of an image: its file stem, file name or path relative to the input."""
-    if mode == "relpath":
-        return normalize_key(relpath)
-    name = relpath.rsplit("/", 1)[-1]
-    if mode == "name":
-        return normalize_key(name)
-    if mode == "stem":
-        return normalize_key(posixpath.splitext(name)[0])
-    raise ValueError(f"--image_key must be one of {', '.join(IMAGE_KEYS)}")
-
-
-_LAST_DOT = methodcaller("rpartition", ".")
-_LAST_SLASH = methodcaller("rpartition", "/")
-_FIRST = itemgetter(0)
-
-
-def normalize_keys(keys: Sequence[str]) -> list[str]:
-    """normalize_key of each key (the keys as they are when the whole column needs no change)."""
-    keys = list(keys)
-    joined = "\n".join(keys)  # "\n" composes with nothing: NFC of the whole is NFC of each
-    if (
-        "\\" in joined
-        or joined.startswith(("/", "./"))
-        or "\n/" in joined
-        or "\n./" in joined
-        or not unicodedata.is_normalized("NFC", joined)
-        or list(map(str.strip, keys)) != keys
-    ):
-        return list(map(normalize_key, keys))
-    return keys
-
-
-def image_keys(relpaths: Sequence[str], mode: str = "stem") -> list[str]:
-    """table.image_key of each relpath, computed for the column at once."""
-    if mode == "relpath":
-        return normalize_keys(relpaths)
-    if mode not in ("name", "stem"):
-        raise ValueError("--image_key must be one of stem, name, relpath")
-    names = list(map(itemgetter(2), map(_LAST_SLASH, relpaths)))
-    if mode == "stem":  # posixpath.splitext: a name's leading dots never start its extension
-        heads = map(_FIRST, map(_LAST_DOT, names))
-        names = [h if h.lstrip(".") else n for h, n in zip(heads, names)]
-    return normalize_keys(names)
-
-
-def split_labels(value: object, separator: str = "|") -> tuple[str, ...]:
-    """The labels of one cell: a JSON list, an int, or text split at `separator`; blank
-    parts dropped, repeats removed. ValueError: neither text, an integer nor a list of
-    those, or a label that cannot be a class name (folders.class_name_problem)."""
-    if value is None:
-        return ()
-    if isinstance(value, list):
-        parts: list[str] = []
-        for v in value:
-            parts.extend(split_labels(v, ""))
-    elif isinstance(value, int) and not isinstance(value, bool):
-        parts = [str(value)]
-    elif isinstance(value, str):
-        parts = value.split(separator) if separator else [value]
-    else:
-        raise ValueError(f"label {value!r} is neither text nor an integer")
-    cleaned = (unicodedata.normalize("NFC", p.strip()) for p in parts)
-    labels = tuple(dict.fromkeys(p for p in cleaned if p))
-    for name in labels:
-        problem = class_name_problem(name)
-        if problem:
-            raise ValueError(f"label {name!r} {problem}")
-    return labels
-
-
-def convert_extra(name: str, kind: str, value: object) -> object:
-    """One extra column's value as an int, float or str feature (ValueError: empty, or not of the type)."""
-    if value is None or (isinstance(value, str) and not value.strip() and kind != "str"):
-        raise ValueError(f"column {name!r} is empty")
-    if kind == "str":
-        return "" if value is None else str(value)
+def _row(number: int, raw: bytes, spec: TableSpec, source: str) -> LabelRow | None:
+    if not raw.strip():
+        return None
     try:
-        if isinstance(value, bool) or (kind == "int" and isinstance(value, float) and not value.is_integer()):
-            raise ValueError
-        if kind == "int":
-            return int(value.strip()) if isinstance(value, str) else int(value)
-        return float(value)
-    except (TypeError, ValueError):
-        raise ValueError(
-            f"column {name!r}: {value!r} is not {'an int' if kind == 'int' else 'a float'}"
-        ) from None
-
-
-def parse_row(fields: Mapping[str, object], spec: TableSpec, source: str = "", line: int = 0) -> LabelRow:
-    """A LabelRow from one JSON object of the table; a bad value makes the row's `error`."""
-    raw_key = fields.get(spec.key_column)
-    key = normalize_key(str(raw_key)) if raw_key is not None and not isinstance(raw_key, (dict, list)) else ""
-
-    def bad(reason: str) -> LabelRow:
-        return LabelRow(key=key, source=source, line=line, error=reason)
-
-    if not key:
-        return bad(f"no value in key column {spec.key_column!r}")
-    missing = [c for c in spec.required_columns() if c not in fields or fields[c] is None]
-    missing = [c for c in missing if c != spec.label_column]  # a missing label is "unlabeled"
-    if missing:
-        return bad(f"no value in column {missing[0]!r}")
-    try:
-        labels = split_labels(fields.get(spec.label_column), spec.separator)
-        extras = tuple((name, convert_extra(name, kind, fields[name])) for name, kind in spec.extra_columns)
+        obj = json.loads(raw)
     except ValueError as e:
-        return bad(str(e))
-    split = None
-    if spec.split_column:
-        split, problem = _check_split(fields[spec.split_column], spec.split_column)
-        if problem:
-            return bad(problem)
-    return LabelRow(key=key, labels=labels, split=split, extras=extras, source=source, line=line)
-
-
-# Bytes pyarrow parses at a time: a record (with its quoted line breaks) must fit in one.
-_BLOCK_BYTES = 4 << 20
-# The csv module's field size limit (131,072 characters), kept: a longer field is an error.
-_FIELD_LIMIT = 131_072
-# Label and split cells parsed once per distinct value (tables repeat a few labels many times).
-_CACHE_SIZE = 100_000
-# Given to pyarrow after the table's bytes: a record of its own unless a quote is never closed.
-_END = "\x00end of the table\x00"
-# What pyarrow is given for bytes that are not UTF-8: a noncharacter (never in interchanged text).
-_NOT_UTF8 = "\ufdd0"
-_UNDECODED = re.compile("[\udc80-\udcff]+")
-_LONE_CR = re.compile("\r(?!\n)")
-
-
-class _Text:
-    """A table file's bytes as pyarrow reads them: UTF-8 (undecodable runs as _NOT_UTF8),
-    then _END. Counts the lone carriage returns (pyarrow ends a line at one, the csv module
-    refuses one outside quotes) and notes the first one's line."""
-
-    closed = False
-
-    def __init__(self, f: BinaryIO, lines: int):
-        self._f, self._lines = f, lines  # lines read so far
-        self._decode = codecs.getincrementaldecoder("utf-8")("surrogateescape").decode
-        self._held = ""  # a "\r" that ended the last chunk: the next may start with "\n"
-        self._done, self._out = False, b""
-        self.not_utf8 = False
-        self.lone_cr = 0
-        self.first_cr_line = 0
-
-    def read(self, size: int = -1) -> bytes:
-        """Up to `size` bytes (pyarrow asks for a block at a time)."""
-        size = size if size and size > 0 else _BLOCK_BYTES
-        while len(self._out) < size and not self._done:
-            self._out += self._next(self._f.read(size))
-        out, self._out = self._out[:size], self._out[size:]
-        return out
-
-    def _next(self, data: bytes) -> bytes:
-        text = self._held + self._decode(data, final=not data)
-        self._held = ""
-        if not data:
-            self._done = True
-            text += f"\n{_END}\n"
-        elif text.endswith("\r"):
-            text, self._held = text[:-1], "\r"
-        if "\r" in text and (found := _LONE_CR.search(text)):
-            if not self.lone_cr:
-                self.first_cr_line = self._lines + text.count("\n", 0, found.start()) + 1
-            self.lone_cr += len(_LONE_CR.findall(text))
-        self._lines += text.count("\n")
-        try:
-            return text.encode("utf-8")
-        except UnicodeEncodeError:
-            self.not_utf8 = True
-            return _UNDECODED.sub(_NOT_UTF8, text).encode("utf-8")
-
-
-def _count(column: pa.Array, text: str) -> np.ndarray:
-    """How often `text` occurs in each value of the column."""
-    return pc.count_substring(column, text).to_numpy(zero_copy_only=False)
-
-
-def _first_errors(first: list | None, then: list | None) -> list | None:
-    """Per row, the first of two columns of errors (None: no row has one)."""
-    if first is None or then is None:
-        return then if first is None else first
-    return [a or b for a, b in zip(first, then)]
-
-
-class _Columns:
-    """LabelRows' columns from the cells of CSV/TSV records, as parse_row makes them from a
-    dict of the record: keys normalized for the column at once, label and split cells
-    parsed once per distinct value."""
-
-    def __init__(self, header: list[str], spec: TableSpec, source: str):
-        self._spec, self._source, self._width = spec, source, len(header)
-        at = {name: i for i, name in enumerate(header)}
-        self._key_first = header.index(spec.key_column)
-        self._key, self._label = at[spec.key_column], at[spec.label_column]
-        self._split = at[spec.split_column] if spec.split_column else None
-        self._extras = tuple((name, kind, at[name]) for name, kind in spec.extra_columns)
-        self._labels: dict = {}  # cell -> (labels, error)
-        self._splits: dict = {}  # cell -> (split, error)
-
-    def rows(self, columns: list[pa.Array], lines: list[int], not_utf8: bool) -> list[tuple]:
-        """The seven columns of a batch's records (first lines `lines`), and each record's
-        position (blank records left out). TableError: a field longer than _FIELD_LIMIT."""
-        n, source = len(lines), self._source
-        for column in columns:
-            lengths = pc.utf8_length(column)
-            if n and pc.max(lengths).as_py() > _FIELD_LIMIT:
-                at = np.flatnonzero(lengths.to_numpy(zero_copy_only=False) > _FIELD_LIMIT)[0]
-                raise TableError(
-                    f"labels table {source} line {lines[at]}: field larger than field limit ({_FIELD_LIMIT})"
-                )
-        keys = normalize_keys(columns[self._key].to_pylist())
-        labels, errors = self._parsed(columns[self._label], self._labels, self._label_cell)
-        extras: list = [()] * n
-        if self._extras:
-            extras, extra_errors = self._converted([columns[i].to_pylist() for _, _, i in self._extras])
-            errors = _first_errors(errors, extra_errors)
-        splits: list = [None] * n
-        if self._split is not None:
-            splits, split_errors = self._parsed(columns[self._split], self._splits, self._split_cell)
-            errors = _first_errors(errors, split_errors)
-        bad_text = np.zeros(n, bool)
-        if not_utf8:
-            for column in columns:
-                bad_text |= _count(column, _NOT_UTF8) > 0
-        if errors is None and "" not in keys and not bad_text.any():
-            return [(keys, labels, splits, extras, [source] * n, lines, [None] * n), range(n)]
-        rows, kept = [], []
-        for i, key in enumerate(keys):
-            line, error = lines[i], errors[i] if errors else None
-            if bad_text[i]:
-                key, error = "", f"line {line} is not valid UTF-8"
-            elif not key:
-                if not any(column[i].as_py().strip() for column in columns):
-                    continue  # a blank record
-                error = f"no value in key column {self._spec.key_column!r}"
-            kept.append(i)
-            if error:
-                rows.append((key, (), None, (), source, line, error))
-            else:
-                rows.append((key, labels[i], splits[i], extras[i], source, line, None))
-        return [list(zip(*rows)) if rows else [[] for _ in range(7)], kept]
-
-    def invalid(self, text: str, line: int) -> tuple | None:
-        """The row of a record whose number of fields is not the header's (None if blank)."""
-        if _NOT_UTF8 in text:
-            return ("", (), None, (), self._source, line, f"line {line} is not valid UTF-8")
-        cells = next(csv.reader([text], delimiter=_delimiter(self._spec)), [])
-        if not any(c.strip() for c in cells):
-            return None
-        key = normalize_key(cells[self._key_first] if len(cells) > self._key_first else "")
-        error = f"{len(cells)} fields where the header has {self._width}"
-        return (key, (), None, (), self._source, line, error)
-
-    def _label_cell(self, cell: str) -> tuple:
-        try:
-            return split_labels(cell, self._spec.separator), None
-        except ValueError as e:
-            return (), str(e)
-
-    def _split_cell(self, cell: str) -> tuple:
-        return _check_split(cell, self._spec.split_column)
-
-    @staticmethod
-    def _parsed(column: pa.Array, cache: dict, parse: Callable) -> tuple[list, list | None]:
-        """parse(cell) -> (value, error), once per distinct cell: the values, and the errors (None if none)."""
-        coded = column.dictionary_encode()
-        distinct = coded.dictionary.to_pylist()
-        if len(cache) + len(distinct) > _CACHE_SIZE:
-            cache.clear()
-        found = [cache.get(cell) or cache.setdefault(cell, parse(cell)) for cell in distinct]
-        index = coded.indices.to_numpy(zero_copy_only=False).tolist()
-        values = list(map([f[0] for f in found].__getitem__, index))
-        if not any(f[1] for f in found):
-            return values, None
-        return values, list(map([f[1] for f in found].__getitem__, index))
-
-    def _converted(self, cells: list[list[str]]) -> tuple[list, list | None]:
-        """The extras of each row (convert_extra of each of its extra cells), and the errors."""
-        extras, errors, names = [], [], self._extras
-        for values in zip(*cells):
-            try:
-                extras.append(
-                    tuple((name, convert_extra(name, kind, v)) for (name, kind, _), v in zip(names, values))
-                )
-                errors.append(None)
-            except ValueError as e:
-                extras.append(())
-                errors.append(str(e))
-        return extras, errors if any(errors) else None
-
-
-def _first_record(f: BinaryIO, spec: TableSpec, source: str) -> tuple[list[str], int]:
-    """The header of a CSV/TSV file (by the csv module: a quoted cell may span lines) and
-    the lines it takes; the file is left after it. TableError: empty, not UTF-8, not CSV."""
-    raw = [f.readline()]
-    if not raw[0]:
-        raise TableError(f"labels table {source} is empty")
-    while raw[-1] and b"".join(raw).count(b'"') % 2 and len(raw) < 100:
-        raw.append(f.readline())
-    try:
-        text = b"".join(raw).decode("utf-8").removeprefix("\ufeff")
-        return next(csv.reader(text.splitlines(keepends=True), delimiter=_delimiter(spec)), []), len(raw)
-    except UnicodeDecodeError:
-        raise TableError(f"labels table {source} is not UTF-8 text") from None
-    except csv.Error:
-        raise TableError(f"labels table {source}: cannot read the header") from None
-
-
-def _csv_columns(f: BinaryIO, spec: TableSpec, source: str) -> Iterator[list]:
-    """The records of a CSV/TSV file after its header, a pyarrow batch at a time, as seven
-    columns, in file order: pyarrow parses serially and hands over well-formed records; one
-    with a wrong number of fields goes to the handler and is put back in place by its number.
-    A record's line is its number plus the line breaks inside the fields before it."""
-    header, line = _first_record(f, spec, source)
-    header = [h.strip() for h in header]
-    check_header(header, spec, source)
-    builder, text = _Columns(header, spec, source), _Text(f, line)
-    rejected: dict[int, str] = {}  # record number -> its text
-
-    def reject(row: pacsv.InvalidRow) -> str:
-        rejected[row.number] = row.text
-        return "skip"
-
-    names = [str(i) for i in range(len(header))]
-    record, last, ended, quoted_cr = 0, line, False, 0  # records placed; line of the last; _END read
-    try:
-        reader = pacsv.open_csv(
-            text,
-            read_options=pacsv.ReadOptions(use_threads=False, block_size=_BLOCK_BYTES, column_names=names),
-            parse_options=pacsv.ParseOptions(
-                delimiter=_delimiter(spec),
-                newlines_in_values=True,
-                ignore_empty_lines=False,
-                invalid_row_handler=reject,
-            ),
-            convert_options=pacsv.ConvertOptions(
-                column_types=dict.fromkeys(names, pa.string()),
-                strings_can_be_null=False,
-                quoted_strings_can_be_null=False,
-                check_utf8=False,
-            ),
-        )
-        for batch in itertools.chain(reader, [None]):
-            columns = batch.columns if batch is not None else []
-            n = batch.num_rows if batch is not None else 0
-            if batch is not None and not n:
-                continue
-            numbers = np.arange(record + 1, record + 1 + n)
-            placed = []  # the rejected records before this batch's last
-            for number in sorted(rejected):
-                if n and number > numbers[-1]:
-                    break
-                numbers[numbers >= number] += 1
-                placed.append((number, rejected.pop(number)))
-            breaks = np.zeros(n, np.int64)
-            for column in columns:
-                breaks += _count(column, "\n")
-            if text.lone_cr:
-                quoted_cr += sum(int(_count(c, "\r").sum() - _count(c, "\r\n").sum()) for c in columns)
-                quoted_cr += sum(t.count("\r") - t.count("\r\n") for _, t in placed)
-            every = np.concatenate([numbers, [number for number, _ in placed]]).astype(np.int64)
-            if not len(every):
-                break
-            every_breaks = np.concatenate([breaks, [t.count("\n") for _, t in placed]]).astype(np.int64)
-            order = np.argsort(every, kind="stable")
-            before = np.cumsum(every_breaks[order]) - every_breaks[order]
-            lines = np.empty(len(every), np.int64)
-            lines[order] = line + every[order] - record + before
-            line += int(every.max() - record + every_breaks.sum())
-            record, last = int(every.max()), int(lines[order[-1]])
-            out, kept = builder.rows(columns, lines[:n].tolist(), text.not_utf8) if n else ([[]] * 7, [])
-            if placed:
-                rows = list(zip(numbers[kept].tolist(), zip(*out))) if kept else []
-                for (number, row_text), at in zip(placed, lines[n:].tolist()):
-                    if row_text == _END:
-                        ended = True
-                    elif (row := builder.invalid(row_text, at)) is not None:
-                        rows.append((number, row))
-                rows.sort(key=itemgetter(0))
-                out = list(zip(*(row for _, row in rows))) if rows else [[] for _ in range(7)]
-            yield out
-    except pa.ArrowInvalid as e:
+        return LabelRow(key="", source=source, line=number, error=f"not JSON: {e}")
+    if not isinstance(obj, dict):
+        return LabelRow(key="", source=source, line=number, error="not a JSON object")
+    long = next((k for k, v in obj.items() if isinstance(v, str) and len(v) > FIELD_LIMIT), None)
+    if long is not None:
         raise TableError(
-            f"labels table {source} after line {line}: {e} (a quoted field never closed, or a record over "
-            f"{_BLOCK_BYTES >> 20} MiB)"
-        ) from None
-    if text.lone_cr > quoted_cr:
-        raise TableError(
-            f"labels table {source} line {text.first_cr_line}: new-line character seen in unquoted field "
-            "(a lone carriage return)"
+            f"labels table {source} line {number}: field larger than field limit ({FIELD_LIMIT})"
         )
-    if not ended:
-        raise TableError(
-            f"labels table {source} line {last}: a quoted field is never closed "
-            '(a missing ", it would take in every line to the end)'
-        )
+    return parse_row(obj, spec, source, number)
 
 
-def _jsonl_columns(f: BinaryIO, spec: TableSpec, source: str) -> Iterator[tuple]:
-    """The rows of a JSON Lines file, as seven columns a BATCH_SIZE of lines, by the json
-    module: pyarrow.json refuses a field whose type changes from row to row (a label as text,
-    then a list) and stops at the first line that is not JSON instead of naming it."""
+def jsonl_batches(stream: Utf8Stream, spec: TableSpec, source: str) -> Iterator[pa.RecordBatch]:
+    """The rows of a JSON Lines table (see the module docstring)."""
     rows: list[LabelRow] = []
-    for line, raw in enumerate(iter(f.readline, b""), 1):  # (Beam's CompressedFile.readline takes no limit)
-        try:
-            text = raw.decode("utf-8")
-        except UnicodeDecodeError:
-            rows.append(LabelRow(key="", source=source, line=line, error=f"line {line} is not valid UTF-8"))
-            continue
-        text = text.removeprefix("\ufeff") if line == 1 else text
-        if not text.strip():
-            continue
-        try:
-            obj = json.loads(text)
-        except ValueError as e:
-            rows.append(LabelRow(key="", source=source, line=line, error=f"not JSON: {e}"))
-            continue
-        if not isinstance(obj, dict):
-            rows.append(LabelRow(key="", source=source, line=line, error="not a JSON object"))
-        else:
-            rows.append(parse_row(obj, spec, source, line))
-        if len(rows) >= BATCH_SIZE:
-            yield LabelRows.of(rows).columns()
+    for number, raw in bounded_lines(stream, source):
+        row = _row(number, raw, spec, source)
+        if row is not None:
+            rows.append(row)
+        if len(rows) >= ROWS_PER_BATCH:
+            yield rows_batch(rows, spec)
             rows = []
     if rows:
-        yield LabelRows.of(rows).columns()
+        yield rows_batch(rows, spec)
 
 
-def iter_row_batches(
-    f: BinaryIO, spec: TableSpec, source: str = "", size: int = BATCH_SIZE
-) -> Iterator[LabelRows]:
-    """The rows of a table file (read as a stream) in LabelRows of up to `size`, in file order.
+def first_object_keys(stream: Utf8Stream, source: str) -> list[str]:
+    """The field names of the first JSON object of a table (TableError if it is not one)."""
+    for _, raw in bounded_lines(stream, source):
+        if raw.strip():
+            try:
+                return list(json.loads(raw).keys())
+            except (ValueError, AttributeError):
+                raise TableError(f"labels table {source}: the first line is not a JSON object") from None
+    raise TableError(f"labels table {source} is empty")
 
-    CSV and TSV: a header row, RFC 4180 quoting (fields may hold the delimiter, quotes and
-    line breaks), UTF-8 with or without BOM, CRLF or LF. JSON Lines: one object a line. A
-    row's line is the line (from 1, split at '\\n') its record starts on.
 
-    Raises TableError: the header lacks a required column, or the text is not CSV (a field
-    over _FIELD_LIMIT characters, a lone carriage return outside quotes, a quoted field never
-    closed, a record over _BLOCK_BYTES).
+def iter_row_batches(f: BinaryIO, spec: TableSpec, source: str = "") -> Iterator[pa.RecordBatch]:
+    """The rows of a table file (read as a stream), as Arrow batches of ROW_COLUMNS in file
+    order (a block of records at a time; rows pyarrow rejects follow their block's batch).
+
+    CSV and TSV (table_csv.py): a header row, RFC 4180 quoting (fields may hold the delimiter,
+    quotes and line breaks), CRLF, LF or CR line ends. JSON Lines: one object a
+    line. A row's line is the line (from 1, split at '\\n') its record starts on. Raises
+    TableError: the text is not `spec.encoding` (UTF-8 unless given), the header lacks a
+    required column, a record or line over text.LINE_CAP, a field over FIELD_LIMIT characters,
+    a quoted field never closed.
     """
-    parts = _jsonl_columns(f, spec, source) if spec.format == "jsonl" else _csv_columns(f, spec, source)
-    pending: list[list] = [[] for _ in range(7)]
-    for columns in parts:
-        for held, values in zip(pending, columns):
-            held.extend(values)
-        if len(pending[0]) >= size:
-            done = len(pending[0]) // size * size
-            for start in range(0, done, size):
-                yield LabelRows(*(tuple(column[start : start + size]) for column in pending))
-            for column in pending:
-                del column[:done]
-    if pending[0]:
-        yield LabelRows(*map(tuple, pending))
+    stream = Utf8Stream(f, source, spec.encoding)
+    reader = jsonl_batches if spec.format == "jsonl" else table_csv.csv_batches
+    yield from reader(stream, spec, source)
 
 
 def iter_table(f: BinaryIO, spec: TableSpec, source: str = "") -> Iterator[LabelRow]:
-    """The rows of a table file one LabelRow each (for tests)."""
+    """The rows of a table file one LabelRow each (for tests and the up-front key check)."""
     for batch in iter_row_batches(f, spec, source):
-        yield from batch.rows
-
-
-def _check_split(cell: str, column: str) -> tuple[str | None, str | None]:
-    """(split, None) for a valid split name in `column`, else (None, the reason)."""
-    split = unicodedata.normalize("NFC", str(cell).strip())
-    if not _SPLIT_NAME.fullmatch(split):
-        return None, f"split {split!r} in column {column!r} is not a valid split name"
-    return split, None
-
-
-def _delimiter(spec: TableSpec) -> str:
-    return "\t" if spec.format == "tsv" else ","
-
-
-def check_header(header: list[str], spec: TableSpec, source: str, what: str = "column") -> None:
-    """Raises TableError naming the first required column the header lacks, and the fix."""
-    present = [h.strip() for h in header]
-    for column in spec.required_columns():
-        if column not in present:
-            raise TableError(
-                f"labels table {source} has no {what} {column!r} ({what}s: {', '.join(present[:12])}); "
-                + _column_fix(column, present, spec)
-            )
-
-
-def _column_fix(column: str, present: list[str], spec: TableSpec) -> str:
-    """Which flag names the missing column, with a column of the table as its likely value."""
-    flag = {spec.key_column: "--key_column", spec.label_column: "--label_column"}.get(column)
-    if flag is None:
-        flag = "--split_column" if column == spec.split_column else "--extra_columns"
-        return f"fix {flag}"
-    taken = set(spec.required_columns())
-    free = [c for c in present if c and c not in taken]
-    return f"name the {flag[2:].replace('_', ' ')} with {flag} " + (free[0] if free else "NAME")
+        yield from label_rows(batch)
 
 
 def read_header(path: str, spec: TableSpec) -> list[str]:
     """The column names of a table file: the CSV header, or the keys of the first JSON line
-    (TableError, or OSError if unreadable)."""
+    (TableError: not text in its encoding, over the caps; OSError if unreadable)."""
     with gcs.open_read(path) as f:
-        if spec.format != "jsonl":
-            return _first_record(f, spec, path)[0]
-        first = b" "
-        while not first.strip():
-            first = f.readline()
-            if not first:
-                raise TableError(f"labels table {path} is empty")
-    try:
-        obj = json.loads(first.decode("utf-8").removeprefix("\ufeff"))
-    except ValueError:  # UnicodeDecodeError too
-        raise TableError(f"labels table {path}: the first line is not a JSON object") from None
-    if not isinstance(obj, dict):
-        raise TableError(f"labels table {path}: the first line is not a JSON object")
-    return list(obj)
+        stream = Utf8Stream(f, path, spec.encoding)
+        if spec.format == "jsonl":
+            return first_object_keys(stream, path)
+        return table_csv.read_header(stream, spec, path)[0]
 
 
 def check_regular_file(path: str) -> None:
@@ -628,13 +181,21 @@ def check_regular_file(path: str) -> None:
         )
 
 
+def _list_error(error: Exception) -> str:
+    """The store's own answer inside a (possibly twice wrapped) filesystem error, in one line."""
+    while isinstance(getattr(error, "exception_details", None), dict) and error.exception_details:
+        error = next(iter(error.exception_details.values()))
+    return f"{type(error).__name__}: {(str(error).strip().splitlines() or [''])[0]}"
+
+
 def check_table(spec: TableSpec) -> list[str]:
-    """The matched paths, after cheap checks on the submitting machine (the first line of
-    each): TableError for no such file, not a regular file, or a missing column."""
+    """The matched paths, after cheap checks on the submitting machine (the start of each: its
+    text and header): TableError for no such file, a listing that fails (naming the store's
+    error), not a regular file, not text in its encoding, or a missing column."""
     try:
         found = FileSystems.match([literal_or_glob(spec.path)])[0].metadata_list
-    except Exception:  # noqa: BLE001 - Beam raises BeamIOError/OSError/ValueError per filesystem
-        found = []
+    except (BeamIOError, *gcs.ERRORS) as e:
+        raise TableError(f"--labels {spec.path}: cannot list: {_list_error(e)}") from None
     paths = sorted(m.path for m in found)
     if not paths:
         raise TableError(f"--labels {spec.path}: no such file")

@@ -1,7 +1,7 @@
 """WebDataset samples: the label sidecars (`key.cls`, `key.txt`, `key.json`) of a tar's images (pure).
 
 In: the members of one archive as it is indexed. Out: SampleLabel (an image's relpath and the
-label its sample's sidecar holds), turned into labels-table rows by transforms/labels/beam_webdataset.py.
+label its sample's sidecar holds), turned into labels-table rows by transforms/labels/beam_table.py.
 """
 
 from __future__ import annotations

@@ -41,8 +41,17 @@ from transforms.output.publish import (
     publish_failures_only,
     staging_dir,
 )
-from transforms.output.summary import accounting_error, build_summary, merge_sections, too_many_failures
-from transforms.output.tfds import write_reader_metadata
+from transforms.output.summary import (
+    CLASS_COUNTS_FILE,
+    accounting_error,
+    build_summary,
+    class_count_lines,
+    class_counts,
+    class_mismatch,
+    merge_sections,
+    too_many_failures,
+)
+from transforms.output.tfds import write_lines, write_reader_metadata
 from transforms.records import ClassIndex, FileBatch, RecordBatch, ShardResult
 from transforms.writing.files import delete_paths, make_dirs, write_text
 from transforms.writing.index import index_path
@@ -126,8 +135,17 @@ class FinalizeFn(beam.DoFn):
         objects = {key: n for key, n in written.items() if len(key) == 3}
         if objects:
             written = {key: n for key, n in written.items() if len(key) == 2}
+        counts = class_counts(listed, written, failures)
         summary = build_summary(
-            listed_total, dict(listed), dict(written), failures, shards, class_index, self._settings, objects
+            listed_total,
+            listed,
+            written,
+            failures,
+            shards,
+            class_index,
+            self._settings,
+            objects,
+            counts=counts,
         )
         summary.update(merge_sections(extras))  # sections of other steps ("labels", "skipped", ...)
         aborted = gcs.exists(FileSystems.join(self._temp_dir, ABORTED_FILE))
@@ -137,11 +155,11 @@ class FinalizeFn(beam.DoFn):
             return
         alive = self._fence.keep_alive()  # a job-kept claim is beaten while this runs (checked first)
         try:
-            yield from self._publish(summary, failures, parts, shards, class_index)
+            yield from self._publish(summary, failures, parts, shards, class_index, counts)
         finally:
             alive.stop()
 
-    def _publish(self, summary, failures, parts, shards, class_index) -> Iterable[dict]:
+    def _publish(self, summary, failures, parts, shards, class_index, counts) -> Iterable[dict]:
         staging = staging_dir(self._temp_dir)
         make_dirs(staging)
         staged = {n: FileSystems.join(staging, n) for n in (FAILURES_FILE, LABELS_FILE, SUMMARY_FILE)}
@@ -150,18 +168,24 @@ class FinalizeFn(beam.DoFn):
         if too_many_failures(failed, listed_total, self._max_failure_ratio):
             # The job succeeds (a raise would print the runner's traceback); the entry point
             # finds the reason in the staging folder and exits with EXIT_TOO_MANY_FAILURES.
-            kept = publish_failures_only(self._output_dir, staged[FAILURES_FILE], self._fence)
+            orphans = FileSystems.join(staging, ORPHANS_FILE)  # why rows matched no image: kept too
+            also = ((orphans, ORPHANS_FILE),) if gcs.exists(orphans) else ()
+            kept = publish_failures_only(self._output_dir, staged[FAILURES_FILE], self._fence, also)
             where = FileSystems.join(self._output_dir, ABORTED_FAILURES_FILE if kept else FAILURES_FILE)
+            rows = summary.get("labels", {}).get("orphan_rows", 0)
+            unmatched = ""
+            if rows and not kept:
+                unmatched = f", the {rows:,} table rows that matched no image in {FileSystems.join(self._output_dir, ORPHANS_FILE)}"
             write_text(
                 FileSystems.join(self._temp_dir, ABORTED_FILE),
                 f"{failed} of {listed_total} images failed ({failed / listed_total:.1%}), "
                 f"more than --max_failure_ratio {self._max_failure_ratio:g} allows; no dataset was "
-                f"written{' (the dataset already there is kept)' if kept else ''}, the failures are in {where}; "
-                + diagnosis_of_kinds(dict(failures.by_kind)),
+                f"written{' (the dataset already there is kept)' if kept else ''}, the failures are in {where}"
+                f"{unmatched}; " + diagnosis_of_kinds(dict(failures.by_kind)),
             )
             return
-        write_text(staged[LABELS_FILE], "".join(n + "\n" for n in class_index.names))
-        problem = accounting_error(summary)
+        write_lines(staged[LABELS_FILE], (n + "\n" for n in class_index.names))
+        problem = accounting_error(summary) or class_mismatch(counts)
         if problem:  # a bug, not bad input: fail loudly and publish nothing
             raise RuntimeError(f"images lost or double-counted ({problem}); nothing was published")
         write_text(staged[SUMMARY_FILE], _summary_text(summary))
@@ -186,7 +210,12 @@ class FinalizeFn(beam.DoFn):
             self._compression,
             {f for s in shards for f in s.formats},
             name=self._dataset_name,
+            class_index=class_index,
+            labels_file=staged[LABELS_FILE],
         )
+        if CLASS_COUNTS_FILE == summary.get("class_counts_file"):  # many classes: beside summary.json
+            write_lines(FileSystems.join(staging, CLASS_COUNTS_FILE), class_count_lines(counts))
+            reader_files.append(CLASS_COUNTS_FILE)
         if FileSystems.exists(FileSystems.join(staging, ORPHANS_FILE)):  # written by WriteOrphans
             reader_files.append(ORPHANS_FILE)
         moves += [(FileSystems.join(staging, name), name) for name in reader_files]

@@ -39,7 +39,13 @@ ABORTED_FILE = "aborted.txt"
 TEMP_PREFIX = "beam-temp-img2tfrecord-"
 SHARD_NAME = re.compile(r".+-\d{5}-of-\d{5}\.tfrecord(\.gz|\.idx)?")
 # Reader metadata (transforms/output/tfds.py) published next to the shards.
-READER_FILES = ("dataset_info.json", "features.json", "label_map.pbtxt", "orphan_labels.jsonl")
+READER_FILES = (
+    "dataset_info.json",
+    "features.json",
+    "label_map.pbtxt",
+    "orphan_labels.jsonl",
+    "class_counts.csv",
+)
 READER_FILE = re.compile(r".+\.labels\.txt")
 
 
@@ -147,17 +153,20 @@ def _remove_marker(output_dir: str, fence: Fence | None) -> None:
         delete_paths([FileSystems.join(output_dir, MARKER_FILE)])
 
 
-def publish_failures_only(output_dir: str, staged_failures: str, fence: Fence) -> bool:
+def publish_failures_only(
+    output_dir: str, staged_failures: str, fence: Fence, also: tuple[tuple[str, str], ...] = ()
+) -> bool:
     """Publishes the failures of a run that stops short of a dataset (too many failures);
     True if an old dataset was kept. Fenced like publish; safe to run again after a crash.
 
     A finished dataset already in the folder (replaced with --overwrite) is kept whole: the
     failures go next to it as ABORTED_FAILURES_FILE and the marker is removed. Otherwise they
-    are published as failures.jsonl and the marker stays (an unfinished run's folder).
+    are published as failures.jsonl, with `also` ((staged path, name) pairs that explain them:
+    orphan_labels.jsonl), and the marker stays (an unfinished run's folder).
     """
     with fence.held():
         if not gcs.exists(FileSystems.join(output_dir, SUMMARY_FILE)):
-            publish(output_dir, [(staged_failures, FAILURES_FILE)], keep_marker=True, fence=fence)
+            publish(output_dir, [(staged_failures, FAILURES_FILE), *also], keep_marker=True, fence=fence)
             return False
         final = FileSystems.join(output_dir, ABORTED_FAILURES_FILE)
         if gcs.exists(staged_failures):

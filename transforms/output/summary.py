@@ -1,4 +1,5 @@
-"""summary.json (pure): the counts per split and class, and the accounting check listed == written + failed.
+"""summary.json (pure): the counts per split and class (class_counts.csv beyond SUMMARY_CLASSES),
+and the accounting check listed == written + failed.
 
 Sections computed by other steps join it as small dicts (`merge_sections`): "labels" (the
 labels join), "skipped" (the listing: transforms/listing/skips.py) and "labels_per_record" /
@@ -8,7 +9,9 @@ labels join), "skipped" (the listing: transforms/listing/skips.py) and "labels_p
 from __future__ import annotations
 
 import collections
-from collections.abc import Iterable, Mapping, Sequence
+import csv
+import io
+from collections.abc import Iterable, Iterator, Mapping, Sequence
 
 from transforms.encoding.encoder import EncodeSettings
 from transforms.layout.prescan import DEDUPE_STAGE
@@ -16,6 +19,44 @@ from transforms.output.failure_log import FailureCounts
 from transforms.records import ClassIndex, RecordBatch, ShardResult
 
 _SPLIT, _LABELS = "split", "labels"
+
+# Per-class counts are in summary.json up to this many (split, class) pairs; beyond, they are in
+# CLASS_COUNTS_FILE, so that summary.json (what a scheduler reads) stays small for any class count.
+SUMMARY_CLASSES = 1000
+CLASS_COUNTS_FILE = "class_counts.csv"
+
+
+def class_counts(
+    listed: dict[tuple[str, str], int], written: dict[tuple[str, str], int], failures: FailureCounts
+) -> dict[tuple[str, str], list[int]]:
+    """[listed, written, failed] per (split, class key) (bounded by splits x classes)."""
+    counts: dict[tuple[str, str], list[int]] = {}
+    for at, pairs in enumerate((listed.items(), written.items(), failures.by_class)):
+        for key, n in pairs:
+            counts.setdefault(key, [0, 0, 0])[at] += n
+    return counts
+
+
+def class_count_lines(counts: dict[tuple[str, str], list[int]]) -> Iterator[str]:
+    """CLASS_COUNTS_FILE's lines (CSV: split, class, listed, written, failed; by split and class)."""
+    out = io.StringIO()
+    writer = csv.writer(out, lineterminator="\n")
+    writer.writerow(("split", "class", "listed", "written", "failed"))
+    for (split, cls), n in sorted(counts.items()):
+        writer.writerow((split, cls, *n))
+        if out.tell() > 1 << 16:
+            yield out.getvalue()
+            out.seek(0)
+            out.truncate()
+    yield out.getvalue()
+
+
+def class_mismatch(counts: dict[tuple[str, str], list[int]]) -> str | None:
+    """The first (split, class) where listed != written + failed, or None (accounting_error's rule)."""
+    for (split, cls), (listed, written, failed) in sorted(counts.items()):
+        if listed != written + failed:
+            return f"class {cls!r} of split {split!r}: listed {listed} != written {written} + failed {failed}"
+    return None
 
 
 def build_summary(
@@ -27,36 +68,34 @@ def build_summary(
     class_index: ClassIndex,
     settings: EncodeSettings | None = None,
     objects: dict[tuple[str, str, str], int] | None = None,
+    counts: dict[tuple[str, str], list[int]] | None = None,
 ) -> dict:
-    """The summary.json document. Invariant: listed == written + failed at every level.
+    """The summary.json document: counts, never a copy of the class names (labels.txt has
+    them). Invariant: listed == written + failed at every level.
 
-    Duplicates dropped by --dedupe are failures (stage 'dedupe'), also counted in
-    `duplicates`; `schema`, `rename_keys`, `store` and `image_format` say how to parse.
+    Per-class counts (`classes` of each split, `written_per_class`) are in it up to
+    SUMMARY_CLASSES (split, class) pairs; beyond, in CLASS_COUNTS_FILE (`class_counts_file`).
+    Duplicates dropped by --dedupe are failures (stage 'dedupe'), also counted in `duplicates`;
+    `schema`, `rename_keys`, `store` and `image_format` say how to parse.
     `objects`: the written records' object counts (ShardResult.objects, summed): an "objects"
     section when there are any (a dataset of boxes, masks or class maps).
     """
-
+    counts = class_counts(listed, written, failures) if counts is None else counts
+    per_class = len(counts) <= SUMMARY_CLASSES
+    fields = ("listed", "written", "failed")
     splits: dict[str, dict] = {}
-
-    def add(split: str, cls: str | None, field: str, n: int) -> None:
-        zeros = {"listed": 0, "written": 0, "failed": 0}
-        entry = splits.setdefault(split, {**zeros, "shards": 0, "bytes": 0, "classes": {}})
-        entry[field] += n
-        if cls is not None:
-            entry["classes"].setdefault(cls, dict(zeros))[field] += n
-
-    for field, counts in (
-        ("listed", listed.items()),
-        ("written", written.items()),
-        ("failed", failures.by_class),
-    ):
-        for (split, cls), n in counts:
-            add(split, cls, field, n)
+    for (split, cls), n in sorted(counts.items()):
+        entry = splits.setdefault(split, {**dict.fromkeys(fields, 0), "shards": 0, "bytes": 0})
+        for field, value in zip(fields, n):
+            entry[field] += value
+        if per_class:
+            entry.setdefault("classes", {})[cls] = dict(zip(fields, n))
     for s in shards:
-        add(s.split, None, "shards", 1)
-        add(s.split, None, "bytes", s.bytes)
+        entry = splits.setdefault(s.split, {**dict.fromkeys(fields, 0), "shards": 0, "bytes": 0})
+        entry["shards"] += 1
+        entry["bytes"] += s.bytes
     for entry in splits.values():
-        entry["classes"] = dict(sorted(entry["classes"].items()))
+        entry.setdefault("classes", {}) if per_class else None
     written_per_class: collections.Counter = collections.Counter()
     for (_, cls), n in written.items():
         written_per_class[cls] += n
@@ -69,7 +108,6 @@ def build_summary(
         "failed_by_stage": by_stage,
         "written_per_class": dict(sorted(written_per_class.items())),
         "num_classes": len(class_index.names),
-        "class_names": list(class_index.names),
         "label_offset": class_index.offset,
         "splits": dict(sorted(splits.items())),
         # How images were stored and which schema to parse them with (transforms.encoding.schema).
@@ -79,6 +117,9 @@ def build_summary(
         "image_format": settings.image_format,
         "duplicates": by_stage.get(DEDUPE_STAGE, 0),
     }
+    if not per_class:
+        del summary["written_per_class"]
+        summary["class_counts_file"] = CLASS_COUNTS_FILE
     if objects:
         summary["objects"] = objects_section(objects, settings)
     return summary
@@ -125,7 +166,9 @@ def accounting_error(summary: dict) -> str | None:
     problems = [mismatch("dataset", summary)]
     for split, entry in summary.get("splits", {}).items():
         problems.append(mismatch(f"split {split!r}", entry))
-        problems += [mismatch(f"class {c!r} of split {split!r}", v) for c, v in entry["classes"].items()]
+        problems += [
+            mismatch(f"class {c!r} of split {split!r}", v) for c, v in entry.get("classes", {}).items()
+        ]
     return next((p for p in problems if p), None)
 
 

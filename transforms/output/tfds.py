@@ -13,9 +13,12 @@ from __future__ import annotations
 import itertools
 import json
 import re
+from collections.abc import Iterable, Iterator, Sequence
 
 from apache_beam.io.filesystems import FileSystems
 
+from transforms import gcs
+from transforms.batching import chunked
 from transforms.encoding.schema import Schema
 from transforms.images.decoding import (
     BYTES_FEATURE,
@@ -23,6 +26,8 @@ from transforms.images.decoding import (
     STORE_ENCODED,
     image_feature_kind,
 )
+from transforms.output.summary import single_label
+from transforms.records import ClassIndex
 from transforms.writing.files import write_text
 
 DATASET_INFO_FILE = "dataset_info.json"
@@ -99,7 +104,7 @@ def _features_dict(features: dict) -> dict:
     return _feature("features_dict.FeaturesDict", featuresDict={"features": features})
 
 
-def class_label_names(class_names: list[str], offset: int) -> list[str]:
+def class_label_names(class_names: Sequence[str], offset: int) -> list[str]:
     """ClassLabel names by id: ids below `offset` get a placeholder name (unique: one that is a
     class name is skipped), in time linear in `offset` plus the class count."""
     taken = set(class_names)
@@ -108,7 +113,11 @@ def class_label_names(class_names: list[str], offset: int) -> list[str]:
 
 
 def is_single_label(summary: dict) -> bool:
-    """True when every written image has exactly one class (per-class keys are class names)."""
+    """True when every record has exactly one label: summary.json's `labels_per_record`, or, for a
+    dataset written before it, its per-class keys all being class names (summary.json then held them)."""
+    single = single_label(summary)
+    if single is not None:
+        return single
     names = set(summary.get("class_names", []))
     return bool(names) and all(key in names for key in summary.get("written_per_class", {}))
 
@@ -169,12 +178,18 @@ def tfds_name(output_dir: str) -> str:
     return name if name and name[0].isalpha() else f"img2tfrecord_{name}".rstrip("_")
 
 
-def label_map_pbtxt(class_names: list[str], offset: int) -> str:
-    """An Object Detection API label map: one `item { id name }` per class."""
-    quoted = [json.dumps(name, ensure_ascii=False) for name in class_names]  # text-format literals
-    return "".join(
-        f"item {{\n  id: {i + offset}\n  name: {q}\n  display_name: {q}\n}}\n" for i, q in enumerate(quoted)
-    )
+def label_map_pbtxt(class_names: Sequence[str], offset: int) -> Iterator[str]:
+    """An Object Detection API label map: one `item { id name }` per class, a class at a time."""
+    for i, name in enumerate(class_names):
+        q = json.dumps(name, ensure_ascii=False)  # a text-format literal
+        yield f"item {{\n  id: {i + offset}\n  name: {q}\n  display_name: {q}\n}}\n"
+
+
+def write_lines(path: str, lines: Iterable[str]) -> None:
+    """Streams `lines` (each ending in its line break) into `path` as UTF-8, thousands a write."""
+    with gcs.create(path, mime_type="text/plain") as out:
+        for chunk in chunked(lines, 10_000):
+            out.write("".join(chunk).encode("utf-8"))
 
 
 def write_reader_metadata(
@@ -185,26 +200,34 @@ def write_reader_metadata(
     compression: str,
     image_formats: set[str] | frozenset[str] = frozenset(),
     name: str | None = None,
+    *,
+    class_index: ClassIndex,
+    labels_file: str,
 ) -> list[str]:
     """Writes the reader metadata files into `output_dir` (or a staging folder); returns their names.
 
     TFDS reads uncompressed TFRecords only, so gzip output gets no TFDS files. The image
     feature follows the store mode and the stored `image_formats`: an `Image` only when TFDS
     decodes every stored format to 3-D. `name`: the TFDS name (default: from `output_dir`).
+    The class names come from `class_index`; `labels_file` is labels.txt, already written: the
+    TFDS names file is a copy of it by the store (FileSystems.copy) when no id is below the
+    offset, else it is streamed with the placeholders first. Nothing holds the names as one text.
     """
-    names = summary.get("class_names", [])
-    offset = summary.get("label_offset", 0)
+    names, offset = class_index.names, class_index.offset
     written: list[str] = []
     if schema.name == "odapi":
-        write_text(FileSystems.join(output_dir, LABEL_MAP_FILE), label_map_pbtxt(names, offset))
+        write_lines(FileSystems.join(output_dir, LABEL_MAP_FILE), label_map_pbtxt(names, offset))
         written.append(LABEL_MAP_FILE)
     if compression != "none" or not split_shards:
         return written
-    labels = class_label_names(names, offset)
     image = image_feature_kind(summary.get("store", STORE_ENCODED), frozenset(image_formats))
-    features = features_json(schema, len(labels), is_single_label(summary), image=image)
+    features = features_json(schema, offset + len(names), is_single_label(summary), image=image)
     label_file = schema.label_key.replace("/", "-") + ".labels.txt"  # where TFDS looks for the names
-    write_text(FileSystems.join(output_dir, label_file), "".join(n + "\n" for n in labels))
+    if offset:
+        placeholders = class_label_names(names, offset)[:offset]  # (set of the names: linear in them)
+        write_lines(FileSystems.join(output_dir, label_file), (n + "\n" for n in (*placeholders, *names)))
+    else:
+        FileSystems.copy([labels_file], [FileSystems.join(output_dir, label_file)])
     write_text(FileSystems.join(output_dir, FEATURES_FILE), json.dumps(features, indent=2) + "\n")
     splits = summary.get("splits", {})
     info = {  # the DatasetInfo proto as JSON
