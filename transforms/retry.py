@@ -44,7 +44,12 @@ def _budget() -> float:
 
 
 class GaveUp(OSError):
-    """A transient error outlived the policy's attempts or deadline; the message says which (one line)."""
+    """A transient error outlived the policy's attempts or deadline; the message says which (one
+    line). `store`: the store that was asked ('gs://bucket'), None for a local file."""
+
+    def __init__(self, message: str, store: str | None = None):
+        super().__init__(message)
+        self.store = store
 
 
 class StoreUnreachable(Exception):
@@ -163,7 +168,9 @@ class RetryPolicy:
                 spent = time.monotonic() - start
                 if attempt == self.attempts or spent + delay > self.deadline:
                     within = f" in {spent:.0f} s" if attempt < self.attempts else ""
-                    raise GaveUp(f"{describe(e)} (still failing after {attempt} attempts{within})") from None
+                    raise GaveUp(
+                        f"{describe(e)} (still failing after {attempt} attempts{within})", store
+                    ) from None
                 sleep(delay)
             else:
                 HEALTH.succeeded(store)
