@@ -36,7 +36,7 @@ from google.api_core import exceptions as gexc
 
 from transforms import gcs
 from transforms.failures import USER_ERROR_MARKER
-from transforms.output.publish import MARKER_FILE, temp_dir_for
+from transforms.output.publish import MARKER_FILE, is_dataset_file, list_children, temp_dir_for
 from transforms.retry import DEFAULT_RETRY
 from transforms.testhooks import lease_seconds as _test_lease
 from transforms.writing.files import delete_paths
@@ -184,6 +184,21 @@ class Fence:
         with contextlib.suppress(ClaimLost), self.held():
             os.unlink(self.marker_path)
 
+    def expire(self) -> None:
+        """Ends the lease of this run's marker, if it is still there and still this run's: the
+        run is over and nothing of its job runs, so the next run takes the marker over at once
+        (on gs:// its heartbeat set to 0; locally a job-kept marker's beat, its modification
+        time; a local marker without `job` is free as soon as the claim's lock is let go)."""
+        if self.generation is not None:
+            blob = gcs.blob(self.marker_path)
+            blob.metadata = {HEARTBEAT_KEY: "0"}
+            with contextlib.suppress(gexc.PreconditionFailed, gexc.NotFound):
+                blob.patch(if_generation_match=self.generation, retry=REQUEST_RETRY)
+            return
+        if self.job:
+            with contextlib.suppress(ClaimLost), self.held():
+                os.utime(self.marker_path, (0, 0))
+
     def keep_alive(self) -> KeepAlive:
         """A heartbeat for a step of the job (started/stopped per bundle); inert unless `job`.
         A job-kept claim is checked at once: an orphaned job stops before writing into the folder."""
@@ -254,33 +269,69 @@ class KeepAlive:
         if self._lost is not None:
             raise self._lost
 
-    def stop(self) -> None:
-        """Stops beating and waits for a beat in flight (bounded by REQUEST_RETRY), so no beat
-        lands after it returns."""
+    def stop(self, wait: bool = True) -> None:
+        """Stops beating and (`wait`) waits for a beat in flight (bounded by REQUEST_RETRY), so
+        no beat lands after it returns."""
         self._stop.set()
-        if self._thread.ident is not None:  # started
+        if wait and self._thread.ident is not None:  # started
             self._thread.join()
 
 
 class Claim:
     """A held claim on an output folder (claim.py); `resumed` is the id of the dead run whose
-    marker was taken over ('unknown' if cut short), or None; the rest as Fence's."""
+    marker was taken over ('unknown' if cut short), or None; `found` the dataset files the
+    folder held when it was claimed (claim.py sets it); the rest as Fence's."""
 
     def __init__(self, output_dir: str, run_id: str, resumed: str | None, job: bool, generation: int | None):
         self.output_dir, self.run_id, self.resumed = output_dir, run_id, resumed
         self.job, self.generation = job, generation
+        self.found: frozenset[str] | None = None
 
-    def release(self, abandon: bool = False) -> None:
-        """Ends the claim (publishing removes the marker). `abandon`: the run stops before
-        publishing (a user error, a dry run): its staging folder goes and, if the claim was
-        fresh, its marker too; a taken-over marker stays (it covers the dead run's leftovers)."""
+    def release(self, over: bool = False) -> None:
+        """Ends the claim (publishing removed the marker). `over`: the run's job is not running
+        (it finished, failed or never started), so a marker that stays has its lease ended and
+        the next run takes it over at once; without it a job that may still run keeps the claim."""
         try:
-            if abandon:
-                delete_paths([temp_dir_for(self.output_dir, self.run_id)])
-                if self.resumed is None:
-                    Fence.of(self).remove_marker()
+            self._stop_beating()
+            if over:
+                Fence.of(self).expire()
         finally:
             self._close()
 
+    def abandon(self) -> bool:
+        """Ends the claim of a run that stops before publishing and whose job is not running (a
+        user error, a full disk, a runner that did not start, a job that failed, a dry run).
+
+        Its staging folder is deleted. Its marker is removed if the claim was fresh and the
+        folder still holds the dataset files it held when claimed (a dataset replaced with
+        --overwrite stays finished); otherwise it stays, its lease ended: the folder is
+        unfinished (a dead run's leftovers, or a publish that had begun), and the next run
+        takes it over at once. Returns True if publishing had begun (the folder changed).
+        """
+        try:
+            self._stop_beating()
+            delete_paths([temp_dir_for(self.output_dir, self.run_id)])
+            changed = self.found is not None and self.found != _dataset_files(self.output_dir)
+            if self.resumed is None and not changed:
+                Fence.of(self).remove_marker()
+            else:
+                Fence.of(self).expire()
+            return changed
+        finally:
+            self._close()
+
+    def let_go(self) -> None:
+        """Ends the claim without a request to its store (it does not answer): the marker and
+        staging folder stay for the next run, which takes them over once the lease runs out."""
+        self._stop_beating(wait=False)
+        self._close()
+
+    def _stop_beating(self, wait: bool = True) -> None:
+        """Stops the heartbeat thread, if any (`wait`: for a beat in flight)."""
+
     def _close(self) -> None:
         """Lets go of the lock or stops the heartbeat."""
+
+
+def _dataset_files(output_dir: str) -> frozenset[str]:
+    return frozenset(n for n in list_children(output_dir) if is_dataset_file(n))
