@@ -14,6 +14,7 @@ import logging
 import os
 import signal
 import sys
+import threading
 import uuid
 from collections.abc import Callable
 from typing import TypeVar
@@ -105,14 +106,16 @@ def _root_handlers() -> list[logging.Handler]:
 
 @contextlib.contextmanager
 def held_logs(hold: bool = True):
-    """While in the block (a remote runner starting the job), log records are held: printed
-    when it ends well; dropped when it raises, as the run's last line then says why the job
-    could not start (before that, Beam warns about each download it tries, a dozen lines)."""
+    """While in the block (a remote runner starting the job), log records and the tracebacks of
+    exceptions in threads (a job service's gRPC channels closing) are held: printed when it
+    ends well; dropped when it raises, as the run's last line then says why the job could not
+    start (before that, Beam warns about each download it tries, a dozen lines)."""
     if not hold:
         yield
         return
     held: list[tuple[logging.Handler, logging.LogRecord]] = []
-    handlers = _root_handlers()
+    in_threads: list = []
+    handlers, excepthook = _root_handlers(), threading.excepthook
 
     def hold_record(handler: logging.Handler, record: logging.LogRecord) -> bool:
         held.append((handler, record))
@@ -121,13 +124,17 @@ def held_logs(hold: bool = True):
     filters = [functools.partial(hold_record, h) for h in handlers]
     for handler, keep in zip(handlers, filters, strict=True):
         handler.addFilter(keep)
+    threading.excepthook = in_threads.append
     try:
         yield
     finally:
+        threading.excepthook = excepthook
         for handler, keep in zip(handlers, filters, strict=True):
             handler.removeFilter(keep)
     for handler, record in held:
         handler.handle(record)
+    for args in in_threads:
+        excepthook(args)
 
 
 _View = TypeVar("_View", bound=PipelineOptions)

@@ -28,9 +28,10 @@ from typing import TypeVar
 from apache_beam.runners.runner import PipelineResult, PipelineState
 
 from beam_pipeline.cli.options import UserError
+from transforms import gcs
 from transforms.failures import user_error_text
 from transforms.output.fence import Claim, lease_seconds
-from transforms.output.publish import SUMMARY_FILE
+from transforms.output.publish import MARKER_FILE, SUMMARY_FILE
 from transforms.retry import GaveUp, store_of
 
 # Characters of the run's last line ("img2tfrecord: error: " and this text).
@@ -52,6 +53,7 @@ _STORE_DOWN = re.compile(r"(\w+://[^/\s]+) answered nothing but errors")
 _EXCEPTION_LINE = re.compile(r"^(?:[\w.]+\.)?(\w*(?:Error|Exception|Exit|Failure|Unavailable)):? ?(.*)$")
 _URL = re.compile(r"\b\w+://\S*/([^/\s]+?)(?=[:,;)>]?(?:\s|$)|[.]\s|[.]$)")
 _SENTENCE_END = re.compile(r"(?<=[.])\s+(?=[A-Z])")
+_LONG_PATH = re.compile(r"(?:\w+://|/)[^\s'\"]{60,}")
 _FRAME = re.compile(r'File "([^"]+)"')
 _OUR_PACKAGES = frozenset({"transforms", "beam_pipeline"})
 
@@ -130,7 +132,26 @@ def cause_line(error: BaseException) -> str:
     return line if kind in ("RuntimeError", "Exception") else f"{kind}: {line}"
 
 
+def _answers(output_dir: str) -> bool:
+    """True if the store of `output_dir` (gs://) answers one quick request: else the cleanup of
+    a failed run asks it nothing."""
+    return gcs.answers(f"{output_dir.rstrip('/')}/{MARKER_FILE}")
+
+
 def _shorten(text: str, room: int) -> str:
+    """`text` in at most `room` characters: long paths and URLs cut in the middle first, then
+    the text before its first "; " (what to do, after it, is kept), then the end."""
+    for long in sorted(set(_LONG_PATH.findall(text)), key=len, reverse=True):
+        if len(text) <= room:
+            break
+        text = text.replace(long, f"{long[:32]}…{long[-24:]}")
+    what, sep, then = text.partition("; ")
+    if len(text) > room and sep and len(then) + 20 < room:
+        text = _cut(what, room - len(sep) - len(then)) + sep + then
+    return _cut(text, room)
+
+
+def _cut(text: str, room: int) -> str:
     return text if len(text) <= room else text[: max(room - 1, 10)].rstrip() + "…"
 
 
@@ -217,10 +238,10 @@ class RunEnd:
         claim, out = self.claim, self.output_dir
         if claim is None:
             return ""
-        left = f"its marker and staging folder stay in {out} until the next run takes them over"
-        if "://" in out:
-            left += f" ({lease_seconds():.0f} s after this one)"
-        if fault is not None and fault.store is not None and fault.store == store_of(out):
+        after = f" {lease_seconds():.0f} s after this one" if "://" in out else ""
+        left = f"its marker and staging folder stay (the next run takes them over{after})"
+        store = store_of(out)
+        if store is not None and fault is not None and (fault.store == store or not _answers(out)):
             claim.let_go()
             return left
         done, changed = bounded(claim.abandon, CLEANUP_SECONDS)
