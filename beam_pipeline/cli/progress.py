@@ -263,7 +263,7 @@ class JobWatch:
                 state = f"state {last[0]}, " if last[0] is not None else ""
                 self._stream.write(
                     f"img2tfrecord: the job has shown no progress for {_duration(now - since)} ({state}"
-                    f"nothing new in {self._staging}); still waiting. If its workers cannot start it never "
-                    "ends: see the job server's and the workers' logs\n"
+                    "no new file in its staging folder); still waiting. If its workers cannot start it "
+                    "never ends: see the job server's and the workers' logs\n"
                 )
                 self._stream.flush()
