@@ -239,7 +239,7 @@ class RunEnd:
         if claim is None:
             return ""
         after = f" {lease_seconds():.0f} s after this one" if "://" in out else ""
-        left = f"its marker and staging folder stay (the next run takes them over{after})"
+        left = f"its marker and staged files stay (the next run takes them over{after})"
         store = store_of(out)
         if store is not None and fault is not None and (fault.store == store or not _answers(out)):
             claim.let_go()
