@@ -158,4 +158,5 @@ def build_pipeline(
         # The TFDS name: same output wherever it is written (reruns compare byte for byte).
         dataset_name=tfds_name(opts.dataset_name or normalize_root(opts.input)),
         summary_extras=label_report,
+        warnings=found.warnings,  # str: what the listing ignored in archives it read whole
     )  # the summary.json dict (failures counted by a combiner, failures.jsonl merged from sorted parts)

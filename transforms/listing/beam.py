@@ -19,7 +19,7 @@ from apache_beam.io import fileio
 
 from transforms.failures import FAILED, Failure
 from transforms.gcs import literal_or_glob
-from transforms.listing.beam_archives import SAMPLE_LABELS, IndexArchives, match_archives
+from transforms.listing.beam_archives import SAMPLE_LABELS, WARNINGS, IndexArchives, match_archives
 from transforms.listing.beam_gcs import ListGcsImages
 from transforms.listing.beam_walk import ARCHIVES, KeepImagesFn, WalkLocalFn
 from transforms.listing.local import is_archive_input
@@ -28,12 +28,14 @@ from transforms.records import FileBatch
 
 
 class ListedImages(NamedTuple):
-    """What ListImages gives: `files` (FileBatch), `failed` (Failure, stage 'list') and
-    `sample_labels` (tuples of SampleLabel from WebDataset sidecars; empty unless asked for)."""
+    """What ListImages gives: `files` (FileBatch), `failed` (Failure, stage 'list'),
+    `sample_labels` (tuples of SampleLabel from WebDataset sidecars; empty unless asked for)
+    and `warnings` (str: what was ignored in an archive read whole; None: nothing to say)."""
 
     files: beam.PCollection[FileBatch]
     failed: beam.PCollection[Failure]
     sample_labels: beam.PCollection[tuple]
+    warnings: beam.PCollection[str] | None = None
 
 
 class ListImages(beam.PTransform):
@@ -87,4 +89,5 @@ class ListImages(beam.PTransform):
             files=(files, members.files) | "AllFiles" >> beam.Flatten(),
             failed=members[FAILED],
             sample_labels=members[SAMPLE_LABELS],
+            warnings=members[WARNINGS],
         )

@@ -1,11 +1,12 @@
 """Output: once every shard is written, the metadata staged and everything published.
 
-In: ShardResults (WriteShards), the listed and labelled batches and every Failure. Out:
-failures.jsonl (merged from sorted parts), labels.txt, summary.json and the reader metadata,
-staged in the run's temp folder next to the temp shards, then renamed into place, summary.json
-last (publish.py): the summary dict. Side inputs are counts (bounded by splits x classes, the
-stages and MAX_KINDS), one small ShardResult a shard and one path a failure part; the only
-group is a failure part (~PART_SIZE failures).
+In: ShardResults (WriteShards), the listed and labelled batches, every Failure, and the kinds
+of things ignored on the way (warnings). Out: failures.jsonl (merged from sorted parts),
+labels.txt, summary.json and the reader metadata, staged in the run's temp folder next to the
+temp shards, then renamed into place, summary.json last (publish.py): the summary dict. Side
+inputs are counts (bounded by splits x classes, the stages, MAX_KINDS and the few kinds of
+warning), one small ShardResult a shard and one path a failure part; the only group is a
+failure part (~PART_SIZE failures).
 """
 
 from __future__ import annotations
@@ -118,7 +119,17 @@ class FinalizeFn(beam.DoFn):
         self._max_failure_ratio, self._dataset_name = max_failure_ratio, dataset_name
 
     def process(
-        self, _, listed_total, listed, written, failures: FailureCounts, parts, shards, class_index, extras
+        self,
+        _,
+        listed_total,
+        listed,
+        written,
+        failures: FailureCounts,
+        parts,
+        shards,
+        class_index,
+        extras,
+        warned,
     ) -> Iterable[dict]:
         if listed_total == 0:
             delete_paths([self._temp_dir])
@@ -127,6 +138,8 @@ class FinalizeFn(beam.DoFn):
             listed_total, dict(listed), dict(written), failures, shards, class_index, self._settings
         )
         summary.update(extras or {})  # sections added by optional steps (e.g. "labels")
+        if warned:  # what was ignored on the way (e.g. zero padding after a .tar.gz's data)
+            summary["warnings"] = dict(sorted(warned.items()))
         aborted = gcs.exists(FileSystems.join(self._temp_dir, ABORTED_FILE))
         if aborted or not folder_exists(self._temp_dir):  # finalized already (see the class docstring)
             if not aborted:  # (stopped short on purpose: the entry point reads why)
@@ -212,7 +225,9 @@ class WriteMetadata(beam.PTransform):
 
     `files` are the PCollections of listed images (FileBatches, Failures; or RecordBatches
     and Failures after a join) and `records` the labelled ones (RecordBatches), counted for
-    summary.json; `summary_extras` a one-dict PCollection of extra summary sections, or None.
+    summary.json; `summary_extras` a one-dict PCollection of extra summary sections, or None;
+    `warnings` the kinds of things ignored on the way (str, each counted in summary.json's
+    "warnings", present when any was), or None.
     """
 
     def __init__(
@@ -231,6 +246,7 @@ class WriteMetadata(beam.PTransform):
         max_failure_ratio: float,
         dataset_name: str,
         summary_extras: beam.PCollection[dict] | None,
+        warnings: beam.PCollection[str] | None = None,
     ):
         super().__init__()
         self._fn = FinalizeFn(
@@ -239,6 +255,7 @@ class WriteMetadata(beam.PTransform):
         self._staging = staging_dir(temp_dir)
         self._files, self._records, self._failed = tuple(files), records, failed
         self._shards, self._class_index, self._extras = shards, class_index, summary_extras
+        self._warnings = warnings
 
     def expand(self, pbegin: beam.pvalue.PBegin) -> beam.PCollection[dict]:
         # Lifted combiners without defaults (an empty input leaves the side inputs at theirs);
@@ -259,6 +276,10 @@ class WriteMetadata(beam.PTransform):
             | "ListedSide" >> beam.Map(SideDict).with_output_types(SideDict)
         )
         extras = self._extras if self._extras is not None else pbegin | "NoExtras" >> beam.Create([{}])
+        if self._warnings is not None:  # one count per kind (a handful of kinds)
+            warned = self._warnings | "CountWarnings" >> beam.combiners.Count.PerElement()  # (kind, n)
+        else:
+            warned = pbegin | "NoWarnings" >> beam.Create([]).with_output_types(tuple[str, int])
         failure_counts = pvalue.AsSingleton(
             self._failed | "CountFailures" >> beam.CombineGlobally(FailureCountsFn()).without_defaults(),
             default_value=FailureCounts(),
@@ -293,5 +314,6 @@ class WriteMetadata(beam.PTransform):
                 pvalue.AsList(shards),
                 pvalue.AsSingleton(self._class_index),
                 pvalue.AsSingleton(extras),
+                pvalue.AsDict(warned),
             )
         )
