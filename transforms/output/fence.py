@@ -37,7 +37,7 @@ from google.api_core import exceptions as gexc
 from transforms import gcs
 from transforms.failures import USER_ERROR_MARKER
 from transforms.output.publish import MARKER_FILE, is_dataset_file, list_children, temp_dir_for
-from transforms.retry import DEFAULT_RETRY
+from transforms.retry import DEFAULT_RETRY, describe
 from transforms.testhooks import lease_seconds as _test_lease
 from transforms.writing.files import delete_paths
 
@@ -46,6 +46,8 @@ from transforms.writing.files import delete_paths
 HEARTBEAT_SECONDS = 20.0
 LEASE_SECONDS = 120.0
 HEARTBEAT_KEY = "img2tfrecord-heartbeat"
+# Missed beats in a row after which each further one is a warning (stderr, the worker's log).
+MISSES_TO_WARN = 2
 
 # flock errors of a filesystem without locks (some FUSE mounts): a marker there is a dead run's.
 _NO_LOCKS = frozenset({errno.ENOLCK, errno.EOPNOTSUPP, errno.ENOTSUP, errno.EINVAL, errno.ENOSYS})
@@ -256,14 +258,25 @@ class KeepAlive:
             self._thread.start()
 
     def _loop(self) -> None:
+        missed = 0
         while not self._stop.wait(heartbeat_seconds()):
             try:
                 self._fence.beat()
+                missed = 0
             except ClaimLost as e:
                 self._lost = e
                 return
             except Exception as e:  # noqa: BLE001 - a missed beat is retried at the next one
-                logging.debug("heartbeat of %s failed: %s", self._fence.marker_path, e)
+                missed += 1
+                if missed >= MISSES_TO_WARN:  # not silent: the lease lapses after LEASE_SECONDS
+                    logging.warning(
+                        "img2tfrecord: the claim on %s was not renewed %d times in a row (last: %s); if "
+                        "this goes on for %.0f s, another run may take the folder over",
+                        self._fence.output_dir,
+                        missed,
+                        describe(e),
+                        lease_seconds(),
+                    )
 
     def check(self) -> None:
         if self._lost is not None:
