@@ -138,7 +138,7 @@ def _answers(output_dir: str) -> bool:
     return gcs.answers(f"{output_dir.rstrip('/')}/{MARKER_FILE}")
 
 
-def _shorten(text: str, room: int) -> str:
+def shorten(text: str, room: int) -> str:
     """`text` in at most `room` characters: long paths and URLs cut in the middle first, then
     the text before its first "; " (what to do, after it, is kept), then the end."""
     for long in sorted(set(_LONG_PATH.findall(text)), key=len, reverse=True):
@@ -284,4 +284,4 @@ class RunEnd:
             else ("", f"; {left}" if left else "")
         )
         room = MAX_LINE - _PREFIX - len(head) - len(rest)
-        return head + _shorten(fault.cause, room) + rest
+        return head + shorten(fault.cause, room) + rest
