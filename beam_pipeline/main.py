@@ -47,7 +47,7 @@ from beam_pipeline.cli.options import (
     route_labels_flag,
     validate,
 )
-from beam_pipeline.cli.progress import JobWatch, ProgressReporter
+from beam_pipeline.cli.progress import JOB_MESSAGES_LOGGER, JobWatch, ProgressReporter
 from beam_pipeline.cli.progress import end_line as end_progress_line
 from beam_pipeline.cli.startup import LOCAL_RUNNERS
 from beam_pipeline.pipeline import build_pipeline
@@ -62,8 +62,9 @@ EXIT_OK, EXIT_FAILED, EXIT_USAGE, EXIT_TOO_MANY_FAILURES = 0, 1, 2, 3
 EXIT_INTERRUPTED = 130  # 128 + SIGINT, as shells report it
 
 
-# Logs "Created job with id: [...]" (read by schedulers) when a Dataflow job is submitted.
-DATAFLOW_SUBMIT_LOGGER = "apache_beam.runners.dataflow"
+# Logs "Created job with id: [...]" (read by schedulers) when a Dataflow job is submitted, and
+# the job's messages while the launcher waits (cli/progress.py JobWatch counts them).
+DATAFLOW_SUBMIT_LOGGER = JOB_MESSAGES_LOGGER
 
 
 class TooManyFailures(Exception):
@@ -118,6 +119,8 @@ def held_logs(hold: bool = True):
     handlers, excepthook = _root_handlers(), threading.excepthook
 
     def hold_record(handler: logging.Handler, record: logging.LogRecord) -> bool:
+        if record.name.startswith(DATAFLOW_SUBMIT_LOGGER):  # the job id: schedulers read it at once
+            return True
         held.append((handler, record))
         return False
 
@@ -248,7 +251,8 @@ def _run_claimed(
                 result = end.result = p.run()
             end.stage = RUNNING
             if not end.local:
-                watch = JobWatch(result, temp_dir_for(output_dir, run_id), sys.stderr)
+                dataflow = "dataflow" in str(end.runner).lower()  # (its client is not for two threads)
+                watch = JobWatch(result, temp_dir_for(output_dir, run_id), sys.stderr, ask_state=not dataflow)
             with watch:
                 result.wait_until_finish()
             if on_result is not None:

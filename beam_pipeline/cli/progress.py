@@ -11,6 +11,7 @@ progress at all.
 from __future__ import annotations
 
 import contextlib
+import logging
 import os
 import shutil
 import threading
@@ -193,6 +194,21 @@ class ProgressReporter:
         self._drawn = not final
 
 
+# The logger of the job messages a runner relays while it waits (Dataflow's), at INFO (main.py).
+JOB_MESSAGES_LOGGER = "apache_beam.runners.dataflow"
+
+
+class _Count(logging.Handler):
+    """Counts the log records it is given (JobWatch: each a sign of the job's progress)."""
+
+    def __init__(self):
+        super().__init__(logging.INFO)
+        self.count = 0
+
+    def emit(self, record: logging.LogRecord) -> None:
+        self.count += 1
+
+
 # A job outside this process that shows no progress for this long is reported on stderr (then
 # again after twice as long, and so on); IMG2TFRECORD_STALL_SECONDS changes it (tests: seconds).
 STALL_SECONDS = 180.0
@@ -221,36 +237,44 @@ class JobWatch:
     doubled: a job whose workers cannot start (a worker pool that cannot import Beam) waits
     for ever, silently, in Beam's `wait_until_finish`.
 
-    Progress is a change of the job's state or of what its staging folder holds (files and
-    bytes: shards written, metadata staged), the signs every runner gives (Beam's Python job
-    service reports counters only at the end). Bounds: one state query and one listing of
+    Progress is a change of the job's state, a message the runner logged about it (Dataflow's
+    job messages), or a change of what its staging folder holds (files and bytes: shards
+    written, metadata staged): the signs every runner gives (Beam's Python job service
+    reports counters only at the end). The state is asked of the runner (`ask_state`) only
+    where that is safe beside Beam's own wait (a gRPC job service; not Dataflow's client,
+    which its wait polls from another thread). Bounds: one state query and one listing of
     the staging folder per check, every STALL_SECONDS / 4 (at most 30 s).
     """
 
-    def __init__(self, result, staging: str, stream: TextIO, seconds: float | None = None):
-        self._result, self._staging, self._stream = result, staging, stream
+    def __init__(
+        self, result, staging: str, stream: TextIO, seconds: float | None = None, ask_state: bool = True
+    ):
+        self._result, self._staging, self._stream, self._ask_state = result, staging, stream, ask_state
         self._seconds = seconds or float(os.environ.get(STALL_ENV) or STALL_SECONDS)
         self._stop = threading.Event()
         self._thread = threading.Thread(target=self._loop, name="img2tfrecord-job-watch", daemon=True)
+        self._messages = _Count()
 
     def __enter__(self) -> JobWatch:
+        logging.getLogger(JOB_MESSAGES_LOGGER).addHandler(self._messages)
         self._thread.start()
         return self
 
     def __exit__(self, *exc) -> None:
         self._stop.set()
+        logging.getLogger(JOB_MESSAGES_LOGGER).removeHandler(self._messages)
         self._thread.join(_WATCH_POLL_MAX)
 
     def _signs(self) -> tuple:
-        try:
-            state = self._result.state
-        except Exception:  # noqa: BLE001 - a runner that cannot say: the folder alone tells
-            state = None
+        state = None
+        if self._ask_state:
+            with contextlib.suppress(Exception):  # a runner that cannot say: the rest tells
+                state = self._result.state
         try:
             files = staged_files(self._staging)
         except Exception:  # noqa: BLE001 - a store that does not answer now: no sign
             files = None
-        return state, files
+        return state, self._messages.count, files
 
     def _loop(self) -> None:
         last, since, report_after = self._signs(), time.monotonic(), self._seconds

@@ -8,14 +8,18 @@ tests/output/test_out_of_space.py.
 from __future__ import annotations
 
 import errno
+import io
 import json
 import os
+import re
+import time
 
 import pytest
 
 from beam_pipeline import main
 from beam_pipeline.cli.faults import SPACE, STORE, USER, cause_line, fault_of, has_our_frames, shorten
 from beam_pipeline.cli.options import UserError
+from beam_pipeline.cli.progress import JobWatch
 from tests.conftest import write_image
 from transforms.failures import USER_ERROR_MARKER
 from transforms.output.publish import MARKER_FILE, TEMP_PREFIX
@@ -134,3 +138,25 @@ def test_a_bug_of_ours_is_still_a_traceback_and_its_folder_is_taken_over_at_once
     run_id = json.loads((out / MARKER_FILE).read_text())["run_id"]
     summary = main.run(args, save_main_session=False)  # no --overwrite, no wait
     assert summary["written"] == 2 and run_id not in "".join(os.listdir(out))
+
+
+def test_the_job_watch_says_nothing_while_files_are_staged_and_speaks_once_they_stop(tmp_path):
+    """JobWatch (cli/progress.py) against a staging folder that grows, then does not."""
+    staging, stream = tmp_path / "staging", io.StringIO()
+
+    class Running:  # a runner's result whose state never changes
+        state = "RUNNING"
+
+    with JobWatch(Running(), str(staging), stream, seconds=0.8):
+        for i in range(8):  # a shard staged every 0.25 s for 2 s: progress
+            (staging / "train").mkdir(parents=True, exist_ok=True)
+            (staging / "train" / f"{i}.tfrecord").write_bytes(b"x" * (i + 1))
+            time.sleep(0.25)
+        assert stream.getvalue() == ""
+        deadline = time.monotonic() + 10
+        while not stream.getvalue() and time.monotonic() < deadline:
+            time.sleep(0.05)
+    line = stream.getvalue().splitlines()[0]
+    assert re.match(
+        r"img2tfrecord: the job has shown no progress for \d+s \(state RUNNING, no new file", line
+    )
