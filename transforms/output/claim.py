@@ -16,7 +16,9 @@ docs/reliability.md ("One run per folder") states the promises.
   heartbeat refreshed by fence.py's KeepAlive; one older than LEASE_SECONDS is a dead run's,
   taken over by an upload conditional on its generation (of two, exactly one wins).
 
-Once claimed, dead runs' staging folders and earlier versions' probes are deleted.
+Once claimed, dead runs' staging folders and earlier versions' probes are deleted, and the
+dataset files the folder holds are noted (`Claim.found`): a run that stops before publishing
+removes its fresh marker only while the folder still holds just those (fence.py `abandon`).
 """
 
 from __future__ import annotations

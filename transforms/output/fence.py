@@ -15,7 +15,13 @@ docs/reliability.md ("Fencing") states the guarantees and their limits.
   the folder and an orphaned job that lost it stops at its next beat (a local marker's beat
   is its modification time). Beats are conditional on the metageneration just read and
   skipped while the last is younger than a heartbeat: about one write a heartbeat however
-  many workers beat (GCS allows one a second on one object).
+  many workers beat (GCS allows one a second on one object). After MISSES_TO_WARN missed
+  beats in a row, each further miss is a warning: a lease never lapses silently.
+- A claim ends as the run does (`Claim`): released once published; abandoned by a run that
+  stops before publishing while nothing of its job runs (its staging folder deleted, a fresh
+  marker removed unless publishing had begun); a marker that stays then has its lease ended
+  (`expire`), so the next run takes it over at once; `let_go` asks nothing of a store that
+  does not answer (beam_pipeline/cli/faults.py decides which).
 """
 
 from __future__ import annotations
