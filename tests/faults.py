@@ -1,4 +1,4 @@
-"""What every fault test checks of a run that failed: the CLI's one line, and its time.
+"""What the fault tests share: a small labelled tree, the CLI in a subprocess, its one line.
 
 Docs: docs/reliability.md ("When something fails"); the run's end: beam_pipeline/cli/faults.py.
 """
@@ -10,6 +10,8 @@ import subprocess
 import sys
 import time
 from pathlib import Path
+
+from tests.conftest import write_image
 
 ROOT = Path(__file__).resolve().parents[1]
 MAX_LINE = 300
@@ -37,3 +39,23 @@ def convert(args: list[str], env: dict[str, str] | None = None, limit: float = 1
         timeout=limit,
     )
     return proc.returncode, proc.stderr, time.monotonic() - start
+
+
+def launch(args: list[str], env: dict[str, str] | None = None) -> subprocess.Popen:
+    """The CLI started in its own process group (to be killed whole), stderr as text on a pipe."""
+    return subprocess.Popen(
+        [sys.executable, "-m", "beam_pipeline", "convert", *args],
+        cwd=ROOT,
+        env={**os.environ, **(env or {})},
+        stdout=subprocess.DEVNULL,
+        stderr=subprocess.PIPE,
+        text=True,
+        start_new_session=True,
+    )
+
+
+def two_classes(root: Path, count: int, size: tuple[int, int] = (10, 12)) -> Path:
+    """`count` random PNGs of `size` in root/cat and root/dog, alternately."""
+    for i in range(count):
+        write_image(root / ("cat", "dog")[i % 2] / f"{i}.png", size, seed=i)
+    return root

@@ -11,13 +11,10 @@ from __future__ import annotations
 
 import os
 import signal
-import subprocess
-import sys
 import time
 
 from beam_pipeline import main
-from tests.conftest import write_image
-from tests.faults import ROOT
+from tests.faults import launch, two_classes
 from transforms.output.publish import MARKER_FILE
 from transforms.testhooks import PAUSE_ENV
 
@@ -29,22 +26,14 @@ def _error(capsys) -> str:
 
 
 def test_a_folder_with_the_in_progress_marker_is_refused(tmp_path, capsys):
-    tree = tmp_path / "images"
-    for i in range(4):
-        write_image(tree / ("cat", "dog")[i % 2] / f"{i}.png", (10, 12), seed=i)
+    tree = two_classes(tmp_path / "images", 4)
     out, flag = tmp_path / "out", tmp_path / "paused"
     args = ["--input", str(tree), "--output_dir", str(out), "--quiet"]
     assert main.main(args) == main.EXIT_OK
     assert main.main(["verify", str(out)]) == main.EXIT_OK
     capsys.readouterr()
     # An --overwrite run killed while it writes its shards: the old dataset, and the marker.
-    run = subprocess.Popen(
-        [sys.executable, "-m", "beam_pipeline", "convert", *args, "--overwrite"],
-        cwd=ROOT,
-        env={**os.environ, PAUSE_ENV: f"write_shard:{flag}"},
-        stderr=subprocess.DEVNULL,
-        start_new_session=True,
-    )
+    run = launch([*args, "--overwrite"], {PAUSE_ENV: f"write_shard:{flag}"})
     try:
         deadline = time.monotonic() + 120
         while not flag.exists():
@@ -52,7 +41,7 @@ def test_a_folder_with_the_in_progress_marker_is_refused(tmp_path, capsys):
             time.sleep(0.05)
     finally:
         os.killpg(run.pid, signal.SIGKILL)
-        run.wait()
+        run.communicate()
     assert (out / "summary.json").exists() and (out / MARKER_FILE).exists()
     for verb in ("verify", "inspect"):
         assert main.main([verb, str(out)]) == main.EXIT_USAGE

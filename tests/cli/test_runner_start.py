@@ -15,8 +15,7 @@ from pathlib import Path
 
 import pytest
 
-from tests.conftest import write_image
-from tests.faults import convert, one_line
+from tests.faults import convert, one_line, two_classes
 from tests.gcs_emulator import free_port
 
 DASK = "apache_beam.runners.dask.dask_runner.DaskRunner"
@@ -24,10 +23,7 @@ DASK = "apache_beam.runners.dask.dask_runner.DaskRunner"
 
 @pytest.fixture(scope="module")
 def tree(tmp_path_factory) -> Path:
-    root = tmp_path_factory.mktemp("runners") / "images"
-    for i in range(4):
-        write_image(root / ("cat", "dog")[i % 2] / f"{i}.png", (10, 12), seed=i)
-    return root
+    return two_classes(tmp_path_factory.mktemp("runners") / "images", 4)
 
 
 @pytest.fixture(scope="module")

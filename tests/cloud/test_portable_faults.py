@@ -18,7 +18,6 @@ import json
 import os
 import re
 import signal
-import subprocess
 import sys
 import time
 
@@ -30,29 +29,17 @@ from tests.cloud.test_cloud_portable import (  # noqa: F401 - tree, reference: f
     reference,
     tree,
 )
-from tests.faults import ROOT, convert, one_line
+from tests.faults import convert, launch, one_line
 from transforms.output.publish import MARKER_FILE
 from transforms.testhooks import PAUSE_ENV
 
 STALL_ENV = "IMG2TFRECORD_STALL_SECONDS"
 
 
-def _launch(args: list[str], env: dict[str, str]) -> subprocess.Popen:
-    return subprocess.Popen(
-        [sys.executable, "-m", "beam_pipeline", "convert", *args],
-        cwd=ROOT,
-        env={**os.environ, **env},
-        stdout=subprocess.DEVNULL,
-        stderr=subprocess.PIPE,
-        text=True,
-        start_new_session=True,
-    )
-
-
 def test_a_killed_worker_pool_ends_the_run_in_one_line_and_frees_the_folder(tree, reference, tmp_path):  # noqa: F811
     out, flag, started = tmp_path / "out", tmp_path / "paused", []
     with portable_runner({PAUSE_ENV: f"write_shard:{flag}"}, tmp_path, started) as runner:
-        launcher = _launch([*_args(tree, out), *runner], {})
+        launcher = launch([*_args(tree, out), *runner], {})
         try:
             _wait_for(flag.exists, "reached write_shard", launcher)
             pool = started[1]
@@ -78,7 +65,7 @@ def test_a_killed_loopback_launcher_leaves_a_folder_the_next_run_takes_at_once(t
     out, flag = tmp_path / "out", tmp_path / "paused"
     with portable_runner({}, tmp_path) as runner:
         loopback = [*runner[:3], "--environment_type=LOOPBACK"]  # the job server; workers in the launcher
-        launcher = _launch([*_args(tree, out), *loopback], {PAUSE_ENV: f"write_shard:{flag}"})
+        launcher = launch([*_args(tree, out), *loopback], {PAUSE_ENV: f"write_shard:{flag}"})
         try:
             _wait_for(flag.exists, "reached write_shard", launcher)
             marker = json.loads((out / MARKER_FILE).read_text())
@@ -101,7 +88,7 @@ def test_workers_that_cannot_import_beam_are_reported_not_waited_on_silently(tre
     (shim / "python").chmod(0o755)
     out = tmp_path / "out"
     with portable_runner({"PATH": f"{shim}{os.pathsep}{os.environ['PATH']}"}, tmp_path) as runner:
-        launcher = _launch([*_args(tree, out), *runner], {STALL_ENV: "3"})
+        launcher = launch([*_args(tree, out), *runner], {STALL_ENV: "3"})
         lines: list[str] = []
         try:
             start = time.monotonic()

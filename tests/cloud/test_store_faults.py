@@ -15,8 +15,7 @@ import os
 import threading
 import time
 
-from tests.conftest import write_image
-from tests.faults import convert, one_line
+from tests.faults import convert, one_line, two_classes
 from tests.gcs_emulator import BUCKET, FaultProxy, emulator_env, fake_credentials, free_port, upload_tree
 from transforms.output.publish import MARKER_FILE, TEMP_PREFIX
 from transforms.retry import BUDGET_ENV
@@ -24,9 +23,7 @@ from transforms.testhooks import LEASE_ENV, PAUSE_ENV
 
 
 def test_a_store_gone_mid_run_ends_in_one_line_and_the_next_run_takes_over(gcs_bucket, tmp_path):
-    tree = tmp_path / "images"
-    for i in range(6):
-        write_image(tree / ("cat", "dog")[i % 2] / f"{i}.png", (12, 10), seed=i)
+    tree = two_classes(tmp_path / "images", 6)
     upload_tree(gcs_bucket, tree, "gone/in")
     down = threading.Event()
     proxy = FaultProxy(os.environ["STORAGE_EMULATOR_HOST"], lambda *request: 503 if down.is_set() else None)
