@@ -30,7 +30,7 @@ from apache_beam.runners.runner import PipelineResult, PipelineState
 from beam_pipeline.cli.options import UserError
 from transforms import gcs
 from transforms.failures import user_error_text
-from transforms.output.fence import Claim, lease_seconds
+from transforms.output.fence import TAKEN_OVER, Claim, lease_seconds
 from transforms.output.publish import MARKER_FILE, SUMMARY_FILE
 from transforms.retry import GaveUp, store_of
 
@@ -245,6 +245,8 @@ class RunEnd:
             claim.let_go()
             return left
         done, changed = bounded(claim.abandon, CLEANUP_SECONDS)
+        if fault is not None and fault.cause.startswith(TAKEN_OVER):
+            return ""  # the folder is the other run's: its line says so, what it holds is not ours
         if not done:
             return left
         if changed:

@@ -116,6 +116,10 @@ def read_fd(fd: int) -> bytes:
 REQUEST_RETRY = DEFAULT_RETRY.as_api_retry()
 
 
+# How ClaimLost's line starts (the run's end reads it: the folder is another run's).
+TAKEN_OVER = "another run took over"
+
+
 class ClaimLost(RuntimeError):
     """Another run took the output folder over; this run must change nothing there."""
 
@@ -141,7 +145,7 @@ class Fence:
 
     def lost(self) -> ClaimLost:
         return ClaimLost(
-            f"{USER_ERROR_MARKER} another run took over --output_dir {self.output_dir}; this run "
+            f"{USER_ERROR_MARKER} {TAKEN_OVER} --output_dir {self.output_dir}; this run "
             f"({self.run_id}) stopped without changing it (the folder is the other run's)"
         )
 
