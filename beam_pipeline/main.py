@@ -14,6 +14,7 @@ import logging
 import os
 import signal
 import sys
+import threading
 import uuid
 from collections.abc import Callable
 from typing import TypeVar
@@ -35,7 +36,9 @@ from beam_pipeline.cli.checks import (
     check_labels,
     check_runner_reaches_paths,
     claim_output_folder,
+    workers_in_launcher,
 )
+from beam_pipeline.cli.faults import AFTER, GRAPH, RUNNING, STARTING, RunEnd, fault_of, has_our_frames
 from beam_pipeline.cli.local_runner import in_process, local_defaults, writers_prestarted
 from beam_pipeline.cli.options import (
     ConvertOptions,
@@ -46,13 +49,12 @@ from beam_pipeline.cli.options import (
     validate,
 )
 from beam_pipeline.cli.outcome import final_lines
-from beam_pipeline.cli.progress import ProgressReporter
+from beam_pipeline.cli.progress import JOB_MESSAGES_LOGGER, JobWatch, ProgressReporter
 from beam_pipeline.cli.progress import end_line as end_progress_line
 from beam_pipeline.cli.startup import LOCAL_RUNNERS
 from beam_pipeline.pipeline import build_pipeline
 from transforms import progress
-from transforms.failures import user_error_text
-from transforms.output.fence import Claim, Fence
+from transforms.output.fence import Fence
 from transforms.output.publish import SUMMARY_FILE, aborted_reason, temp_dir_for
 from transforms.paths import normalize_root
 from transforms.writing.files import delete_paths, read_file
@@ -62,37 +64,82 @@ EXIT_OK, EXIT_FAILED, EXIT_USAGE, EXIT_TOO_MANY_FAILURES = 0, 1, 2, 3
 EXIT_INTERRUPTED = 130  # 128 + SIGINT, as shells report it
 
 
-# Logs "Created job with id: [...]" (read by schedulers) when a Dataflow job is submitted.
-DATAFLOW_SUBMIT_LOGGER = "apache_beam.runners.dataflow"
+# Logs "Created job with id: [...]" (read by schedulers) when a Dataflow job is submitted, and
+# the job's messages while the launcher waits (cli/progress.py JobWatch counts them).
+DATAFLOW_SUBMIT_LOGGER = JOB_MESSAGES_LOGGER
 
 
 class TooManyFailures(Exception):
     """More images failed than --max_failure_ratio allows; failures.jsonl was written."""
 
 
-def _not_user_error(record: logging.LogRecord) -> bool:
-    """A logging filter: False for records about a user error (message or exception)."""
+def _not_a_fault(record: logging.LogRecord, remote: bool = False) -> bool:
+    """A logging filter: False for records about a fault the run's last line reports (its
+    message or exception: cli/faults.py `fault_of`) and, from a `remote` job, for the job's
+    own tracebacks that pass through no code of ours (the job failed: its workers died)."""
     error = record.exc_info[1] if record.exc_info else None
-    return user_error_text(record.getMessage()) is None and (
-        error is None or user_error_text(str(error)) is None
-    )
+    text = record.getMessage()
+    if remote and "Traceback (most recent call last)" in text and not has_our_frames(text):
+        return False
+    return fault_of(RuntimeError(text)) is None and (error is None or fault_of(error) is None)
 
 
 @contextlib.contextmanager
-def quiet_user_errors():
-    """While in the block, log records about a user error are not printed: Beam logs a
-    stage's USER_ERROR_MARKER error (transforms/failures.py) with its traceback before the
-    runner re-raises it, and run() reports it in one line (exit 2). The filter sits on every
-    handler of the root logger and on logging's last resort.
+def quiet_faults(remote: bool = False):
+    """While in the block, log records about a fault the user can act on are not printed:
+    Beam logs a stage's USER_ERROR_MARKER error, a full disk or a store that gave up with its
+    traceback before the runner re-raises it, and a remote job's failure as a job message;
+    run() reports each in one line (exit 2). The filter sits on every handler of the root
+    logger and on logging's last resort.
     """
-    handlers = [h for h in (*logging.getLogger().handlers, logging.lastResort) if h is not None]
+    handlers = _root_handlers()
+    quiet = functools.partial(_not_a_fault, remote=remote)
     for handler in handlers:
-        handler.addFilter(_not_user_error)
+        handler.addFilter(quiet)
     try:
         yield
     finally:
         for handler in handlers:
-            handler.removeFilter(_not_user_error)
+            handler.removeFilter(quiet)
+
+
+def _root_handlers() -> list[logging.Handler]:
+    return [h for h in (*logging.getLogger().handlers, logging.lastResort) if h is not None]
+
+
+@contextlib.contextmanager
+def held_logs(hold: bool = True):
+    """While in the block (a remote runner starting the job), log records and the tracebacks of
+    exceptions in threads (a job service's gRPC channels closing) are held: printed when it
+    ends well; dropped when it raises, as the run's last line then says why the job could not
+    start (before that, Beam warns about each download it tries, a dozen lines)."""
+    if not hold:
+        yield
+        return
+    held: list[tuple[logging.Handler, logging.LogRecord]] = []
+    in_threads: list = []
+    handlers, excepthook = _root_handlers(), threading.excepthook
+
+    def hold_record(handler: logging.Handler, record: logging.LogRecord) -> bool:
+        if record.name.startswith(DATAFLOW_SUBMIT_LOGGER):  # the job id: schedulers read it at once
+            return True
+        held.append((handler, record))
+        return False
+
+    filters = [functools.partial(hold_record, h) for h in handlers]
+    for handler, keep in zip(handlers, filters, strict=True):
+        handler.addFilter(keep)
+    threading.excepthook = in_threads.append
+    try:
+        yield
+    finally:
+        threading.excepthook = excepthook
+        for handler, keep in zip(handlers, filters, strict=True):
+            handler.removeFilter(keep)
+    for handler, record in held:
+        handler.handle(record)
+    for args in in_threads:
+        excepthook(args)
 
 
 _View = TypeVar("_View", bound=PipelineOptions)
@@ -132,8 +179,12 @@ def run(
     `on_result` (tests, benchmarks): called with Beam's PipelineResult once the job finished.
     `graph_seams` (benchmarks): build_pipeline's keywords.
 
+    Whatever stops it, the run ends in cli/faults.py: a fault the user can act on (a store
+    that does not answer, no space left, a runner that cannot start, a job that failed) is a
+    UserError of one line, and the output folder's claim is ended as the fault allows.
+
     Raises:
-      UserError: bad options, missing input, unwritable or occupied output.
+      UserError: bad options, missing input, unwritable or occupied output, a fault above.
       TooManyFailures: more than --max_failure_ratio of the images failed.
     """
     argv = route_labels_flag(list(sys.argv[1:] if argv is None else argv))
@@ -141,63 +192,78 @@ def run(
     options = RunOptions(argv)
     opts = options.view_as(ConvertOptions)
     validate(opts)
-    check_runner_reaches_paths(options, opts)  # before credentials, claim or graph
-    check_gcs_credentials([opts.input, opts.output_dir, opts.labels_path, opts.label_map])
-    check_input(normalize_root(opts.input))
-    check_labels(opts)
     output_dir = normalize_root(opts.output_dir)
-    run_id = uuid.uuid4().hex
-    # A runner outside this process runs the job on after the launcher is gone: the job keeps
-    # the claim (transforms/output/fence.py).
-    job = options.view_as(StandardOptions).runner not in LOCAL_RUNNERS
-    claim = claim_output_folder(output_dir, opts.overwrite, run_id, job)
+    runner = options.view_as(StandardOptions).runner
+    end = RunEnd(output_dir, runner, local=runner in LOCAL_RUNNERS, in_launcher=workers_in_launcher(options))
     try:
-        return _run_claimed(options, argv, save_main_session, claim, on_result, graph_seams)
-    finally:
-        claim.release()
+        check_runner_reaches_paths(options, opts)  # before credentials, claim or graph
+        check_gcs_credentials([opts.input, opts.output_dir, opts.labels_path, opts.label_map])
+        check_input(normalize_root(opts.input))
+        check_labels(opts)
+        # A job outside this process runs on after the launcher is gone: it keeps the claim
+        # (transforms/output/fence.py); one in it (or in workers that live in it) does not.
+        end.claim = claim_output_folder(
+            output_dir, opts.overwrite, uuid.uuid4().hex, end.job_outlives_launcher
+        )
+        summary = _run_claimed(options, argv, save_main_session, end, on_result, graph_seams)
+    except TooManyFailures:  # stopped on purpose, the job over: a marker left stays, its lease ended
+        end.finish(over=True)
+        raise
+    except BaseException as error:
+        line = end.stop(error)
+        if line is None:
+            raise
+        raise UserError(line) from None
+    end.finish()
+    return summary
 
 
 def _run_claimed(
     options: PipelineOptions,
     argv: list[str],
     save_main_session: bool,
-    claim: Claim,
+    end: RunEnd,
     on_result: Callable[[PipelineResult], None] | None = None,
     graph_seams: dict | None = None,
 ) -> dict:
-    """The conversion itself, in an output folder claimed by `claim` (see run())."""
+    """The conversion itself, in an output folder claimed by `end.claim` (see run())."""
     opts = options.view_as(ConvertOptions)
+    claim = end.claim
     output_dir, run_id = claim.output_dir, claim.run_id
     options.view_as(SetupOptions).save_main_session = save_main_session
     local_defaults(options, argv)
 
+    end.stage = STARTING
     try:
         p = beam.Pipeline(options=options)
     except ValueError as e:  # Beam's own option checks (project id, endpoints, locations)
-        claim.release(abandon=True)
         raise UserError(" ".join(str(e).replace("Pipeline has validations errors:", "").split())) from None
+    end.stage = GRAPH
     build_pipeline(p, opts, run_id, fence=Fence.of(claim), **(graph_seams or {}))
-    reporter = None
-    if not opts.quiet and in_process(options):
-        reporter = ProgressReporter(progress.register(run_id), sys.stderr, opts.progress_interval).start()
+    reporter, watch = None, contextlib.nullcontext()
+    if in_process(options):
+        if not opts.quiet:
+            reporter = ProgressReporter(progress.register(run_id), sys.stderr, opts.progress_interval)
+            reporter.start()
     writers = writers_prestarted() if in_process(options) else contextlib.nullcontext()
     try:
-        with writers, quiet_user_errors():
-            result = p.run()
-            result.wait_until_finish()
+        with writers, quiet_faults(remote=not end.local):
+            end.stage = RUNNING if end.local else STARTING  # (the local runner runs it all in p.run())
+            with held_logs(not end.local):
+                result = end.result = p.run()
+            end.stage = RUNNING
+            if not end.local:
+                dataflow = "dataflow" in str(end.runner).lower()  # (its client is not for two threads)
+                watch = JobWatch(result, temp_dir_for(output_dir, run_id), sys.stderr, ask_state=not dataflow)
+            with watch:
+                result.wait_until_finish()
             if on_result is not None:
                 on_result(result)
+        end.stage = AFTER
         if options.view_as(TestOptions).dry_run:  # Dataflow: the job described, not run
-            claim.release(abandon=True)
+            end.claim.abandon()
+            end.claim = None
             return {"described_only": True, "output_dir": output_dir}
-    except Exception as e:
-        # A user error found inside the pipeline (e.g. nothing to convert) arrives
-        # wrapped by the runner; anything else is a bug and propagates.
-        text = user_error_text(str(e))
-        if text is None:
-            raise
-        claim.release(abandon=True)  # nothing was published: the folder is left as it was
-        raise UserError(text) from None
     finally:
         if reporter is not None:
             reporter.stop()
@@ -208,7 +274,9 @@ def _run_claimed(
         raise TooManyFailures(reason)
     try:
         return json.loads(read_file(FileSystems.join(output_dir, SUMMARY_FILE)).decode("utf-8"))
-    except OSError:
+    except OSError as e:
+        if fault_of(e) is not None:  # the store gave up: not a missing file
+            raise
         raise UserError(f"the job finished without writing {SUMMARY_FILE}") from None
 
 

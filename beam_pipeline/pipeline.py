@@ -169,6 +169,6 @@ def build_pipeline(
         dataset_name=tfds_name(opts.dataset_name or normalize_root(opts.input)),
         summary_extras=[  # summary.json's sections made by other steps: a dict each
             record_stats,
-            *(section for section in (found.skipped, label_report) if section is not None),
+            *(section for section in (found.skipped, found.warnings, label_report) if section is not None),
         ],
     )  # the summary.json dict (failures counted by a combiner, failures.jsonl merged from sorted parts)

@@ -30,7 +30,7 @@ from google.auth.exceptions import GoogleAuthError
 
 from transforms.failures import USER_ERROR_MARKER
 from transforms.paths import escape_glob
-from transforms.retry import DEFAULT_RETRY, RetryPolicy, StoreUnreachable, describe, store_of
+from transforms.retry import DEFAULT_RETRY, GaveUp, RetryPolicy, StoreUnreachable, describe, store_of
 
 GCS_SCHEME = "gs://"
 DELIMITER = "/"
@@ -128,6 +128,19 @@ def exists(path: str, policy: RetryPolicy = DEFAULT_RETRY) -> bool:
         call(lambda: stat(path), path, policy)
     except NotFound:
         return False
+    return True
+
+
+def answers(path: str, timeout: float = 5.0) -> bool:
+    """True if the store of gs:// `path` answers one request (about `path`) within `timeout`
+    seconds, whatever it says (404 too); False if it fails with a transient error or not at
+    all. One request, no retry: for a run's cleanup, which asks nothing of a store that is down."""
+    try:
+        RetryPolicy(attempts=1).call(lambda: stat(path, timeout=timeout), store_of(path))
+    except NotFound:
+        return True
+    except (*ERRORS, StoreUnreachable) as e:
+        return not isinstance(e, (GaveUp, StoreUnreachable))
     return True
 
 

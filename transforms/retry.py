@@ -16,6 +16,7 @@ from __future__ import annotations
 
 import dataclasses
 import errno
+import http
 import itertools
 import os
 import random
@@ -44,7 +45,12 @@ def _budget() -> float:
 
 
 class GaveUp(OSError):
-    """A transient error outlived the policy's attempts or deadline; the message says which (one line)."""
+    """A transient error outlived the policy's attempts or deadline; the message says which (one
+    line). `store`: the store that was asked ('gs://bucket'), None for a local file."""
+
+    def __init__(self, message: str, store: str | None = None):
+        super().__init__(message)
+        self.store = store
 
 
 class StoreUnreachable(Exception):
@@ -77,11 +83,28 @@ def is_transient(error: BaseException) -> bool:
 
 
 def describe(error: BaseException) -> str:
-    """One line saying what went wrong."""
+    """One line saying what went wrong: an OSError's reason; for a connection that failed,
+    its errno ("[Errno 111] Connection refused" out of urllib3's long text)."""
     if isinstance(error, OSError) and error.strerror:
         return error.strerror
-    text = str(error).strip().splitlines()
-    return f"{type(error).__name__}: {text[0] if text else ''}".rstrip(": ")
+    cause = getattr(error, "cause", None)  # google.api_core's RetryError: the last error it retried
+    if isinstance(cause, BaseException) and cause is not error:
+        return describe(cause)
+    status = http_status(error)
+    if status is not None and type(error).__name__ == "InvalidResponse":  # resumable media: a tuple
+        return f"HTTP {status} {_reason(status)}".rstrip()
+    text = str(error).strip()
+    if (cause := _ERRNO.search(text)) and is_transient(error):
+        return cause.group(0).strip()
+    lines = text.splitlines()
+    return f"{type(error).__name__}: {lines[0] if lines else ''}".rstrip(": ")
+
+
+def _reason(status: int) -> str:
+    try:
+        return http.HTTPStatus(status).phrase
+    except ValueError:
+        return ""
 
 
 def store_of(path: str) -> str | None:
@@ -109,10 +132,9 @@ class StoreHealth:
         now = self._clock()
         since = self._failing_since.setdefault(store, now)
         if now - since >= down_after:
-            cause = _ERRNO.search(error)  # "[Errno 111] Connection refused" out of urllib3's long text
             raise StoreUnreachable(
                 f"{USER_ERROR_MARKER} {store} answered nothing but errors for {now - since:.0f} s "
-                f"(last: {cause.group(0) if cause else error}); nothing was published, rerun when it is reachable"
+                f"(last: {error}); nothing was published, rerun when it is reachable"
             )
 
 
@@ -163,7 +185,9 @@ class RetryPolicy:
                 spent = time.monotonic() - start
                 if attempt == self.attempts or spent + delay > self.deadline:
                     within = f" in {spent:.0f} s" if attempt < self.attempts else ""
-                    raise GaveUp(f"{describe(e)} (still failing after {attempt} attempts{within})") from None
+                    raise GaveUp(
+                        f"{describe(e)} (still failing after {attempt} attempts{within})", store
+                    ) from None
                 sleep(delay)
             else:
                 HEALTH.succeeded(store)

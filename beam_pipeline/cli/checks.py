@@ -38,6 +38,7 @@ from transforms.output.claim import NotWritable, claim_output
 from transforms.output.fence import Claim
 from transforms.output.publish import OutputBusy, list_children
 from transforms.paths import escape_glob, has_image_extension, normalize_root, relative_path
+from transforms.retry import GaveUp
 
 # Runner names (lower case, without "Runner") whose steps run in this process or its children.
 _LOCAL_RUNNERS = ("", "direct", "fnapi", "bundlebaseddirect", "switchingdirect", "testdirect", "interactive")
@@ -67,7 +68,7 @@ def remote_workers(options: PipelineOptions) -> str | None:
     default) or in a worker pool on another host.
     """
     runner = options.view_as(StandardOptions).runner or ""
-    name = str(runner).rsplit(".", 1)[-1].lower().removesuffix("runner")
+    name = _runner_name(options)
     if name in _LOCAL_RUNNERS:
         return None
     if "dataflow" in name:
@@ -95,6 +96,29 @@ def remote_workers(options: PipelineOptions) -> str | None:
         if _elsewhere(pool):
             return f"the job's SDK workers run in the worker pool at {pool}, on another machine"
     return None
+
+
+def _runner_name(options: PipelineOptions) -> str:
+    runner = options.view_as(StandardOptions).runner or ""
+    return str(runner).rsplit(".", 1)[-1].lower().removesuffix("runner")
+
+
+def workers_in_launcher(options: PipelineOptions) -> bool:
+    """True when a runner other than the local one runs the job's steps in this process's own
+    SDK workers, which die with it (`--environment_type LOOPBACK`, given or the runner's
+    default: Prism's, and Flink's and Spark's on a local master), or from this process (Beam's
+    DaskRunner, whose client is this process): the job ends when the launcher does."""
+    name = _runner_name(options)
+    if name in _LOCAL_RUNNERS:
+        return False
+    environment = (options.view_as(PortableOptions).environment_type or "").upper()
+    if environment:
+        return environment == "LOOPBACK"
+    if name == "flink":
+        return options.view_as(FlinkRunnerOptions).flink_master in ("[auto]", "[local]")
+    if name == "spark":
+        return (options.view_as(SparkRunnerOptions).spark_master_url or "").startswith("local")
+    return name in ("prism", "dask")
 
 
 def check_runner_reaches_paths(options: PipelineOptions, opts: ConvertOptions) -> None:
@@ -178,8 +202,9 @@ def check_input(root: str) -> None:
     if is_archive_input(root):
         try:
             matched = FileSystems.match([literal_or_glob(root)], limits=[REMOTE_PAGE])[0].metadata_list
-        except BeamIOError as e:
-            raise UserError(f"--input {root}: cannot list: {_first_line(e)}") from None
+        except (BeamIOError, *LIST_ERRORS) as e:
+            then = "; rerun when it is reachable" if isinstance(e, GaveUp) else ""
+            raise UserError(f"--input {root}: cannot list: {_first_line(e)}{then}") from None
         if not any(archive_kind(m.path) for m in matched):
             raise UserError(f"--input {root}: no such archive")
         return

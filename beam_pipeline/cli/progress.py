@@ -4,17 +4,22 @@ A thread polls the run's Progress tally (transforms/progress.py), which the DoFn
 the in-process runner runs them. The bar fits the terminal's width at each redraw (down to 40
 columns, dropping its least useful parts), and shows "listing ..." until the first image is
 done. Log lines start with the first listed image, so remote runners stay silent here (their
-numbers are Beam counters).
+numbers are Beam counters). For a job outside this process, JobWatch says when it shows no
+progress at all.
 """
 
 from __future__ import annotations
 
+import contextlib
+import logging
 import os
 import shutil
 import threading
 import time
 from typing import TextIO
 
+from transforms import gcs
+from transforms.gcs import split_gcs_path
 from transforms.progress import Progress
 
 _TTY_REFRESH_S = 0.5
@@ -187,3 +192,102 @@ class ProgressReporter:
         self._stream.write("\r" + line + "\x1b[K" + ("\n" if final else ""))
         self._stream.flush()
         self._drawn = not final
+
+
+# The logger of the job messages a runner relays while it waits (Dataflow's), at INFO (main.py).
+JOB_MESSAGES_LOGGER = "apache_beam.runners.dataflow"
+
+
+class _Count(logging.Handler):
+    """Counts the log records it is given (JobWatch: each a sign of the job's progress)."""
+
+    def __init__(self):
+        super().__init__(logging.INFO)
+        self.count = 0
+
+    def emit(self, record: logging.LogRecord) -> None:
+        self.count += 1
+
+
+# A job outside this process that shows no progress for this long is reported on stderr (then
+# again after twice as long, and so on); IMG2TFRECORD_STALL_SECONDS changes it (tests: seconds).
+STALL_SECONDS = 180.0
+STALL_ENV = "IMG2TFRECORD_STALL_SECONDS"
+_WATCH_POLL_MAX = 30.0
+
+
+def staged_files(folder: str) -> tuple[int, int]:
+    """(files, bytes) below `folder` (local, or gs:// in one listing), (0, 0) if it is not there."""
+    if folder.startswith("gs://"):
+        bucket, prefix = split_gcs_path(folder)
+        sizes = [size for _, size in gcs.lister(bucket)(prefix, None)]
+        return len(sizes), sum(s or 0 for s in sizes)
+    count = total = 0
+    for parent, _, names in os.walk(folder):
+        for name in names:
+            with contextlib.suppress(OSError):
+                total += os.lstat(os.path.join(parent, name)).st_size
+                count += 1
+    return count, total
+
+
+class JobWatch:
+    """While a job runs outside this process (`with JobWatch(...)`), a daemon thread says on
+    `stream` when it has shown no progress for STALL_SECONDS, and again each time that has
+    doubled: a job whose workers cannot start (a worker pool that cannot import Beam) waits
+    for ever, silently, in Beam's `wait_until_finish`.
+
+    Progress is a change of the job's state, a message the runner logged about it (Dataflow's
+    job messages), or a change of what its staging folder holds (files and bytes: shards
+    written, metadata staged): the signs every runner gives (Beam's Python job service
+    reports counters only at the end). The state is asked of the runner (`ask_state`) only
+    where that is safe beside Beam's own wait (a gRPC job service; not Dataflow's client,
+    which its wait polls from another thread). Bounds: one state query and one listing of
+    the staging folder per check, every STALL_SECONDS / 4 (at most 30 s).
+    """
+
+    def __init__(
+        self, result, staging: str, stream: TextIO, seconds: float | None = None, ask_state: bool = True
+    ):
+        self._result, self._staging, self._stream, self._ask_state = result, staging, stream, ask_state
+        self._seconds = seconds or float(os.environ.get(STALL_ENV) or STALL_SECONDS)
+        self._stop = threading.Event()
+        self._thread = threading.Thread(target=self._loop, name="img2tfrecord-job-watch", daemon=True)
+        self._messages = _Count()
+
+    def __enter__(self) -> JobWatch:
+        logging.getLogger(JOB_MESSAGES_LOGGER).addHandler(self._messages)
+        self._thread.start()
+        return self
+
+    def __exit__(self, *exc) -> None:
+        self._stop.set()
+        logging.getLogger(JOB_MESSAGES_LOGGER).removeHandler(self._messages)
+        self._thread.join(_WATCH_POLL_MAX)
+
+    def _signs(self) -> tuple:
+        state = None
+        if self._ask_state:
+            with contextlib.suppress(Exception):  # a runner that cannot say: the rest tells
+                state = self._result.state
+        try:
+            files = staged_files(self._staging)
+        except Exception:  # noqa: BLE001 - a store that does not answer now: no sign
+            files = None
+        return state, self._messages.count, files
+
+    def _loop(self) -> None:
+        last, since, report_after = self._signs(), time.monotonic(), self._seconds
+        while not self._stop.wait(min(self._seconds / 4, _WATCH_POLL_MAX)):
+            signs, now = self._signs(), time.monotonic()
+            if signs != last:
+                last, since, report_after = signs, now, self._seconds
+            elif now - since >= report_after:
+                report_after *= 2
+                state = f"state {last[0]}, " if last[0] is not None else ""
+                self._stream.write(
+                    f"img2tfrecord: the job has shown no progress for {_duration(now - since)} ({state}"
+                    "no new file in its staging folder); still waiting. If its workers cannot start it "
+                    "never ends: see the job server's and the workers' logs\n"
+                )
+                self._stream.flush()

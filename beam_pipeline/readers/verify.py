@@ -22,8 +22,9 @@ from apache_beam.options.pipeline_options import PipelineOptions
 
 from beam_pipeline.cli.help import Formatter, prog_name
 from beam_pipeline.cli.options import UserError, check_args
+from transforms import gcs
 from transforms.encoding.dataset_format import DatasetFormat
-from transforms.output.publish import LABELS_FILE, SUMMARY_FILE, folder_exists
+from transforms.output.publish import LABELS_FILE, MARKER_FILE, SUMMARY_FILE, folder_exists
 from transforms.output.tfds import DATASET_INFO_FILE, FEATURES_FILE
 from transforms.paths import normalize_root
 from transforms.verify.beam import VerifyShards
@@ -39,14 +40,25 @@ def _shard_name(path: str) -> re.Match | None:
 
 
 def load_summary(output_dir: str) -> dict:
-    """summary.json of `output_dir`. Raises UserError when it is not a finished dataset (or no folder)."""
+    """summary.json of `output_dir`. Raises UserError when it is not a finished dataset (no
+    summary.json, or the in-progress marker next to it: a run is writing the folder, or was
+    interrupted there) or cannot be read (the error named: a store that does not answer, no
+    permission)."""
     path = FileSystems.join(output_dir, SUMMARY_FILE)
     try:
+        if gcs.exists(FileSystems.join(output_dir, MARKER_FILE)):
+            raise UserError(
+                f"{output_dir}: not a finished img2tfrecord dataset: {MARKER_FILE} is there (a run is writing "
+                "it, or was interrupted there: its files may be a mix of two runs); wait for the run to "
+                "end, or rerun the conversion"
+            )
+        if not gcs.exists(path):
+            raise UserError(f"{output_dir}: no {SUMMARY_FILE} (not a finished img2tfrecord dataset)")
         return json.loads(read_file(path).decode("utf-8"))
-    except OSError:
+    except OSError as e:
         if not folder_exists(output_dir):
             raise UserError(f"{output_dir}: no such folder") from None
-        raise UserError(f"{output_dir}: no {SUMMARY_FILE} (not a finished img2tfrecord dataset)") from None
+        raise UserError(f"{path}: cannot read it: {e}") from None
     except ValueError as e:
         raise UserError(f"{path}: not valid JSON ({e})") from None
 

@@ -42,9 +42,13 @@ def _wait_for_port(port: int, proc: subprocess.Popen, timeout: float = 120) -> N
 
 
 @contextlib.contextmanager
-def portable_runner(env: dict[str, str], logs: Path) -> Iterator[list[str]]:
-    """Starts a job server and a worker pool (with `env`); yields the runner's flags."""
-    env = {**os.environ, **env, "PATH": f"{Path(sys.executable).parent}{os.pathsep}{os.environ['PATH']}"}
+def portable_runner(
+    env: dict[str, str], logs: Path, started: list[subprocess.Popen] | None = None
+) -> Iterator[list[str]]:
+    """Starts a job server and a worker pool (with `env`, which may set the PATH the pool finds
+    `python` on), each in its own process group, added to `started` if given; yields the
+    runner's flags."""
+    env = {**os.environ, "PATH": f"{Path(sys.executable).parent}{os.pathsep}{os.environ['PATH']}", **env}
     job_port, pool_port = free_port(), free_port()
     procs = []
     try:
@@ -67,6 +71,8 @@ def portable_runner(env: dict[str, str], logs: Path) -> Iterator[list[str]]:
                 )
             )
             _wait_for_port(port, procs[-1][0])
+            if started is not None:
+                started.append(procs[-1][0])
         yield [
             "--runner",
             "PortableRunner",

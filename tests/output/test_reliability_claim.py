@@ -276,7 +276,7 @@ def test_gcs_claims_are_exclusive_and_a_stale_lease_is_taken_over(gcs_bucket):
             json.loads(gcs_bucket.blob(f"claims/dead/{MARKER_FILE}").download_as_bytes())["run_id"] == "mine"
         )
     finally:
-        taken.release(abandon=True)
+        taken.abandon()
     assert (
         taken.resumed and gcs_bucket.blob(f"claims/dead/{MARKER_FILE}").exists()
     )  # the dead run's leftovers stay marked

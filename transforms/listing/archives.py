@@ -143,7 +143,8 @@ def index_tar(
       file_size: bytes in `f`: a member whose data runs past it is reported as truncated.
       extensions: image suffixes (lowercase, with the dot).
       folder: prefix of every relpath ('' or ending in '/').
-      nested: also index `.tar` members as nested tars (one level: inner tars are not).
+      nested: also index `.tar` members as nested tars (one level: an archive inside an inner
+        tar is a Problem, one per archive, its members not listed).
       prefix: prefix of every member name (`inner.tar#` inside a nested tar).
       base: offset of `f`'s first byte in the archive file.
       on_skip: called with the name of each regular member that is neither an image nor a
@@ -152,7 +153,8 @@ def index_tar(
     Yields:
       Member for each regular image member whose data is all there; Problem for each
       image-named member that is not a regular file, is sparse or is cut off, for an inner
-      tar that cannot be indexed, and for damage to the archive itself.
+      tar that cannot be indexed, for an archive nested deeper than one level, and for damage
+      to the archive itself.
     """
     where = prefix.rstrip("#")
     pos, ended = 0, False  # ended: a zero block since the last member
@@ -189,7 +191,7 @@ def index_tar(
             return
         pos, ended = end, False
         name, lower, start = prefix + info.name, info.name.lower(), base + info.offset_data
-        wanted = posixpath.splitext(lower)[1] in extensions or (nested and lower.endswith(ARCHIVE_SUFFIXES))
+        wanted = posixpath.splitext(lower)[1] in extensions or lower.endswith(ARCHIVE_SUFFIXES)
         if info.offset_data + info.size > file_size:  # nothing after it can be listed
             cut = f"the member's {info.size} bytes start at byte {start} but the archive ends at byte {base + file_size}"
             yield Problem(name if wanted else where, f"archive truncated: {cut}")
@@ -217,6 +219,8 @@ def index_tar(
             )
         elif nested and info.isreg() and lower.endswith(GZIP_SUFFIXES):
             yield Problem(name, "a compressed tar inside an archive is not read (repack it as .tar)")
+        elif info.isreg() and lower.endswith(ARCHIVE_SUFFIXES):  # inside an inner tar
+            yield Problem(name, _TOO_DEEP)
         elif not info.isreg():
             yield Problem(name, f"not a regular file ({_kind_of(info)})")
         else:
@@ -224,6 +228,10 @@ def index_tar(
 
 
 _REST = "the rest cannot be listed"
+_TOO_DEEP = (
+    "an archive inside a tar inside an archive is not read (nesting is one level): unpack the "
+    "outer archive and convert its folder"
+)
 _NOT_TAR = "not a readable tar archive (invalid header)"
 # The most bytes of extended header data (pax records, GNU long names) one member may have:
 # a header declaring more fails the archive, in bounded memory, instead of being read.

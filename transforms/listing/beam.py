@@ -20,9 +20,10 @@ from typing import NamedTuple
 import apache_beam as beam
 from apache_beam.io import fileio
 
+from transforms.batching import SumPerKeyFn
 from transforms.failures import FAILED, Failure
 from transforms.gcs import literal_or_glob
-from transforms.listing.beam_archives import SAMPLE_LABELS, IndexArchives, match_archives
+from transforms.listing.beam_archives import SAMPLE_LABELS, WARNINGS, IndexArchives, match_archives
 from transforms.listing.beam_gcs import ListGcsImages
 from transforms.listing.beam_walk import ARCHIVES, SKIPPED, KeepImagesFn, WalkLocalFn
 from transforms.listing.local import is_archive_input
@@ -34,12 +35,15 @@ from transforms.records import FileBatch
 class ListedImages(NamedTuple):
     """What ListImages gives: `files` (FileBatch), `failed` (Failure, stage 'list'),
     `sample_labels` (tuples of SampleLabel from WebDataset sidecars; empty unless asked for)
-    and `skipped` (one dict, {"skipped": section}: summary.json's section, skips.skipped_section)."""
+    `skipped` (one dict, {"skipped": section}: summary.json's section, skips.skipped_section)
+    and `warnings` (one dict, {"warnings": {kind: n}}: what was ignored in archives read whole;
+    none when nothing was)."""
 
     files: beam.PCollection[FileBatch]
     failed: beam.PCollection[Failure]
     sample_labels: beam.PCollection[tuple]
     skipped: beam.PCollection[dict] | None = None
+    warnings: beam.PCollection[dict] | None = None
 
 
 class SkippedCountsFn(beam.CombineFn):
@@ -60,6 +64,11 @@ class SkippedCountsFn(beam.CombineFn):
 
     def extract_output(self, acc: dict[Key, int]) -> dict:
         return {"skipped": skipped_section(acc)}
+
+
+def _one_of_kind(kind: str) -> list[tuple[str, int]]:
+    """A warning's (kind, 1), summed per kind (SumPerKeyFn)."""
+    return [(kind, 1)]
 
 
 class ListImages(beam.PTransform):
@@ -122,4 +131,9 @@ class ListImages(beam.PTransform):
                 | "AllSkipped" >> beam.Flatten()
                 | "CountSkipped" >> beam.CombineGlobally(SkippedCountsFn()).without_defaults()
             ),  # one dict: {"skipped": section}
+            warnings=(
+                members[WARNINGS]
+                | "CountWarnings" >> beam.CombineGlobally(SumPerKeyFn(_one_of_kind)).without_defaults()
+                | "WarningsSection" >> beam.Map(lambda counts: {"warnings": dict(sorted(counts.items()))})
+            ),  # one dict: {"warnings": {kind: n}} (a handful of kinds)
         )

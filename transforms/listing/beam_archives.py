@@ -19,6 +19,7 @@ from __future__ import annotations
 import dataclasses
 import errno
 import hashlib
+import logging
 import os
 import posixpath
 import re
@@ -49,6 +50,8 @@ from transforms.retry import DEFAULT_RETRY, describe
 LIST_STAGE = "list"
 # Tagged output of IndexArchives with --labels webdataset: tuples of SampleLabel.
 SAMPLE_LABELS = "sample_labels"
+# Tagged output of IndexArchives: the kind of each thing ignored in an archive read whole (str).
+WARNINGS = "warnings"
 _COPY_CHUNK = 1 << 20
 
 
@@ -101,15 +104,18 @@ class _TooLarge(Exception):
     """The uncompressed copy would pass its bound (the message says which)."""
 
 
-def decompress_copy(archive: ArchiveFile, copy: str) -> tuple[int, str | None]:
-    """Decompresses the gzip file `archive` into `copy`, streaming. Returns (bytes, damage).
+def decompress_copy(archive: ArchiveFile, copy: str) -> tuple[int, str | None, tuple[str, str] | None]:
+    """Decompresses the gzip file `archive` into `copy`, streaming. Returns (bytes, damage, tail).
 
     `damage` is None, or why the gzip data ended early; everything decompressed before that
-    point is in the copy (so the members before it can still be read). Memory is bounded:
-    each call to zlib inflates at most _COPY_CHUNK bytes. So is the copy (MAX_INFLATION):
-    past the bound the copy is deleted and _TooLarge raised; on any other error too.
+    point is in the copy (so the members before it can still be read). `tail` is None, or
+    (ZERO_PADDING or TRAILING_DATA, a line naming the byte): what followed the last gzip member
+    and was ignored, as `gzip -d` (and GNU tar through it) ignores it: zero padding (tape and
+    upload tools add it) or other trailing data. Memory is bounded:
+    each call to zlib inflates at most _COPY_CHUNK bytes, and at most one chunk is held. So is
+    the copy (MAX_INFLATION): past the bound the copy is deleted and _TooLarge raised; on any
+    other error too.
     """
-    written, damage = 0, None
     limit = MAX_INFLATION * archive.size + INFLATE_SLACK
     why = f"{MAX_INFLATION}x its compressed size + {INFLATE_SLACK >> 20} MiB"
     if "://" not in copy:
@@ -120,26 +126,70 @@ def decompress_copy(archive: ArchiveFile, copy: str) -> tuple[int, str | None]:
     bomb = f"gzip data inflates past {limit} bytes ({why}): not read (a gzip bomb?)"
     try:
         with _open(archive.path) as src, gcs.create(copy) as dst:
-            unzip, started = zlib.decompressobj(wbits=31), False  # gzip framing
-            try:
-                while chunk := src.read(_COPY_CHUNK):
-                    while chunk:
-                        started, data = True, unzip.decompress(chunk, _COPY_CHUNK)
-                        written += len(data)
-                        if written > limit:
-                            raise _TooLarge(bomb)
-                        dst.write(data)
-                        chunk = unzip.unconsumed_tail
-                        if unzip.eof:  # a gzip member ended: another may follow (concatenated gzip)
-                            chunk, unzip, started = unzip.unused_data, zlib.decompressobj(wbits=31), False
-                if started:
-                    damage = f"gzip data cut short after {written} uncompressed bytes"
-            except zlib.error as e:
-                damage = f"gzip data damaged after {written} uncompressed bytes ({e})"
+            return _inflate(src, dst, limit, bomb)
     except BaseException:
         _remove(copy)
         raise
-    return written, damage
+
+
+GZIP_MAGIC = b"\x1f\x8b"
+# What summary.json counts (under "warnings") for the data after a .tar.gz's last gzip member.
+ZERO_PADDING = "zero padding after the gzip data of a .tar.gz ignored"
+TRAILING_DATA = "trailing data after the gzip data of a .tar.gz ignored"
+
+
+def _inflate(
+    src: BinaryIO, dst: BinaryIO, limit: int, bomb: str
+) -> tuple[int, str | None, tuple[str, str] | None]:
+    """decompress_copy's loop: gzip members one after another (concatenated gzip), then what
+    follows the last: nothing, zero bytes to the end (padding) or anything else (ignored from
+    there, as gzip -d: "decompression OK, trailing garbage ignored")."""
+    written, read, buffer, at_end = 0, 0, b"", False
+    unzip, started, member_end, zeros = zlib.decompressobj(wbits=31), False, None, 0
+
+    def fill() -> None:
+        nonlocal buffer, read, at_end
+        chunk = src.read(_COPY_CHUNK)
+        buffer, read, at_end = buffer + chunk, read + len(chunk), not chunk
+
+    try:
+        while True:
+            if member_end is None:  # inside a member
+                if not buffer:
+                    if at_end:
+                        cut = f"gzip data cut short after {written} uncompressed bytes"
+                        return written, cut if started else None, None
+                    fill()
+                    continue
+                started, data = True, unzip.decompress(buffer, _COPY_CHUNK)
+                written += len(data)
+                if written > limit:
+                    raise _TooLarge(bomb)
+                dst.write(data)
+                if unzip.eof:  # a member ended: another may follow
+                    buffer = unzip.unused_data
+                    member_end = read - len(buffer)
+                else:
+                    buffer = unzip.unconsumed_tail
+                continue
+            kept = buffer.lstrip(b"\0")
+            zeros, buffer = zeros + len(buffer) - len(kept), kept
+            if not buffer and at_end:
+                tail = (
+                    f"{zeros} zero bytes after the gzip data (at byte {member_end}) ignored, as gzip -d does"
+                )
+                return written, None, (ZERO_PADDING, tail) if zeros else None
+            if not buffer or (not zeros and len(buffer) < len(GZIP_MAGIC) and not at_end):
+                fill()
+                continue
+            if not zeros and at_end and len(buffer) < len(GZIP_MAGIC):  # gzip -d: "unexpected end of file"
+                return written, f"gzip data cut short after {written} uncompressed bytes", None
+            if zeros or not buffer.startswith(GZIP_MAGIC):
+                tail = f"trailing data after the gzip data (at byte {member_end}) ignored, as gzip -d does"
+                return written, None, (TRAILING_DATA, tail)
+            unzip, started, member_end = zlib.decompressobj(wbits=31), False, None
+    except zlib.error as e:
+        return written, f"gzip data damaged after {written} uncompressed bytes ({e})", None
 
 
 def _remove(path: str) -> None:
@@ -150,15 +200,25 @@ def _remove(path: str) -> None:
         os.remove(path)
 
 
+@dataclasses.dataclass(frozen=True)
+class Notice:
+    """Something of an archive that was ignored while it was read whole (index_archive)."""
+
+    path: str
+    kind: str  # counted in summary.json's "warnings" (ZERO_PADDING, TRAILING_DATA)
+    detail: str  # one line, for the log
+
+
 def index_archive(
     archive: ArchiveFile,
     extensions: tuple[str, ...],
     copies_dir: str | None,
     webdataset: bool = False,
     on_skip: Callable[[str], None] | None = None,
-) -> Iterator[ImageFile | Failure | SampleLabel]:
-    """The image members of `archive` as ImageFiles (path = the member's pinned address), and
-    Failures; `on_skip` is called with the name of each other regular member (index_tar).
+) -> Iterator[ImageFile | Failure | SampleLabel | Notice]:
+    """The image members of `archive` as ImageFiles (path = the member's pinned address),
+    Failures, and a Notice for what was ignored (data after a `.tar.gz`'s gzip stream);
+    `on_skip` is called with the name of each other regular member (index_tar).
 
     A `.tar.gz` is first decompressed into `copies_dir` (see the module docstring); its
     members are still named by the `.tar.gz`'s path, the copy rides in their pin. With
@@ -171,7 +231,9 @@ def index_archive(
                 yield Failure(path, "a .tar.gz needs the run's temp folder to be read", LIST_STAGE)
                 return
             read_from = copy_path(copies_dir, path)
-            size, damage = decompress_copy(archive, read_from)
+            size, damage, tail = decompress_copy(archive, read_from)
+            if tail is not None:
+                yield Notice(path, *tail)
             f = _open(read_from)
         elif path.startswith("gs://"):
             f, generation, size = _pinned(path)
@@ -202,6 +264,8 @@ def index_archive(
     except _TooLarge as e:
         yield Failure(path, str(e), LIST_STAGE)
     except gcs.ERRORS as e:  # the archive itself could not be opened or read (OSError locally)
+        if isinstance(e, OSError) and e.errno in (errno.ENOSPC, errno.EDQUOT):
+            raise  # the copy's disk is full: the run's fault, not the archive's (exit 2)
         yield Failure(path, f"cannot read the archive ({describe(e)})", LIST_STAGE)
     if damage:
         yield Failure(path, damage, LIST_STAGE)
@@ -210,7 +274,8 @@ def index_archive(
 class IndexArchivesFn(_ListFn):
     """ArchiveFile -> FileBatches of its image members; FAILED for what cannot be listed;
     SAMPLE_LABELS (with `webdataset`): tuples of SampleLabel, up to BATCH_SIZE; SKIPPED: the
-    counts of its other members (skips.py).
+    counts of its other members (skips.py); WARNINGS: the kind of each Notice (str; logged as a
+    warning with its archive).
 
     Images and failures count as listed (a Failure here is an input that was found but
     cannot be written).
@@ -230,6 +295,9 @@ class IndexArchivesFn(_ListFn):
             for failure in (x for x in chunk if isinstance(x, Failure)):
                 self.count(1)  # one listed input, as an image would be
                 yield pvalue.TaggedOutput(FAILED, failure)
+            for notice in (x for x in chunk if isinstance(x, Notice)):
+                logging.warning("img2tfrecord: %s: %s", notice.path, notice.detail)
+                yield pvalue.TaggedOutput(WARNINGS, notice.kind)
             if labels:
                 yield pvalue.TaggedOutput(SAMPLE_LABELS, labels)
             if files:
@@ -254,7 +322,7 @@ def IndexArchives(
     webdataset: bool,
 ) -> pvalue.DoOutputsTuple:
     """ArchiveFiles -> `.files` (FileBatch of members), FAILED (Failure), SAMPLE_LABELS
-    (tuples of SampleLabel, with `webdataset`) and SKIPPED (counts), indexed on workers.
+    (tuples of SampleLabel, with `webdataset`), SKIPPED (counts) and WARNINGS (str), indexed on workers.
 
     The Reshuffle's groups are keyed at random: each holds a few ArchiveFiles (path, folder,
     size), never an archive's members.
@@ -266,5 +334,5 @@ def IndexArchives(
         | "Index"
         >> beam.ParDo(fn)
         .with_output_types(FileBatch)
-        .with_outputs(FAILED, SAMPLE_LABELS, SKIPPED, main="files")
+        .with_outputs(FAILED, SAMPLE_LABELS, SKIPPED, WARNINGS, main="files")
     )

@@ -1,11 +1,12 @@
 """Output: once every shard is written, the metadata staged and everything published.
 
-In: ShardResults (WriteShards), the listed and labelled batches and every Failure. Out:
-failures.jsonl (merged from sorted parts), labels.txt, summary.json and the reader metadata,
-staged in the run's temp folder next to the temp shards, then renamed into place, summary.json
-last (publish.py): the summary dict. Side inputs are counts (bounded by splits x classes, the
-stages and MAX_KINDS), one small ShardResult a shard and one path a failure part; the only
-group is a failure part (~PART_SIZE failures).
+In: ShardResults (WriteShards), the listed and labelled batches, every Failure, and the kinds
+of things ignored on the way (warnings). Out: failures.jsonl (merged from sorted parts),
+labels.txt, summary.json and the reader metadata, staged in the run's temp folder next to the
+temp shards, then renamed into place, summary.json last (publish.py): the summary dict. Side
+inputs are counts (bounded by splits x classes, the stages, MAX_KINDS and the few kinds of
+warning), one small ShardResult a shard and one path a failure part; the only group is a
+failure part (~PART_SIZE failures).
 """
 
 from __future__ import annotations
@@ -126,7 +127,16 @@ class FinalizeFn(beam.DoFn):
         self._max_failure_ratio, self._dataset_name = max_failure_ratio, dataset_name
 
     def process(
-        self, _, listed_total, listed, written, failures: FailureCounts, parts, shards, class_index, extras
+        self,
+        _,
+        listed_total,
+        listed,
+        written,
+        failures: FailureCounts,
+        parts,
+        shards,
+        class_index,
+        extras,
     ) -> Iterable[dict]:
         if listed_total == 0:
             delete_paths([self._temp_dir])

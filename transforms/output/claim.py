@@ -16,7 +16,9 @@ docs/reliability.md ("One run per folder") states the promises.
   heartbeat refreshed by fence.py's KeepAlive; one older than LEASE_SECONDS is a dead run's,
   taken over by an upload conditional on its generation (of two, exactly one wins).
 
-Once claimed, dead runs' staging folders and earlier versions' probes are deleted.
+Once claimed, dead runs' staging folders and earlier versions' probes are deleted, and the
+dataset files the folder holds are noted (`Claim.found`): a run that stops before publishing
+removes its fresh marker only while the folder still holds just those (fence.py `abandon`).
 """
 
 from __future__ import annotations
@@ -46,6 +48,7 @@ from transforms.output.fence import (
     same_file,
 )
 from transforms.output.publish import MARKER_FILE, TEMP_PREFIX, OutputBusy, is_dataset_file, list_children
+from transforms.retry import StoreUnreachable
 from transforms.writing.files import delete_paths
 
 # Writability probes of earlier versions (created and deleted before the marker was
@@ -204,8 +207,8 @@ class RemoteClaim(Claim):
         super().__init__(output_dir, run_id, resumed, job, generation)
         self._alive = KeepAlive(Fence.of(self), active=True)
 
-    def _close(self) -> None:
-        self._alive.stop()  # no beat lands after the claim is released
+    def _stop_beating(self, wait: bool = True) -> None:
+        self._alive.stop(wait)  # (wait: no beat lands after the claim is released)
 
 
 def claim_remote(output_dir: str, run_id: str, job: bool = False) -> RemoteClaim:
@@ -266,13 +269,17 @@ def claim_output(output_dir: str, overwrite: bool, run_id: str, job: bool = Fals
     )
     try:
         names = list_children(output_dir)
-        if claim.resumed is None and not overwrite and any(is_dataset_file(n) for n in names):
+        claim.found = frozenset(n for n in names if is_dataset_file(n))
+        if claim.resumed is None and not overwrite and claim.found:
             raise OutputBusy(
                 f"--output_dir {output_dir} already holds a dataset; pass --overwrite to replace it"
             )
         leftovers = [n for n in names if n.startswith((TEMP_PREFIX, PROBE_PREFIX))]
         delete_paths([FileSystems.join(output_dir, n) for n in leftovers])
+    except (*gcs.ERRORS, StoreUnreachable):  # the store does not answer: ask it nothing more
+        claim.let_go()
+        raise
     except BaseException:
-        claim.release(abandon=True)
+        claim.abandon()
         raise
     return claim

@@ -15,7 +15,13 @@ docs/reliability.md ("Fencing") states the guarantees and their limits.
   the folder and an orphaned job that lost it stops at its next beat (a local marker's beat
   is its modification time). Beats are conditional on the metageneration just read and
   skipped while the last is younger than a heartbeat: about one write a heartbeat however
-  many workers beat (GCS allows one a second on one object).
+  many workers beat (GCS allows one a second on one object). After MISSES_TO_WARN missed
+  beats in a row, each further miss is a warning: a lease never lapses silently.
+- A claim ends as the run does (`Claim`): released once published; abandoned by a run that
+  stops before publishing while nothing of its job runs (its staging folder deleted, a fresh
+  marker removed unless publishing had begun); a marker that stays then has its lease ended
+  (`expire`), so the next run takes it over at once; `let_go` asks nothing of a store that
+  does not answer (beam_pipeline/cli/faults.py decides which).
 """
 
 from __future__ import annotations
@@ -36,8 +42,8 @@ from google.api_core import exceptions as gexc
 
 from transforms import gcs
 from transforms.failures import USER_ERROR_MARKER
-from transforms.output.publish import MARKER_FILE, temp_dir_for
-from transforms.retry import DEFAULT_RETRY
+from transforms.output.publish import MARKER_FILE, is_dataset_file, list_children, temp_dir_for
+from transforms.retry import DEFAULT_RETRY, describe
 from transforms.testhooks import lease_seconds as _test_lease
 from transforms.writing.files import delete_paths
 
@@ -46,6 +52,8 @@ from transforms.writing.files import delete_paths
 HEARTBEAT_SECONDS = 20.0
 LEASE_SECONDS = 120.0
 HEARTBEAT_KEY = "img2tfrecord-heartbeat"
+# Missed beats in a row after which each further one is a warning (stderr, the worker's log).
+MISSES_TO_WARN = 2
 
 # flock errors of a filesystem without locks (some FUSE mounts): a marker there is a dead run's.
 _NO_LOCKS = frozenset({errno.ENOLCK, errno.EOPNOTSUPP, errno.ENOTSUP, errno.EINVAL, errno.ENOSYS})
@@ -108,6 +116,10 @@ def read_fd(fd: int) -> bytes:
 REQUEST_RETRY = DEFAULT_RETRY.as_api_retry()
 
 
+# How ClaimLost's line starts (the run's end reads it: the folder is another run's).
+TAKEN_OVER = "another run took over"
+
+
 class ClaimLost(RuntimeError):
     """Another run took the output folder over; this run must change nothing there."""
 
@@ -133,7 +145,7 @@ class Fence:
 
     def lost(self) -> ClaimLost:
         return ClaimLost(
-            f"{USER_ERROR_MARKER} another run took over --output_dir {self.output_dir}; this run "
+            f"{USER_ERROR_MARKER} {TAKEN_OVER} --output_dir {self.output_dir}; this run "
             f"({self.run_id}) stopped without changing it (the folder is the other run's)"
         )
 
@@ -183,6 +195,21 @@ class Fence:
             return
         with contextlib.suppress(ClaimLost), self.held():
             os.unlink(self.marker_path)
+
+    def expire(self) -> None:
+        """Ends the lease of this run's marker, if it is still there and still this run's: the
+        run is over and nothing of its job runs, so the next run takes the marker over at once
+        (on gs:// its heartbeat set to 0; locally a job-kept marker's beat, its modification
+        time; a local marker without `job` is free as soon as the claim's lock is let go)."""
+        if self.generation is not None:
+            blob = gcs.blob(self.marker_path)
+            blob.metadata = {HEARTBEAT_KEY: "0"}
+            with contextlib.suppress(gexc.PreconditionFailed, gexc.NotFound):
+                blob.patch(if_generation_match=self.generation, retry=REQUEST_RETRY)
+            return
+        if self.job:
+            with contextlib.suppress(ClaimLost), self.held():
+                os.utime(self.marker_path, (0, 0))
 
     def keep_alive(self) -> KeepAlive:
         """A heartbeat for a step of the job (started/stopped per bundle); inert unless `job`.
@@ -241,46 +268,93 @@ class KeepAlive:
             self._thread.start()
 
     def _loop(self) -> None:
+        missed = 0
         while not self._stop.wait(heartbeat_seconds()):
             try:
                 self._fence.beat()
+                missed = 0
             except ClaimLost as e:
                 self._lost = e
                 return
             except Exception as e:  # noqa: BLE001 - a missed beat is retried at the next one
-                logging.debug("heartbeat of %s failed: %s", self._fence.marker_path, e)
+                missed += 1
+                if missed >= MISSES_TO_WARN:  # not silent: the lease lapses after LEASE_SECONDS
+                    logging.warning(
+                        "img2tfrecord: the claim on %s was not renewed %d times in a row (last: %s); if "
+                        "this goes on for %.0f s, another run may take the folder over",
+                        self._fence.output_dir,
+                        missed,
+                        describe(e),
+                        lease_seconds(),
+                    )
 
     def check(self) -> None:
         if self._lost is not None:
             raise self._lost
 
-    def stop(self) -> None:
-        """Stops beating and waits for a beat in flight (bounded by REQUEST_RETRY), so no beat
-        lands after it returns."""
+    def stop(self, wait: bool = True) -> None:
+        """Stops beating and (`wait`) waits for a beat in flight (bounded by REQUEST_RETRY), so
+        no beat lands after it returns."""
         self._stop.set()
-        if self._thread.ident is not None:  # started
+        if wait and self._thread.ident is not None:  # started
             self._thread.join()
 
 
 class Claim:
     """A held claim on an output folder (claim.py); `resumed` is the id of the dead run whose
-    marker was taken over ('unknown' if cut short), or None; the rest as Fence's."""
+    marker was taken over ('unknown' if cut short), or None; `found` the dataset files the
+    folder held when it was claimed (claim.py sets it); the rest as Fence's."""
 
     def __init__(self, output_dir: str, run_id: str, resumed: str | None, job: bool, generation: int | None):
         self.output_dir, self.run_id, self.resumed = output_dir, run_id, resumed
         self.job, self.generation = job, generation
+        self.found: frozenset[str] | None = None
 
-    def release(self, abandon: bool = False) -> None:
-        """Ends the claim (publishing removes the marker). `abandon`: the run stops before
-        publishing (a user error, a dry run): its staging folder goes and, if the claim was
-        fresh, its marker too; a taken-over marker stays (it covers the dead run's leftovers)."""
+    def release(self, over: bool = False) -> None:
+        """Ends the claim (publishing removed the marker). `over`: the run's job is not running
+        (it finished, failed or never started), so a marker that stays has its lease ended and
+        the next run takes it over at once; without it a job that may still run keeps the claim."""
         try:
-            if abandon:
-                delete_paths([temp_dir_for(self.output_dir, self.run_id)])
-                if self.resumed is None:
-                    Fence.of(self).remove_marker()
+            self._stop_beating()
+            if over:
+                Fence.of(self).expire()
         finally:
             self._close()
 
+    def abandon(self) -> bool:
+        """Ends the claim of a run that stops before publishing and whose job is not running (a
+        user error, a full disk, a runner that did not start, a job that failed, a dry run).
+
+        Its staging folder is deleted. Its marker is removed if the claim was fresh and the
+        folder still holds the dataset files it held when claimed (a dataset replaced with
+        --overwrite stays finished); otherwise it stays, its lease ended: the folder is
+        unfinished (a dead run's leftovers, or a publish that had begun), and the next run
+        takes it over at once. Returns True if publishing had begun (the folder changed).
+        """
+        try:
+            self._stop_beating()
+            delete_paths([temp_dir_for(self.output_dir, self.run_id)])
+            changed = self.found is not None and self.found != _dataset_files(self.output_dir)
+            if self.resumed is None and not changed:
+                Fence.of(self).remove_marker()
+            else:
+                Fence.of(self).expire()
+            return changed
+        finally:
+            self._close()
+
+    def let_go(self) -> None:
+        """Ends the claim without a request to its store (it does not answer): the marker and
+        staging folder stay for the next run, which takes them over once the lease runs out."""
+        self._stop_beating(wait=False)
+        self._close()
+
+    def _stop_beating(self, wait: bool = True) -> None:
+        """Stops the heartbeat thread, if any (`wait`: for a beat in flight)."""
+
     def _close(self) -> None:
         """Lets go of the lock or stops the heartbeat."""
+
+
+def _dataset_files(output_dir: str) -> frozenset[str]:
+    return frozenset(n for n in list_children(output_dir) if is_dataset_file(n))
