@@ -16,7 +16,8 @@ JPEG decoder's scale-down (libjpeg's DCT scaling, chosen by Pillow's `draft`) an
 
 The numbers are Pillow's own (ImageOps.pad, ImageOps.fit, Image.resize on the reduced, oriented
 image, as the conversion did before this module): tests/images/test_geometry.py checks that
-`apply_to_image` gives the bytes ImageOps gives, and that a drawn box lands where `map_boxes` says.
+`apply_to_image` gives the bytes ImageOps gives (except where ImageOps.pad rounds a side to 0 and
+raises: that side keeps 1 pixel, `_contained`), and that a drawn box lands where `map_boxes` says.
 """
 
 from __future__ import annotations
