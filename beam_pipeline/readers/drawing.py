@@ -101,7 +101,7 @@ def objects_svg(
     if frame.mode == "RGBA":
         frame.save(out, format="PNG")
         mime = "png"
-    else:  # a photo's thumbnail: a tenth of a PNG's bytes (samples x classes of them in a page)
+    else:  # JPEG: a photo's thumbnail is far smaller than as PNG (a page holds samples x classes)
         frame.save(out, format="JPEG", quality=85)
         mime = "jpeg"
     e = html.escape
