@@ -1,10 +1,13 @@
 """`img2tfrecord inspect OUTPUT_DIR [--report report.html]`: what is in a converted dataset.
 
 Reads every record (with verify's checks) and failures.jsonl; prints records and bytes per
-split and class, image formats and sizes, and failures by reason. `--report` writes one
-self-contained HTML page (SVG bars, the failures, samples per class as PNG data URIs).
-Memory: counters per class, format, size bucket and failure reason, `--samples` images a
-class, `--failures` examples a reason.
+split and class, image formats and sizes, and failures by reason; for a dataset with objects
+(boxes, masks, class maps: --schema odapi or tfds), the objects per split and class, their COCO
+sizes and the images without objects. `--report` writes one self-contained HTML page (SVG bars,
+the failures, samples per class as data URIs; with objects, samples per object class with their
+boxes, class names, masks and class map drawn over them).
+Memory: counters per class, format, size bucket, object class and size and failure reason,
+`--samples` images a class, `--failures` examples a reason.
 """
 
 from __future__ import annotations
@@ -20,8 +23,8 @@ import unicodedata
 from collections.abc import Iterable
 
 from apache_beam.io.filesystems import FileSystems
-from PIL import Image
 
+from beam_pipeline.readers.drawing import OBJECT_THUMBNAIL_PX, objects_svg, thumbnail
 from beam_pipeline.readers.verify import (
     CommandParser,
     list_shards,
@@ -32,11 +35,13 @@ from beam_pipeline.readers.verify import (
 from transforms.failures import reason_kind
 from transforms.output.publish import FAILURES_FILE
 from transforms.paths import normalize_root
-from transforms.verify.shards import ShardCheck, bucket_sides, check_shard
+from transforms.verify.shards import OBJECT_SIZES, ShardCheck, bucket_sides, check_shard
 
 DEFAULT_SAMPLES = 8
 DEFAULT_FAILURE_EXAMPLES = 10
 THUMBNAIL_PX = 128
+NO_OBJECTS = "(no objects)"  # the heading of the samples without objects
+SIZE_NAMES = tuple(name for name, _ in OBJECT_SIZES)
 
 
 @dataclasses.dataclass
@@ -98,10 +103,25 @@ class DatasetStats:
     heights: collections.Counter = dataclasses.field(default_factory=collections.Counter)
     failures: FailureStats = dataclasses.field(default_factory=FailureStats)
     bad_splits: collections.Counter = dataclasses.field(default_factory=collections.Counter)  # split -> n
+    # With objects (else None): split -> object class -> Counter of COCO size -> objects, classes
+    # in the class index's order; and split -> records without objects.
+    objects: dict[str, dict[str, collections.Counter]] | None = None
+    background: collections.Counter = dataclasses.field(default_factory=collections.Counter)
+    class_names: list[str] = dataclasses.field(default_factory=list)
 
     def split_total(self, split: str) -> ClassStats:
         classes = self.splits[split].values()
         return ClassStats(sum(c.records for c in classes), sum(c.bytes for c in classes))
+
+    @property
+    def image_labels(self) -> bool:
+        """False for a dataset of objects whose images carry no class label of their own (TFDS's
+        and the OD API's detection data): its per-class rows would be one blank class."""
+        return self.objects is None or any(key for classes in self.splits.values() for key in classes)
+
+    def object_sizes(self, split: str) -> collections.Counter:
+        """The split's objects by COCO size."""
+        return sum(self.objects[split].values(), collections.Counter())
 
 
 def collect_stats(
@@ -114,9 +134,13 @@ def collect_stats(
     summary = load_summary(output_dir)
     fmt = load_format(output_dir, summary)
     names, offset = load_class_names(output_dir), summary.get("label_offset", 0)
-    stats = DatasetStats(failures=read_failures(output_dir, failure_examples))
+    stats = DatasetStats(failures=read_failures(output_dir, failure_examples), class_names=list(names))
+    has_objects = bool(fmt.schema.object_roles)
+    if has_objects:
+        stats.objects = {}
     for split, paths in list_shards(output_dir).items():
         classes: dict[str, ClassStats] = collections.defaultdict(ClassStats)
+        objects: dict[str, collections.Counter] = collections.defaultdict(collections.Counter)
         for path in paths:
             check = check_shard(path, fmt, names, offset, samples_per_class=samples_per_class)
             if not check.ok:
@@ -125,12 +149,18 @@ def collect_stats(
             for key, n, size in check.classes:
                 classes[key].records += n
                 classes[key].bytes += size
-            for key, data, name in check.samples:
-                keep_sample(stats.samples[key], (data, name, split), samples_per_class)
+            for key, data, name, drawn in check.samples:
+                keep_sample(stats.samples[key], (data, name, split, drawn), samples_per_class)
             stats.formats.update(dict(check.formats))
             stats.widths.update(dict(check.widths))
             stats.heights.update(dict(check.heights))
+            for cls, size, n in check.objects:
+                objects[cls][size] += n
+            stats.background[split] += check.background
         stats.splits[split] = dict(sorted(classes.items(), key=lambda kv: class_order(kv[0])))
+        if has_objects:
+            index = {name: i for i, name in enumerate(names)}
+            stats.objects[split] = dict(sorted(objects.items(), key=lambda kv: index[kv[0]]))
     return stats
 
 
@@ -158,13 +188,14 @@ def page_lang(names: Iterable[str]) -> str | None:
     return "ja" if "ja" in found else found.pop() if len(found) == 1 else None
 
 
-def keep_sample(kept: list[tuple[bytes, str, str]], sample: tuple[bytes, str, str], limit: int) -> None:
-    """Keeps at most `limit` samples of one class, spread over the splits as evenly as they come:
-    a sample of a split with fewer kept replaces the last one of the split with the most."""
+def keep_sample(kept: list[tuple], sample: tuple, limit: int) -> None:
+    """Keeps at most `limit` samples (data, name, split, ...) of one class, spread over the splits
+    as evenly as they come: a sample of a split with fewer kept replaces the last one of the split
+    with the most."""
     if len(kept) < limit:
         kept.append(sample)
         return
-    counts = collections.Counter(split for _, _, split in kept)
+    counts = collections.Counter(s[2] for s in kept)
     split, most = counts.most_common(1)[0]
     if most > counts[sample[2]] + 1:
         kept[max(i for i, s in enumerate(kept) if s[2] == split)] = sample
@@ -210,7 +241,7 @@ def format_table(stats: DatasetStats) -> str:
         bad = stats.bad_splits[split]
         at_least, damaged = ("at least ", f" ({bad} bad shard{'s' if bad > 1 else ''})") if bad else ("", "")
         lines.append(f"{split}: {at_least}{total.records:,} records, {human_bytes(total.bytes)}{damaged}")
-        for key, c in classes.items():
+        for key, c in classes.items() if stats.image_labels else ():
             mean = human_bytes(c.bytes / c.records) if c.records else "-"
             lines.append(f"  {pad(key, width)}  {c.records:>8,}  {human_bytes(c.bytes):>10}  (mean {mean})")
     if stats.formats:
@@ -219,6 +250,8 @@ def format_table(stats: DatasetStats) -> str:
         lines.append(f"widths (px): {distribution(stats.widths, size_label)}")
     if stats.heights:
         lines.append(f"heights (px): {distribution(stats.heights, size_label)}")
+    if stats.objects is not None:
+        lines += _object_lines(stats)
     failures = stats.failures
     if failures.total:
         reasons = "; ".join(f"{n:,} × {kind}" for kind, n in failures.by_count()[:5])
@@ -228,13 +261,31 @@ def format_table(stats: DatasetStats) -> str:
     return "\n".join(lines)
 
 
+def _object_lines(stats: DatasetStats) -> list[str]:
+    """The objects of each split: the count, COCO sizes and images without objects, then the
+    objects per class (aligned as the class rows above)."""
+    names = [c for classes in stats.objects.values() for c in classes]
+    width = max(
+        [display_width(k) for c in stats.splits.values() for k in c] + [5] + list(map(display_width, names))
+    )
+    lines = []
+    for split, classes in stats.objects.items():
+        sizes = stats.object_sizes(split)
+        shown = ", ".join(f"{sizes[name]:,} {name}" for name in SIZE_NAMES)
+        records = stats.split_total(split).records
+        background = stats.background[split]
+        lines.append(
+            f"objects in {split}: {sizes.total():,} (COCO sizes: {shown}); "
+            f"{background:,} of {records:,} images without objects"
+        )
+        for name, counts in classes.items():
+            lines.append(f"  {pad(name, width)}  {counts.total():>8,}")
+    return lines
+
+
 def thumbnail_png(data: bytes, size: int = THUMBNAIL_PX) -> tuple[bytes, tuple[int, int]]:
     """A PNG thumbnail (longest side `size`, first frame) of an encoded image, and its (width, height)."""
-    with Image.open(io.BytesIO(data)) as img:
-        img.seek(0)
-        original = img.size
-        frame = img.convert("RGBA" if "A" in img.getbands() or img.mode == "P" else "RGB")
-    frame.thumbnail((size, size))
+    frame, original = thumbnail(data, size)
     out = io.BytesIO()
     frame.save(out, format="PNG")
     return out.getvalue(), original
@@ -276,6 +327,8 @@ _STYLE = (
     # The three image charts: one row of three columns that scale with the page (never wrapped).
     ".dist{display:grid;grid-template-columns:repeat(3,minmax(0,1fr));gap:2em;align-items:start}"
 )
+# Added to the page of a dataset with objects: its larger samples with the boxes drawn.
+_OBJECT_STYLE = "figure.objects{width:auto;max-width:270px}svg.objects{border:1px solid #ccc}"
 
 
 def _failures_html(failures: FailureStats) -> list[str]:
@@ -297,9 +350,10 @@ def _failures_html(failures: FailureStats) -> list[str]:
     return parts
 
 
-def _caption(name: str, split: str, size: tuple[int, int], nbytes: int) -> str:
+def _caption(name: str, split: str, size: tuple[int, int], nbytes: int, objects: int | None = None) -> str:
     base = name.rsplit("/", 1)[-1] if name else ""
-    bits = [b for b in (base, split, f"{size[0]}×{size[1]}", human_bytes(nbytes)) if b]
+    count = None if objects is None else f"{objects} object{'' if objects == 1 else 's'}"
+    bits = [b for b in (base, split, f"{size[0]}×{size[1]}", human_bytes(nbytes), count) if b]
     title = html.escape(name or base, quote=True)
     return f'<figcaption title="{title}">{html.escape(" · ".join(bits))}</figcaption>'
 
@@ -315,7 +369,7 @@ def render_report(stats: DatasetStats, title: str) -> str:
         "<!DOCTYPE html>",
         f'<html{lang_attr}><head><meta charset="utf-8">',
         f"<title>{e(title)}</title>",
-        f"<style>{_STYLE}</style>",
+        f"<style>{_STYLE}{'' if stats.objects is None else _OBJECT_STYLE}</style>",
         "</head><body>",
         f"<h1>{e(title)}</h1>",
         f"<p>{records:,} records in {len(stats.splits)} split(s); {stats.failures.total:,} images failed.</p>",
@@ -330,14 +384,17 @@ def render_report(stats: DatasetStats, title: str) -> str:
         parts.append(
             f"<tr><th>{e(split)}</th><th>all</th><th>{total.records}</th><th>{human_bytes(total.bytes)}</th></tr>"
         )
-        for key, c in classes.items():
+        for key, c in classes.items() if stats.image_labels else ():
             parts.append(
                 f"<tr><td></td><td>{e(key)}</td><td>{c.records}</td><td>{human_bytes(c.bytes)}</td></tr>"
             )
-    parts.append("</table><h2>Classes per split</h2>")
-    for split, classes in stats.splits.items():
-        counts = {key: c.records for key, c in classes.items()}
-        parts += [f"<h3>{e(split)}</h3>", _bars_svg(counts, f"classes of {split}")]
+    parts.append("</table><h2>Classes per split</h2>" if stats.image_labels else "</table>")
+    if stats.image_labels:
+        for split, classes in stats.splits.items():
+            counts = {key: c.records for key, c in classes.items()}
+            parts += [f"<h3>{e(split)}</h3>", _bars_svg(counts, f"classes of {split}")]
+    if stats.objects is not None:
+        parts += _objects_html(stats)
     if stats.formats or stats.widths or stats.heights:
         parts.append('<h2>Images</h2><div class="dist">')
         for name, counter, label in (
@@ -352,9 +409,12 @@ def render_report(stats: DatasetStats, title: str) -> str:
         parts.append("</div>")
     parts += _failures_html(stats.failures)
     parts.append("<h2>Samples</h2>")
+    if stats.objects is not None:
+        parts += _object_samples_html(stats)
+        classes = []
     for key in classes:
         parts.append(f'<h3>{e(key or "(unlabelled)")}</h3><div class="sheet">')
-        for data, name, split in stats.samples.get(key, []):
+        for data, name, split, _ in stats.samples.get(key, []):
             try:
                 png, size = thumbnail_png(data)
             except (OSError, ValueError):  # verify reports undecodable images; skip here
@@ -366,6 +426,55 @@ def render_report(stats: DatasetStats, title: str) -> str:
         parts.append("</div>")
     parts.append("</body></html>")
     return "\n".join(parts) + "\n"
+
+
+def _objects_html(stats: DatasetStats) -> list[str]:
+    """The Objects section: per split, objects per class and COCO size (a table), the images
+    without objects, and the objects per class as bars."""
+    e = html.escape
+    heads = "".join(f"<th>{name}</th>" for name in SIZE_NAMES)
+    parts = [
+        "<h2>Objects</h2><p>Sizes as COCO's evaluation names them, by the object's area in the "
+        "written image: small &lt; 32², medium &lt; 96², large the rest.</p>",
+        f'<table class="objects"><tr><th>split</th><th>class</th><th>objects</th>{heads}</tr>',
+    ]
+    for split, classes in stats.objects.items():
+        sizes = stats.object_sizes(split)
+        cells = "".join(f"<th>{sizes[name]:,}</th>" for name in SIZE_NAMES)
+        parts.append(f"<tr><th>{e(split)}</th><th>all</th><th>{sizes.total():,}</th>{cells}</tr>")
+        for name, counts in classes.items():
+            cells = "".join(f"<td>{counts[size]:,}</td>" for size in SIZE_NAMES)
+            parts.append(f"<tr><td></td><td>{e(name)}</td><td>{counts.total():,}</td>{cells}</tr>")
+    parts.append("</table>")
+    for split, classes in stats.objects.items():
+        background, records = stats.background[split], stats.split_total(split).records
+        parts += [
+            f"<h3>{e(split)}</h3><p>{background:,} of {records:,} images without objects.</p>",
+            _bars_svg({name: counts.total() for name, counts in classes.items()}, f"objects of {split}"),
+        ]
+    return parts
+
+
+def _object_samples_html(stats: DatasetStats) -> list[str]:
+    """Samples per object class (an image in each class it shows), then images without
+    objects, each with its boxes, class names, masks and class map drawn."""
+    e = html.escape
+    index = {name: i for i, name in enumerate(stats.class_names)}
+    keys = sorted((k for k in stats.samples if k is not None), key=lambda k: index.get(k, len(index)))
+    parts = []
+    for key in [*keys, None] if None in stats.samples else keys:
+        heading = NO_OBJECTS if key is None else key
+        parts.append(f'<h3>{e(heading)}</h3><div class="sheet">')
+        for data, name, split, drawn in stats.samples[key]:
+            try:
+                frame, size = thumbnail(data, OBJECT_THUMBNAIL_PX)
+            except (OSError, ValueError):  # verify reports undecodable images; skip here
+                continue
+            svg = objects_svg(frame, size, drawn, stats.class_names, f"{name}: {heading}")
+            caption = _caption(name, split, size, len(data), len(drawn.boxes))
+            parts.append(f'<figure class="objects">{svg}{caption}</figure>')
+        parts.append("</div>")
+    return parts
 
 
 def main(argv: list[str]) -> int:

@@ -169,9 +169,7 @@ def _check_with_beam(
             | "Collect" >> beam.combiners.ToList()  # [ShardCheck]
             | "WriteResults" >> beam.Map(_write_results, results)
         )
-    lines = read_file(results).decode("utf-8").splitlines()
-    checks = [json.loads(line) for line in lines]
-    return [ShardCheck(**{**c, "classes": tuple(tuple(x) for x in c["classes"])}) for c in checks]
+    return [ShardCheck.from_json(line) for line in read_file(results).decode("utf-8").splitlines()]
 
 
 def verify(

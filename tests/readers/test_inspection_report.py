@@ -122,8 +122,8 @@ def test_samples_come_from_every_split_of_a_class(converted):
     for key, samples in stats.samples.items():
         splits = {split for split, classes in stats.splits.items() if classes.get(key, None)}
         assert len(samples) == min(2, sum(stats.splits[s][key].records for s in splits))
-        assert {split for _, _, split in samples} == splits, key
-    assert any(len({split for _, _, split in s}) == 2 for s in stats.samples.values())  # the case is met
+        assert {split for _, _, split, _ in samples} == splits, key
+    assert any(len({split for _, _, split, _ in s}) == 2 for s in stats.samples.values())  # the case is met
 
 
 def test_keep_sample_spreads_the_samples_over_the_splits_as_they_come():

@@ -16,7 +16,8 @@ JPEG decoder's scale-down (libjpeg's DCT scaling, chosen by Pillow's `draft`) an
 
 The numbers are Pillow's own (ImageOps.pad, ImageOps.fit, Image.resize on the reduced, oriented
 image, as the conversion did before this module): tests/images/test_geometry.py checks that
-`apply_to_image` gives the bytes ImageOps gives, and that a drawn box lands where `map_boxes` says.
+`apply_to_image` gives the bytes ImageOps gives (except where ImageOps.pad rounds a side to 0 and
+raises: that side keeps 1 pixel, `_contained`), and that a drawn box lands where `map_boxes` says.
 """
 
 from __future__ import annotations
@@ -261,15 +262,18 @@ def plan_geometry(
 
 
 def _contained(image: tuple[int, int], size: tuple[int, int]) -> tuple[int, int]:
-    """ImageOps.contain's size: the largest of the image's aspect inside `size`."""
+    """ImageOps.contain's size: the largest of the image's aspect inside `size`, its short side
+    never below 1 pixel. ImageOps.contain rounds a 3x1000 image into 100x100 to 0x100 and Pillow
+    refuses to resize to it (ValueError; Pillow issue 9997): the image's 1-pixel-wide content is
+    what a padded training image should hold, as Image.thumbnail and --max_side keep a side at 1."""
     im_ratio, dest_ratio = image[0] / image[1], size[0] / size[1]
     if im_ratio != dest_ratio:
         if im_ratio > dest_ratio:
-            new_height = round(image[1] / image[0] * size[0])
+            new_height = max(1, round(image[1] / image[0] * size[0]))
             if new_height != size[1]:
                 return size[0], new_height
         else:
-            new_width = round(image[0] / image[1] * size[1])
+            new_width = max(1, round(image[0] / image[1] * size[1]))
             if new_width != size[0]:
                 return new_width, size[1]
     return size

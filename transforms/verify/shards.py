@@ -6,10 +6,12 @@ the images (or all) as the dataset's readers do, and counts records and bytes pe
 image must decode as `load_dataset` decodes it (raw pixels: exactly height x width x channels
 bytes) to the stored shape and, when a reader decodes with `expand_animations=True` (TFDS's
 `Image`, the tfds/odapi presets), to 3-D; for those readers every record is also checked for a
-format of DECODED_4D_FORMATS. Records with objects: every box lies in [0, 1] with min <= max,
-and every instance mask decodes at the image's size. It stops at the first bad record and reports
-its byte offset.
+format of DECODED_4D_FORMATS. Records with objects: every object key holds one value an object,
+every box lies in [0, 1] with min <= max, and every instance mask and class map decodes at the
+image's size; the objects are counted per class and COCO size (`object_size`) and the records
+without any. It stops at the first bad record and reports its byte offset.
 beam.py runs it one shard per element; `inspect` uses it for its statistics and samples.
+Memory: counters, and the kept samples (`samples_per_class` a class).
 """
 
 from __future__ import annotations
@@ -30,6 +32,26 @@ from transforms.images.decoding import decodes_4d, raw_size
 from transforms.writing.index import index_path, parse_index
 
 _PARSE_BATCH = 256
+# COCO's object sizes (cocodataset.org/#detection-eval: small < 32², medium < 96², else large),
+# by the object's area in the written image's pixels.
+OBJECT_SIZES = (("small", 32**2), ("medium", 96**2), ("large", float("inf")))
+
+
+def object_size(area: float) -> str:
+    """The COCO size of an object of `area` pixels: 'small', 'medium' or 'large'."""
+    return next(name for name, below in OBJECT_SIZES if area < below)
+
+
+@dataclasses.dataclass(frozen=True)
+class SampleObjects:
+    """A sample's objects, to draw on its thumbnail: boxes as fractions of the image (xmin, ymin,
+    xmax, ymax), the class index of each (position in the class names), the instance masks and
+    the class map as the record holds them (PNG bytes)."""
+
+    boxes: tuple[tuple[float, float, float, float], ...] = ()
+    classes: tuple[int, ...] = ()
+    masks: tuple[bytes, ...] = ()
+    class_map: bytes | None = None
 
 
 @dataclasses.dataclass(frozen=True)
@@ -38,9 +60,12 @@ class ShardCheck:
 
     `records` and `bytes` (serialized Examples) count the records before the first problem
     (`error`, at byte `offset` of the uncompressed stream). `classes`: (class key, records,
-    bytes), sorted. `samples`: (class key, encoded image (raw pixels as PNG), file name or '')
-    of up to `samples_per_class` images a class. `formats`, `widths`, `heights`: (image format
-    or size_bucket, records), sorted, when the schema has the key.
+    bytes), sorted. `samples`: (class key, encoded image (raw pixels as PNG), file name or '',
+    SampleObjects or None) of up to `samples_per_class` images a class; with objects the class
+    keys are the objects' classes (an image is kept for each class it shows) and None for an
+    image without objects. `formats`, `widths`, `heights`: (image format or size_bucket,
+    records), sorted, when the schema has the key. With objects, `objects`: (object class,
+    COCO size, objects), sorted, and `background`: the records without objects.
     """
 
     path: str
@@ -50,10 +75,12 @@ class ShardCheck:
     error: str | None = None
     offset: int | None = None
     classes: tuple[tuple[str, int, int], ...] = ()
-    samples: tuple[tuple[str, bytes, str], ...] = ()
+    samples: tuple[tuple[str | None, bytes, str, SampleObjects | None], ...] = ()
     formats: tuple[tuple[str, int], ...] = ()
     widths: tuple[tuple[int, int], ...] = ()
     heights: tuple[tuple[int, int], ...] = ()
+    objects: tuple[tuple[str, str, int], ...] = ()
+    background: int = 0
 
     @property
     def ok(self) -> bool:
@@ -62,7 +89,17 @@ class ShardCheck:
     def to_json(self) -> str:
         d = dataclasses.asdict(self)
         d.pop("samples")
+        if not self.objects and not self.background:  # no objects (classification): as before
+            d.pop("objects")
+            d.pop("background")
         return json.dumps(d, ensure_ascii=False)
+
+    @classmethod
+    def from_json(cls, text: str) -> ShardCheck:
+        d = json.loads(text)
+        for key in ("classes", "formats", "widths", "heights", "objects"):
+            d[key] = tuple(tuple(x) for x in d.get(key, ()))
+        return cls(**d)
 
 
 def size_bucket(pixels: int) -> int:
@@ -111,12 +148,20 @@ class _Checker:
         objects = self._schema.object_roles
         self._class_key = self._schema.roles.get("label") if objects else self._schema.label_key
         self._box_keys = [objects[r] for r in ("boxes", "xmin", "ymin", "xmax", "ymax") if r in objects]
-        self._mask_key = objects.get("masks")
-        # Records by format, width and height bucket; records, bytes and samples kept by class.
+        self._mask_key, self._map_key = objects.get("masks"), objects.get("class_map")
+        # One value an object: the keys that must hold as many values as there are boxes (the
+        # area may hold none: the OD API's readers take the box's area then, and so does inspect).
+        self._per_object = [objects[r] for r in ("label", "area") if r in objects]
+        self._area_key = objects.get("area")  # every preset with objects has one
+        # Records by format, width and height bucket; records, bytes and samples kept by class;
+        # objects by (class, size).
+        counters = (collections.Counter() for _ in range(7))
         self.formats, self.widths, self.heights, self.counts, self.sizes, self._kept_per_class = (
-            collections.Counter() for _ in range(6)
+            next(counters) for _ in range(6)
         )
-        self.kept: list[tuple[str, bytes, str]] = []
+        self.objects = next(counters)
+        self.background = 0
+        self.kept: list[tuple[str | None, bytes, str, SampleObjects | None]] = []
         self.decoded = 0
 
     def check(self, batch: list[tuple[int, int, bytes]]) -> None:
@@ -146,24 +191,80 @@ class _Checker:
                     raise RecordError(
                         offset, f"{fmt} image, which {readers} decode to 4-D (expand_animations=True)"
                     )
+            sample_keys: list[str | None]
             if self._box_keys:
-                _check_objects(ex, self._box_keys, self._mask_key, self._shape_keys, offset)
-            if self._class_key != self._schema.label_key:  # objects: the image-level labels
-                ids = ex.get(self._class_key, []) if self._class_key else []
+                boxes = self._check_objects(ex, offset)
+                classes = [int(x) - self._offset for x in ids]  # the objects' classes
+                self._count_objects(ex, classes, boxes, offset)
+                # Samples by the objects' classes (an image for each class it shows; None: no objects).
+                sample_keys = list(dict.fromkeys(self._names[c] for c in classes)) if classes else [None]
+                ids = ex.get(self._class_key, []) if self._class_key else []  # the image-level labels
             key = "|".join(self._names[int(x) - self._offset] for x in ids)  # the summary's class key
+            if not self._box_keys:
+                sample_keys = [key]
             self.counts[key] += 1
             self.sizes[key] += len(data)
             self._count_info(ex)
-            want_sample = self._kept_per_class[key] < self._samples
+            wanted = [k for k in sample_keys if self._kept_per_class[k] < self._samples]
             sampled = i < 2 or not i & (i - 1)  # decoded by default: 0, 1, 2, 4, 8, 16, ...
-            if self._decode_all or sampled or want_sample:
+            if self._decode_all or sampled or wanted:
                 encoded = ex[self._schema.image_key]
                 image = self._decode(ex, encoded, offset)
-                if want_sample:
-                    name = ex.get(self._info_keys.get("filename"), b"")
+                if wanted:
+                    name = ex.get(self._info_keys.get("filename"), b"").decode("utf-8", "replace")
                     stored = _png(image) if self._fmt.raw else encoded
-                    self.kept.append((key, stored, name.decode("utf-8", "replace")))
-                    self._kept_per_class[key] += 1
+                    drawn = self._sample_objects(ex, boxes, classes) if self._box_keys else None
+                    for k in wanted:
+                        self.kept.append((k, stored, name, drawn))
+                        self._kept_per_class[k] += 1
+
+    def _check_objects(self, ex: dict, offset: int):
+        """The record's boxes (n, 4: xmin, ymin, xmax, ymax fractions), checked with its masks
+        and class map (RecordError)."""
+        boxes = _check_boxes(ex, self._box_keys, offset)
+        for key in self._per_object:
+            if len(ex[key]) != len(boxes) and not (key == self._area_key and not ex[key]):
+                raise RecordError(offset, f"{key} holds {len(ex[key])} values for {len(boxes)} boxes")
+        masks = ex[self._mask_key] if self._mask_key else []
+        if len(masks) != (len(boxes) if self._mask_key else 0):
+            raise RecordError(offset, f"{len(masks)} masks for {len(boxes)} boxes")
+        rasters = [(f"mask {i}", png) for i, png in enumerate(masks)]
+        rasters += [("class map", png) for png in (ex[self._map_key] if self._map_key else [])]
+        if rasters:
+            size = self._image_size(ex, offset)
+            for what, png in rasters:
+                _check_raster(png, what, size, offset)
+        return boxes
+
+    def _image_size(self, ex: dict, offset: int) -> tuple[int, int]:
+        """(height, width) of the record's image: its height and width keys, or (a schema without
+        them: tfds) the encoded image's header."""
+        if len(self._shape_keys) >= 2:
+            return ex[self._shape_keys[0]], ex[self._shape_keys[1]]
+        from PIL import Image
+
+        try:
+            with Image.open(io.BytesIO(ex[self._schema.image_key])) as img:
+                return img.height, img.width
+        except Exception as e:  # noqa: BLE001 - any decode error is the record's problem
+            raise RecordError(offset, f"image does not decode: {e}") from None
+
+    def _count_objects(self, ex: dict, classes: list[int], boxes, offset: int) -> None:
+        """Counts the objects by class and COCO size (their area, else their box's, in pixels)."""
+        if not classes:
+            self.background += 1
+            return
+        areas = ex[self._area_key]
+        if not areas:
+            height, width = self._image_size(ex, offset)
+            areas = ((boxes[:, 2] - boxes[:, 0]) * (boxes[:, 3] - boxes[:, 1]) * width * height).tolist()
+        for c, area in zip(classes, areas, strict=True):
+            self.objects[(self._names[c], object_size(area))] += 1
+
+    def _sample_objects(self, ex: dict, boxes, classes: list[int]) -> SampleObjects:
+        masks = tuple(ex[self._mask_key]) if self._mask_key else ()
+        class_map = ex[self._map_key][0] if self._map_key and ex[self._map_key] else None
+        return SampleObjects(tuple(map(tuple, boxes.tolist())), tuple(classes), masks, class_map)
 
     def _count_info(self, ex: dict) -> None:
         keys = self._info_keys
@@ -179,7 +280,8 @@ class _Checker:
         tf, schema = self._tf, self._schema
         parsed = tf.io.parse_example(serialized, self._spec)
         columns = {}
-        objects = (*self._box_keys, *filter(None, (self._mask_key, self._class_key)))
+        objects = (*self._box_keys, *self._per_object, *filter(None, (self._mask_key, self._map_key)))
+        objects += (self._class_key,) if self._class_key else ()
         for key in dict.fromkeys(
             (schema.image_key, schema.label_key, *self._shape_keys, *self._info_keys.values(), *objects)
         ):
@@ -225,16 +327,20 @@ class _Checker:
         return np.frombuffer(data, np.uint8).reshape(shape)
 
 
-def _check_objects(
-    ex: dict, box_keys: list[str], mask_key: str | None, shape_keys: list[str], offset: int
-) -> None:
-    """Raises RecordError: a box outside [0, 1] or with min > max, or a mask that does not decode
-    at the image's height and width."""
+def _check_boxes(ex: dict, box_keys: list[str], offset: int):
+    """The record's boxes (n, 4: xmin, ymin, xmax, ymax). Raises RecordError: box keys of
+    different lengths, or a box outside [0, 1] or with min > max."""
     import numpy as np
 
     if len(box_keys) == 1:  # TFDS's [ymin, xmin, ymax, xmax] rows
-        boxes = np.asarray(ex[box_keys[0]], np.float64).reshape(-1, 4)[:, [1, 0, 3, 2]]
+        values = ex[box_keys[0]]
+        if len(values) % 4:
+            raise RecordError(offset, f"{box_keys[0]} holds {len(values)} values, not 4 a box")
+        boxes = np.asarray(values, np.float64).reshape(-1, 4)[:, [1, 0, 3, 2]]
     else:
+        lengths = {k: len(ex[k]) for k in box_keys}
+        if len(set(lengths.values())) > 1:
+            raise RecordError(offset, f"box keys of different lengths: {lengths}")
         boxes = np.asarray([ex[k] for k in box_keys], np.float64).T.reshape(-1, 4)
     if len(boxes) and (
         not np.isfinite(boxes).all()
@@ -245,24 +351,21 @@ def _check_objects(
     ):
         bad = next(b for b in boxes.tolist() if not (0 <= b[0] <= b[2] <= 1 and 0 <= b[1] <= b[3] <= 1))
         raise RecordError(offset, f"box {bad} (xmin, ymin, xmax, ymax) is not within [0, 1] with min <= max")
-    if mask_key is None:
-        return
+    return boxes
+
+
+def _check_raster(png: bytes, what: str, size: tuple[int, int], offset: int) -> None:
+    """Raises RecordError: the PNG `png` (a mask or class map) does not decode at the image's
+    (height, width) `size`."""
     from PIL import Image
 
-    want = tuple(ex[k] for k in shape_keys[:2])
-    masks = ex[mask_key]
-    if len(masks) != len(boxes):
-        raise RecordError(offset, f"{len(masks)} masks for {len(boxes)} boxes")
-    for i, png in enumerate(masks):
-        try:
-            mask = Image.open(io.BytesIO(png), formats=("PNG",))
-            mask.load()
-        except Exception as e:  # noqa: BLE001 - any decode error is the record's problem
-            raise RecordError(offset, f"mask {i} does not decode as PNG ({e})") from None
-        if (mask.height, mask.width) != want:
-            raise RecordError(
-                offset, f"mask {i} is {mask.width}x{mask.height}, the image {want[1]}x{want[0]}"
-            )
+    try:
+        raster = Image.open(io.BytesIO(png), formats=("PNG",))
+        raster.load()
+    except Exception as e:  # noqa: BLE001 - any decode error is the record's problem
+        raise RecordError(offset, f"{what} does not decode as PNG ({e})") from None
+    if (raster.height, raster.width) != tuple(size):
+        raise RecordError(offset, f"{what} is {raster.width}x{raster.height}, the image {size[1]}x{size[0]}")
 
 
 def _png(image) -> bytes:
@@ -340,4 +443,6 @@ def check_shard(
         formats=tuple(sorted(checker.formats.items())),
         widths=tuple(sorted(checker.widths.items())),
         heights=tuple(sorted(checker.heights.items())),
+        objects=tuple(sorted((c, size, n) for (c, size), n in checker.objects.items())),
+        background=checker.background,
     )
