@@ -13,6 +13,8 @@ REQUIRED = [
     "pillow>=10",
     "google-cloud-storage>=2",
     "google-crc32c>=1.5",
+    # COCO annotation files read as a stream (its C backend, yajl2_c, ships in the wheels).
+    "ijson>=3.2",
 ]
 
 # Reading the output with TensorFlow Datasets (tfds.builder_from_directory).
