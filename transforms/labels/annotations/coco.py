@@ -59,7 +59,7 @@ _dump = json.JSONEncoder(separators=(",", ":"), allow_nan=False).encode
 class Categories:
     """COCO's categories: `names[i]` has id `ids[i]`, ids ascending (COCO's ids have gaps:
     1..90 for 80 classes). The class id written is the category id, as Model Garden's
-    create_coco_tf_record.py keeps it (`image/object/class/label`)."""
+    official/vision/data/create_coco_tf_record.py keeps it (`image/object/class/label`)."""
 
     ids: tuple[int, ...]
     names: tuple[str, ...]

@@ -11,6 +11,7 @@ at in its first SNIFF_BYTES; a folder, glob or gs:// prefix in its first SNIFF_F
 
 from __future__ import annotations
 
+import os
 import posixpath
 
 import ijson
@@ -25,7 +26,9 @@ from transforms.labels.table import detect_format as table_format
 SNIFF_BYTES = 1 << 20
 # Files of a folder looked at (one listing page on gs://).
 SNIFF_FILES = 1000
-_FOLDER_FORMATS = {voc.SUFFIX: VOC, yolo.SUFFIX: YOLO, segmentation.SUFFIX: SEGMENTATION}
+# The suffix of each folder format's files.
+SUFFIXES = {VOC: voc.SUFFIX, YOLO: yolo.SUFFIX, SEGMENTATION: segmentation.SUFFIX}
+_FOLDER_FORMATS = {suffix: fmt for fmt, suffix in SUFFIXES.items()}
 _COCO_KEYS = ("images", "annotations", "categories")
 
 
@@ -72,6 +75,13 @@ def _table_suffix(path: str) -> bool:
     return True
 
 
+def _is_file(path: str) -> bool:
+    """True for a local file, or a gs:// object (not a prefix)."""
+    if "://" not in path:
+        return os.path.isfile(path)
+    return not path.endswith("/") and gcs.exists(path)
+
+
 def detect_format(path: str) -> str | None:
     """The annotation format of `path`, None for a labels table (by its suffix).
 
@@ -87,6 +97,11 @@ def detect_format(path: str) -> str | None:
                 "line, is JSON Lines: name it .jsonl or pass --labels_format jsonl)"
             )
         return COCO
+    if not any(c in path for c in "*?[") and _is_file(path):
+        raise AnnotationError(
+            f"--labels {path}: cannot tell the format from the name; pass --labels_format "
+            "csv|tsv|jsonl (a table), or coco, voc, yolo, segmentation (a file or folder of annotations)"
+        )
     suffixes = tuple(_FOLDER_FORMATS)
     found = {posixpath.splitext(p)[1].lower() for p in list_files(path, suffixes, SNIFF_FILES)}
     kinds = sorted(_FOLDER_FORMATS[s] for s in found)

@@ -5,8 +5,9 @@ A row is one object (a box with its class and flags), or an image-only row (null
 box: "this image exists in the annotations", a background image when it has no object row),
 or a failure row (`error` set: a record that cannot be used, named by `source` and `line`; a
 row with a key fails that key's image, one without a key is reported on its own). Rows of one
-key gather into one `transforms.objects.Objects`, the object rows in `line` order (their
-order in the file); image-only rows add no object, only the declared size or the map.
+key gather into one `Objects` record (what the labels stage hands the writer), the object
+rows in `line` order (their order in the file); image-only rows add no object, only the
+declared size or the map.
 
 Whether boxes are fractions of the image (YOLO, `--box_units normalized`) or pixels is one
 setting of the reader, carried as the schema's metadata (`normalized`), not a column.

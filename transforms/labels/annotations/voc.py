@@ -8,8 +8,9 @@ order, each with the declared size; an image-only row for a file without objects
 Coordinates: VOC's corners are 1-based pixel indices, both inclusive (xmin=1, xmax=W covers
 the whole width). In the rows' continuous coordinates (pixel column 0 spans 0..1) that box is
 0..W: xmin - 1 and ymin - 1, xmax and ymax as written (detectron2's `load_voc_instances`
-does the same; TFDS's voc builder and the OD API's create_pascal_tf_record.py divide the
-1-based values as they are, which puts every box half a pixel to a pixel right and down).
+does the same; TFDS's voc builder and the OD API's
+object_detection/dataset_tools/create_pascal_tf_record.py divide the 1-based values as they
+are, which puts each box's top-left corner one pixel right and down).
 
 The XML is parsed by the standard library's expat with the protections of defusedxml's
 default: a document that declares an entity (internal or external) or refers to an external
