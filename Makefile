@@ -3,7 +3,7 @@ PYTHON ?= python3
 VENV   ?= .venv
 BIN    := $(VENV)/bin
 
-.PHONY: setup demo test lint format bench airflow-venv airflow-lock browser
+.PHONY: setup demo test lint format bench airflow-venv airflow-lock browser peer
 
 $(BIN)/python:
 	$(PYTHON) -m venv $(VENV)
@@ -24,7 +24,7 @@ format: setup
 	$(BIN)/ruff format .
 	$(BIN)/ruff check --fix .
 
-test: lint airflow-venv browser
+test: lint airflow-venv browser peer
 	$(BIN)/python -m pytest -n 2 -q tests
 
 # The HTML report is checked in a real browser (tests/readers/): Debian's chromium, installed
@@ -39,6 +39,21 @@ else
 	  apt-get update -qq && DEBIAN_FRONTEND=noninteractive apt-get install -y -qq chromium >/dev/null; } || \
 	  echo "chromium is not installed: the browser tests of the HTML report will be skipped"
 endif
+
+# The Model Garden (tf-models-official) as a peer: its TfExampleDecoder reads our detection records in
+# tests/detection/ and its create_coco_tf_record.py is the benchmarks' peer. Installed without its
+# dependencies into a folder of its own, put on sys.path only in a subprocess, so the product's
+# environment never imports it (/work/shared/notes/model-garden-peer.md). Installed when missing.
+PEER ?= .peer
+PEER_PACKAGES := tf-models-official==2.20.0 tf-keras==2.21.0 pycocotools==2.0.11 gin-config scipy \
+	opencv-python-headless matplotlib cycler kiwisolver fonttools
+
+peer: $(PEER)/.installed
+
+$(PEER)/.installed: | $(BIN)/python
+	rm -rf $(PEER)
+	$(BIN)/uv pip install -q --python $(BIN)/python --no-deps --target $(PEER) $(PEER_PACKAGES)
+	touch $@
 
 bench: setup
 	$(BIN)/python benchmarks/run.py

@@ -9,8 +9,8 @@ import pyarrow.json as pajson
 import pytest
 
 from transforms.labels.annotations.box_table import (
+    BoxRows,
     BoxTable,
-    box_rows,
     normalize_key_column,
     parse_box_columns,
 )
@@ -40,7 +40,7 @@ def test_open_images_boxes_one_row_a_box_in_table_order(tmp_path):
         "000002b66c9c498e,xclick,/m/0284d,1, 0.25 ,0.5,0.25,.75\n"
         "000002b97e5471a0,xclick,/m/05s2s,1,0,1,1e-1,1.0\n"
     )
-    out = box_rows(_csv(tmp_path / "boxes.csv"), OPEN_IMAGES, "boxes.csv", [2, 3, 4])
+    out = BoxRows(OPEN_IMAGES)(_csv(tmp_path / "boxes.csv"), "boxes.csv", [2, 3, 4])
     assert out.schema.names == list(NAMES) and is_normalized(out)
     flags = {"is_crowd": False, "difficult": False, "truncated": False, "source": "boxes.csv"}
     assert _plain(out) == [
@@ -60,7 +60,7 @@ def test_pixels_from_json_lines_numbers(tmp_path):
     )
     cells = pajson.read_json(tmp_path / "boxes.jsonl").to_batches()[0]
     spec = BoxTable("id", "label", ("x0", "y0", "x1", "y1"))
-    out = box_rows(cells, spec, "boxes.jsonl", pa.array([1, 2]))
+    out = BoxRows(spec)(cells, "boxes.jsonl", pa.array([1, 2]))
     assert not is_normalized(out)
     got = _plain(out)
     assert (got[0]["xmin"], got[0]["ymin"], got[0]["xmax"], got[0]["ymax"]) == (1.0, 2.5, 30.0, 40.0)
@@ -83,7 +83,7 @@ def test_pixels_from_json_lines_numbers(tmp_path):
 def test_a_bad_row_is_a_named_failure_row(tmp_path, line, message, key):
     (tmp_path / "t.csv").write_text(f"id,label,x0,y0,x1,y1\n{line}\nok,cat,1,2,3,4\n")
     spec = BoxTable("id", "label", ("x0", "y0", "x1", "y1"))
-    bad, good = _plain(box_rows(_csv(tmp_path / "t.csv"), spec, "t.csv", [2, 3]))
+    bad, good = _plain(BoxRows(spec)(_csv(tmp_path / "t.csv"), "t.csv", [2, 3]))
     assert bad["error"] == message or message in bad["error"], bad
     assert bad.get("key") == key and bad["line"] == 2
     assert "error" not in good and good["xmax"] == 3.0
@@ -101,9 +101,18 @@ def test_parse_box_columns():
             parse_box_columns(bad)
 
 
+def test_label_names_are_checked_once_per_distinct_cell_across_batches(tmp_path):
+    (tmp_path / "t.csv").write_text("id,label,x0,y0,x1,y1\na,cat,1,2,3,4\nb,dog,1,2,3,4\nc,cat,1,2,3,4\n")
+    convert = BoxRows(BoxTable("id", "label", ("x0", "y0", "x1", "y1")))
+    for _ in range(2):
+        out = convert(_csv(tmp_path / "t.csv"), "t.csv", [2, 3, 4])
+        assert out["label"].to_pylist() == ["cat", "dog", "cat"] and out["error"].null_count == 3
+    assert sorted(convert._names) == ["cat", "dog"]
+
+
 def test_an_empty_batch_gives_no_rows():
     cells = pa.RecordBatch.from_pydict(
         {c: pa.array([], pa.string()) for c in ("id", "label", "a", "b", "c", "d")}
     )
-    out = box_rows(cells, BoxTable("id", "label", ("a", "b", "c", "d")), "t.csv", pa.array([], pa.int64()))
+    out = BoxRows(BoxTable("id", "label", ("a", "b", "c", "d")))(cells, "t.csv", pa.array([], pa.int64()))
     assert out.num_rows == 0 and out.schema.names == list(NAMES)

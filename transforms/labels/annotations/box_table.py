@@ -23,10 +23,12 @@ import numpy as np
 import pyarrow as pa
 import pyarrow.compute as pc
 
-from transforms.labels.annotations.rows import NAMES, class_name, schema
+from transforms.labels.annotations.rows import class_name, schema
 from transforms.labels.table import normalize_keys
 
 BOX_UNITS = ("pixels", "normalized")
+# Distinct label cells whose class names a BoxRows keeps (Open Images has 600 classes).
+_MAX_NAMES = 100_000
 # A finite decimal number as text (what pyarrow's cast to float64 reads; no nan, inf, blanks).
 _NUMBER = r"^[+-]?(\d+\.?\d*|\.\d+)([eE][+-]?\d+)?$"
 
@@ -68,72 +70,88 @@ def _text(column: pa.Array) -> pa.Array:
 
 
 def _numbers(column: pa.Array) -> tuple[pa.Array, np.ndarray]:
-    """The column as float64, and where a cell is not a finite number (blank, text, NaN)."""
-    if pa.types.is_integer(column.type) or pa.types.is_floating(column.type):
-        values = pc.cast(column, pa.float64())
-        bad = pc.invert(pc.fill_null(pc.is_finite(values), False))
-        return values, bad.to_numpy(zero_copy_only=False)
-    cells = pc.utf8_trim_whitespace(_text(column))
-    good = pc.fill_null(pc.match_substring_regex(cells, _NUMBER), False)
-    values = pc.cast(pc.if_else(good, cells, "0"), pa.float64())
-    values = pc.if_else(pc.and_(good, pc.is_finite(values)), values, pa.scalar(None, pa.float64()))
+    """The column as float64 (null where a cell is no finite number: blank, text, NaN,
+    infinity), and where that is."""
+    if not (pa.types.is_integer(column.type) or pa.types.is_floating(column.type)):
+        try:  # the usual case, a column of plain numbers: one cast
+            column = pc.cast(column, pa.float64())
+        except pa.ArrowInvalid:  # some cell is not (blanks around a number are allowed)
+            cells = pc.utf8_trim_whitespace(_text(column))
+            good = pc.fill_null(pc.match_substring_regex(cells, _NUMBER), False)
+            column = pc.if_else(good, pc.cast(pc.if_else(good, cells, "0"), pa.float64()), None)
+    values = pc.cast(column, pa.float64())
+    values = pc.if_else(pc.fill_null(pc.is_finite(values), False), values, None)
     return values, pc.is_null(values).to_numpy(zero_copy_only=False)
 
 
-def box_rows(
-    cells: pa.RecordBatch | pa.Table, table: BoxTable, source: str, lines: pa.Array
-) -> pa.RecordBatch:
-    """The rows of one batch of a box table: an object row per record, a failure row per bad one.
+class BoxRows:
+    """Converts the batches of one box table to rows (see the module docstring); holds the
+    class names of up to _MAX_NAMES distinct label cells, so a table's few hundred classes
+    are checked once, not once a batch."""
 
-    Args:
-      cells: the batch's columns by header name (at least table.required_columns()).
-      source: the table file; lines: each record's line in it (from 1).
-    """
-    n = cells.num_rows
-    keys = normalize_key_column(_text(cells.column(table.key_column)))
-    labels, label_problems = _labels(_text(cells.column(table.label_column)))
-    corners, bad_corner = [], []
-    for name in table.box_columns:
-        values, bad = _numbers(cells.column(name))
-        corners.append(values)
-        bad_corner.append(bad)
-    lines = pc.cast(pa.array(lines), pa.int64())
-    no_key = pc.fill_null(pc.equal(keys, ""), True).to_numpy(zero_copy_only=False)
-    bad_label = np.zeros(n, bool) if label_problems is None else label_problems.is_valid().to_numpy(False)
-    errors: list[str | None] = [None] * n
-    for j in np.flatnonzero(no_key | bad_label | np.any(bad_corner, axis=0)).tolist():
-        errors[j] = _row_problem(j, lines[j].as_py(), no_key, label_problems, bad_corner, table, cells)
-    falses = pa.array(np.zeros(n, bool))
-    nulls = {name: pa.nulls(n, field.type) for name, field in zip(NAMES, schema())}
-    columns = {
-        **nulls,
-        "key": pc.if_else(pa.array(no_key), pa.scalar(None, pa.string()), keys),
-        "label": labels,
-        "xmin": corners[0],
-        "ymin": corners[1],
-        "xmax": corners[2],
-        "ymax": corners[3],
-        "is_crowd": falses,
-        "difficult": falses,
-        "truncated": falses,
-        "source": pa.array([source] * n, pa.string()),
-        "line": lines,
-        "error": pa.array(errors, pa.string()),
-    }
-    out_schema = schema(table.units == "normalized")
-    return pa.RecordBatch.from_arrays([columns[name] for name in NAMES], schema=out_schema)
+    def __init__(self, table: BoxTable):
+        self.table = table
+        self._schema = schema(table.units == "normalized")
+        self._names: dict[str, tuple[str | None, str | None]] = {}  # cell -> class_name(cell)
 
+    def __call__(self, cells: pa.RecordBatch | pa.Table, source: str, lines: pa.Array) -> pa.RecordBatch:
+        """The rows of one batch: an object row per record, a failure row per bad one.
 
-def _labels(cells: pa.Array) -> tuple[pa.Array, pa.Array | None]:
-    """The class names of a label column (rows.class_name of each distinct cell), and per row
-    why its cell is no class name (null where it is one; None when every row has one)."""
-    coded = cells.dictionary_encode()
-    found = [class_name(v) for v in coded.dictionary.to_pylist()]
-    names = pa.array([name for name, _ in found], pa.string()).take(coded.indices)
-    if not any(problem for _, problem in found) and cells.null_count == 0:
-        return names, None
-    problems = pa.array([problem for _, problem in found], pa.string()).take(coded.indices)
-    return names, pc.if_else(pc.is_null(cells), pa.scalar("the class name is empty"), problems)
+        Args:
+          cells: the batch's columns by header name (at least table.required_columns()).
+          source: the table file; lines: each record's line in it (from 1).
+        """
+        table = self.table
+        if isinstance(cells, pa.Table):
+            cells = pa.RecordBatch.from_arrays(
+                [c.combine_chunks() for c in cells.columns], schema=cells.schema
+            )
+        n = cells.num_rows
+        keys = normalize_key_column(_text(cells.column(table.key_column)))
+        labels, label_problems = self._labels(_text(cells.column(table.label_column)))
+        corners, bad_corner = [], []
+        for name in table.box_columns:
+            values, bad = _numbers(cells.column(name))
+            corners.append(values)
+            bad_corner.append(bad)
+        lines = pc.cast(pa.array(lines), pa.int64())
+        no_key = pc.fill_null(pc.equal(keys, ""), True).to_numpy(zero_copy_only=False)
+        bad_label = np.zeros(n, bool) if label_problems is None else label_problems.is_valid().to_numpy(False)
+        errors: list[str | None] = [None] * n
+        for j in np.flatnonzero(no_key | bad_label | np.any(bad_corner, axis=0)).tolist():
+            errors[j] = _row_problem(j, lines[j].as_py(), no_key, label_problems, bad_corner, table, cells)
+        falses = pa.array(np.zeros(n, bool))
+        columns = {
+            "key": pc.if_else(pa.array(no_key), None, keys),
+            "label": labels,
+            "xmin": corners[0],
+            "ymin": corners[1],
+            "xmax": corners[2],
+            "ymax": corners[3],
+            "is_crowd": falses,
+            "difficult": falses,
+            "truncated": falses,
+            "source": pa.repeat(pa.scalar(source, pa.string()), n),
+            "line": lines,
+            "error": pa.array(errors, pa.string()),
+        }
+        arrays = [columns[f.name] if f.name in columns else pa.nulls(n, f.type) for f in self._schema]
+        return pa.RecordBatch.from_arrays(arrays, schema=self._schema)
+
+    def _labels(self, cells: pa.Array) -> tuple[pa.Array, pa.Array | None]:
+        """The class names of a label column (rows.class_name of each distinct cell), and per
+        row why its cell is no class name (null where it is one; None when every row has one)."""
+        coded = cells.dictionary_encode()
+        distinct = coded.dictionary.to_pylist()
+        if len(self._names) + len(distinct) > _MAX_NAMES:
+            self._names.clear()
+        names = self._names
+        found = [names.get(cell) or names.setdefault(cell, class_name(cell)) for cell in distinct]
+        labels = pa.array([name for name, _ in found], pa.string()).take(coded.indices)
+        if cells.null_count == 0 and not any(problem for _, problem in found):
+            return labels, None
+        problems = pa.array([problem for _, problem in found], pa.string()).take(coded.indices)
+        return labels, pc.if_else(pc.is_null(cells), pa.scalar("the class name is empty"), problems)
 
 
 def _row_problem(j, line, no_key, label_problems, bad_corner, table: BoxTable, cells) -> str:
