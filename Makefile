@@ -41,7 +41,7 @@ else
 endif
 
 # The Model Garden (tf-models-official) as a peer: its TfExampleDecoder reads our detection records in
-# tests/detection/ and its create_coco_tf_record.py is the benchmarks' peer. Installed without its
+# the tests and its official/vision/data/create_coco_tf_record.py is the benchmarks' peer. Installed without its
 # dependencies into a folder of its own, put on sys.path only in a subprocess, so the product's
 # environment never imports it (/work/shared/notes/model-garden-peer.md). Installed when missing.
 PEER ?= .peer
