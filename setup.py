@@ -15,6 +15,10 @@ REQUIRED = [
     "google-crc32c>=1.5",
     # COCO polygons and RLE to instance masks (detection), as COCO's tools and the Model Garden do.
     "pycocotools>=2.0.8",
+    # COCO annotation files read as a stream (its C backend, yajl2_c, ships in the wheels).
+    "ijson>=3.2",
+    # A YOLO data.yaml's class names (yaml.safe_load; Beam requires PyYAML too).
+    "pyyaml>=5.1",
 ]
 
 # Reading the output with TensorFlow Datasets (tfds.builder_from_directory).

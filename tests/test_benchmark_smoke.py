@@ -128,3 +128,14 @@ def test_memory_benchmark_reports_each_process_and_where_the_runners_bytes_are(t
     assert runner > 100 and 0 < writer < runner  # the runner imports Beam; a writer's own pages are fewer
     assert "peak RSS ratio 4x / 1x" in out
     assert out.count("runner buffers at the highest RSS") == 2  # runner_heap.py on both datasets
+
+
+def test_coco_benchmark_reads_a_generated_file_and_prints_its_table(tmp_path):
+    out = _bench("coco.py", "reader", "--images", "30", "--rounds", "1", "--work_dir", str(tmp_path))
+    table = out[out.index("medians of 1 rounds") :].splitlines()
+    rows = {line.split()[0]: line.split() for line in table[2:]}
+    assert set(rows) == {"categories", "images", "annotations", "annotations+masks", "json.load"}
+    assert rows["categories"][1] == "80" and rows["images"][1] == "30"
+    assert rows["annotations"][1] == rows["json.load"][1] == f"{round(30 * 7.27)}"
+    out = _bench("coco.py", "boxes", "--rows", "2000", "--rounds", "1", "--work_dir", str(tmp_path))
+    assert out.splitlines()[-1].split()[:3] == ["read", "+", "BoxRows"] and "2,000" in out.splitlines()[-1]

@@ -22,6 +22,8 @@ from transforms.images.types import (
     RESIZE_MODES,
     STORES,
 )
+from transforms.labels.annotations.box_table import BOX_UNITS, parse_box_columns
+from transforms.labels.annotations.rows import ANNOTATION_FORMATS, COCO, YOLO
 from transforms.labels.beam_table import WEBDATASET
 from transforms.labels.rows import (
     DUPLICATE_POLICIES,
@@ -84,7 +86,11 @@ def add_flags(parser, *, labels_flag: str = "--labels_path", local_runner: bool 
         help="Labels table (CSV, TSV, JSON Lines; local, gs://, a glob) or 'webdataset'; '': class folders.",
     )
     group.add_argument(
-        "--labels_format", choices=("auto",) + FORMATS, default="auto", help="auto: from the extension."
+        "--labels_format",
+        choices=("auto",) + FORMATS + ANNOTATION_FORMATS,
+        default="auto",
+        help="auto: a table by its extension, coco by a .json's keys, voc|yolo|segmentation by a "
+        "folder's .xml|.txt|.png files.",
     )
     group.add_argument(
         "--labels_encoding",
@@ -97,6 +103,18 @@ def add_flags(parser, *, labels_flag: str = "--labels_path", local_runner: bool 
     )
     group.add_argument("--key_column", default="id", metavar="COL", help="Column of the image key.")
     group.add_argument("--label_column", default="label", metavar="COL", help="Column of the label(s).")
+    group.add_argument(
+        "--box_columns",
+        default="",
+        metavar="COLS",
+        help="A table of one box a row: its columns xmin,ymin,xmax,ymax (Open Images: XMin,YMin,XMax,YMax).",
+    )
+    group.add_argument(
+        "--box_units",
+        choices=BOX_UNITS,
+        default="pixels",
+        help="--box_columns: pixels, or fractions of the image.",
+    )
     group.add_argument(
         "--image_key",
         choices=IMAGE_KEYS,
@@ -342,8 +360,32 @@ def route_labels_flag(argv: list[str]) -> list[str]:
     return out
 
 
+# What --labels names besides a table: annotation files whose format the files tell (checks.py).
+AUTO = "auto"
+
+
+def labels_kind(opts) -> str:
+    """What --labels names: '' (nothing: class folders), 'webdataset', 'table', an annotation
+    format (ANNOTATION_FORMATS), or AUTO: annotations whose format the files will tell
+    (a folder, glob or prefix under --labels_format auto; checks.check_annotations looks)."""
+    path, chosen = opts.labels_path, opts.labels_format
+    if not path or path == WEBDATASET:
+        return path
+    if chosen in ANNOTATION_FORMATS:
+        return chosen
+    if chosen in FORMATS:
+        return "table"
+    if path.lower().endswith(".json"):
+        return COCO
+    try:
+        detect_format(path)
+    except ValueError:
+        return AUTO
+    return "table"
+
+
 def _validate_label_flags(opts: ConvertOptions) -> None:
-    table_only = ("label_map", "split_column", "extra_columns")
+    table_only = ("label_map", "split_column", "extra_columns", "box_columns")
     if not opts.labels_path:
         for name in table_only:
             if getattr(opts, name):
@@ -353,14 +395,19 @@ def _validate_label_flags(opts: ConvertOptions) -> None:
         raise UserError("--split_column and --splits are exclusive: the split comes from one place")
     if opts.label_map and opts.label_type == "int":
         raise UserError("--label_map names the classes; it cannot be combined with --label_type int")
-    if opts.labels_path == WEBDATASET:
-        for name in ("split_column", "extra_columns"):
+    if opts.box_units != "pixels" and not opts.box_columns:
+        raise UserError("--box_units applies to a table of boxes: name its columns with --box_columns")
+    kind = labels_kind(opts)
+    if kind == WEBDATASET or kind in ANNOTATION_FORMATS or kind == AUTO:
+        what = f"--labels {WEBDATASET}" if kind == WEBDATASET else "annotation files"
+        for name in ("split_column", "extra_columns", "box_columns"):
             if getattr(opts, name):
-                raise UserError(f"--{name} needs a labels table, not --labels {WEBDATASET}")
+                raise UserError(f"--{name} needs a labels table, not {what}")
+        validate_annotation_flags(opts, kind)
         return
     try:
-        detect_format(opts.labels_path, opts.labels_format)
         extras = parse_extra_columns(opts.extra_columns)
+        boxes = parse_box_columns(opts.box_columns) if opts.box_columns else ()
         codecs.lookup(opts.labels_encoding)
     except LookupError:
         raise UserError(
@@ -376,6 +423,22 @@ def _validate_label_flags(opts: ConvertOptions) -> None:
             raise UserError(f"--extra_columns: {name!r} is already the key, label or split column")
         if name in SLIM.kinds:
             raise UserError(f"--extra_columns: {name!r} would overwrite a feature of the schema")
+    taken = reserved | {name for name, _ in extras}
+    for name in boxes:
+        if name in taken:
+            raise UserError(f"--box_columns: {name!r} is already the key, label, split or an extra column")
+
+
+def validate_annotation_flags(opts, kind: str) -> None:
+    """The --label_map rules of annotation formats: a COCO file names its classes, YOLO
+    files hold class indices that --label_map names."""
+    if kind == COCO and opts.label_map:
+        raise UserError("--label_map: a COCO file names its classes (its categories); leave --label_map out")
+    if kind == YOLO and not opts.label_map:
+        raise UserError(
+            "--labels_format yolo needs --label_map: the class names, a file of one a line (classes.txt) "
+            "or the dataset's data.yaml"
+        )
 
 
 def table_spec(opts: ConvertOptions) -> TableSpec:
