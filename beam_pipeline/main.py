@@ -30,6 +30,7 @@ from apache_beam.options.pipeline_options import (
 from apache_beam.runners.runner import PipelineResult
 
 from beam_pipeline.cli import help as cli_help
+from beam_pipeline.cli.argv import check_args, did_you_mean
 from beam_pipeline.cli.checks import (
     check_gcs_credentials,
     check_input,
@@ -40,14 +41,7 @@ from beam_pipeline.cli.checks import (
 )
 from beam_pipeline.cli.faults import AFTER, GRAPH, RUNNING, STARTING, RunEnd, fault_of, has_our_frames
 from beam_pipeline.cli.local_runner import in_process, local_defaults, writers_prestarted
-from beam_pipeline.cli.options import (
-    ConvertOptions,
-    UserError,
-    check_args,
-    did_you_mean,
-    route_labels_flag,
-    validate,
-)
+from beam_pipeline.cli.options import ConvertOptions, UserError, route_labels_flag, validate
 from beam_pipeline.cli.outcome import final_lines
 from beam_pipeline.cli.progress import JOB_MESSAGES_LOGGER, JobWatch, ProgressReporter
 from beam_pipeline.cli.progress import end_line as end_progress_line

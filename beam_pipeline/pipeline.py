@@ -17,7 +17,8 @@ from collections.abc import Callable
 
 import apache_beam as beam
 
-from beam_pipeline.cli.options import ConvertOptions, encode_settings, join_settings, label_offset, table_spec
+from beam_pipeline.cli.options import ConvertOptions
+from beam_pipeline.settings import encode_settings, join_settings, label_offset, table_spec
 from transforms import coders
 from transforms.batching import SumPerKeyFn
 from transforms.encoding.encoder import EncodeSettings

@@ -3,7 +3,7 @@
 The stages, in the order the data flows (README's diagram, beam_pipeline/pipeline.py):
 
     shared records -> listing -> labels -> images -> layout -> encoding -> writing -> output -> verify
-    -> beam_pipeline.cli (options, checks) -> beam_pipeline.pipeline (the graph) and
+    -> beam_pipeline.settings (the stages' settings) -> beam_pipeline.cli (options, checks) -> beam_pipeline.pipeline (the graph) and
     beam_pipeline.readers (load_dataset, verify, inspect) -> beam_pipeline (the verbs)
 
 A module may import its own package, the shared modules and earlier stages; never a later stage
@@ -48,6 +48,7 @@ STAGES = (
     ("transforms.writing",),
     ("transforms.output",),
     ("transforms.verify",),
+    ("beam_pipeline.settings",),
     ("beam_pipeline.cli",),
     ("beam_pipeline.pipeline", "beam_pipeline.readers"),
     ("beam_pipeline",),

@@ -30,9 +30,9 @@ from beam_pipeline.cli.options import (
     ConvertOptions,
     UserError,
     labels_kind,
-    table_spec,
     validate_annotation_flags,
 )
+from beam_pipeline.settings import table_spec
 from transforms import gcs
 from transforms.gcs import ERRORS as LIST_ERRORS
 from transforms.gcs import first_page, literal_or_glob, split_gcs_path

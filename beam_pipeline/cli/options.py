@@ -5,15 +5,13 @@ from __future__ import annotations
 
 import argparse
 import codecs
-import difflib
 import re
-from collections.abc import Iterable
 
 from apache_beam.options.pipeline_options import PipelineOptions
 
-from transforms.encoding.encoder import EncodeSettings
+from beam_pipeline.settings import encode_settings
 from transforms.encoding.objects import INVALID_BOX_POLICIES, TRUST_SIZE
-from transforms.encoding.schema import DEFAULT_SCHEMA, PRESETS, SLIM, get_schema, parse_renames
+from transforms.encoding.schema import DEFAULT_SCHEMA, PRESETS, SLIM
 from transforms.images.types import (
     COLORS,
     DEFAULT_JPEG_QUALITY,
@@ -31,8 +29,6 @@ from transforms.labels.rows import (
     IMAGE_KEYS,
     LABEL_TYPES,
     UNLABELED_POLICIES,
-    JoinSettings,
-    TableSpec,
 )
 from transforms.labels.table import detect_format, parse_extra_columns
 from transforms.layout.plan import (
@@ -83,23 +79,23 @@ def add_flags(parser, *, labels_flag: str = "--labels_path", local_runner: bool 
         dest="labels_path",
         default="",
         metavar="PATH",
-        help="Labels table (CSV, TSV, JSON Lines; local, gs://, a glob) or 'webdataset'; '': class folders.",
+        help="A table (CSV, TSV, JSONL; gs://, globs), annotations or 'webdataset'; '': folders.",
     )
     group.add_argument(
         "--labels_format",
         choices=("auto",) + FORMATS + ANNOTATION_FORMATS,
         default="auto",
-        help="auto: a table by its extension, coco by a .json's keys, voc|yolo|segmentation by a "
-        "folder's .xml|.txt|.png files.",
+        metavar="FORMAT",
+        help="auto, csv, tsv, jsonl; coco, voc, yolo, segmentation (docs/detection.md).",
     )
     group.add_argument(
         "--labels_encoding",
         default="utf-8",
         metavar="CODEC",
-        help="Text encoding of the table (cp949, latin-1, ...).",
+        help="Encoding (cp949, latin-1, ...).",
     )
     group.add_argument(
-        "--labels_delimiter", default="", metavar="CHAR", help="CSV delimiter ('' = ',', or a tab for tsv)."
+        "--labels_delimiter", default="", metavar="CHAR", help="CSV delimiter ('': comma; tsv: tab)."
     )
     group.add_argument("--key_column", default="id", metavar="COL", help="Column of the image key.")
     group.add_argument("--label_column", default="label", metavar="COL", help="Column of the label(s).")
@@ -107,19 +103,21 @@ def add_flags(parser, *, labels_flag: str = "--labels_path", local_runner: bool 
         "--box_columns",
         default="",
         metavar="COLS",
-        help="A table of one box a row: its columns xmin,ymin,xmax,ymax (Open Images: XMin,YMin,XMax,YMax).",
+        help="Box columns xmin,ymin,xmax,ymax.",
     )
     group.add_argument(
         "--box_units",
         choices=BOX_UNITS,
         default="pixels",
-        help="--box_columns: pixels, or fractions of the image.",
+        metavar="UNITS",
+        help="pixels or normalized.",
     )
     group.add_argument(
         "--image_key",
         choices=IMAGE_KEYS,
         default="stem",
-        help="What the key column holds: file stem, file name or path in --input.",
+        metavar="KEY",
+        help="A file's stem, name or relpath.",
     )
     group.add_argument(
         "--label_separator", default="|", metavar="SEP", help="Splits one cell into several labels."
@@ -226,15 +224,17 @@ def add_flags(parser, *, labels_flag: str = "--labels_path", local_runner: bool 
         "--invalid_boxes",
         choices=INVALID_BOX_POLICIES,
         default="fail",
-        help="Fail the image, clip or drop (counted).",
+        metavar="POLICY",
+        help="Bad boxes: fail, clip or drop.",
     )
     group.add_argument(
         "--trust_size",
         choices=TRUST_SIZE,
         default="fail",
-        help="Declared size not the image's: fail, or trust one.",
+        metavar="WHICH",
+        help="Declared size != image's: fail, image, annotation.",
     )
-    group.add_argument("--masks", action="store_true", help="Instance masks as PNG (--schema odapi).")
+    group.add_argument("--masks", action="store_true", help="Instance masks as PNG (odapi).")
 
     group = parser.add_argument_group("output and reliability")
     group.add_argument("--output_dir", metavar="PATH", help="Required. Where shards and metadata go.")
@@ -439,106 +439,3 @@ def validate_annotation_flags(opts, kind: str) -> None:
             "--labels_format yolo needs --label_map: the class names, a file of one a line (classes.txt) "
             "or the dataset's data.yaml"
         )
-
-
-def table_spec(opts: ConvertOptions) -> TableSpec:
-    """The labels table described by the options (call after validate)."""
-    webdataset = opts.labels_path == WEBDATASET
-    return TableSpec(
-        path=opts.labels_path,
-        format=WEBDATASET if webdataset else detect_format(opts.labels_path, opts.labels_format),
-        key_column=opts.key_column,
-        label_column=opts.label_column,
-        separator=opts.label_separator,
-        split_column=opts.split_column,
-        extra_columns=parse_extra_columns(opts.extra_columns),
-        encoding=opts.labels_encoding,
-        delimiter=opts.labels_delimiter,
-    )
-
-
-def join_settings(opts: ConvertOptions) -> JoinSettings:
-    """How table rows label images (--label_map's names reach the join as a side input)."""
-    return JoinSettings(
-        unlabeled=opts.unlabeled,
-        duplicates=opts.duplicate_keys,
-        label_type="str" if opts.label_map else opts.label_type,
-        split_from_folders=opts.splits == "folders",
-    )
-
-
-def _usage_error(message: str):
-    raise UserError(message)
-
-
-def check_args(argv: list[str], known: Iterable[str] = ()) -> None:
-    """Rejects flags that no options class knows (Beam only warns: a misspelt `--ouput_dir`
-    must be an error), naming the flag meant (`did_you_mean`), and bad values: Beam's parser
-    of every options class (handed to `add_extra_args_fn`) parses `argv`, its usage errors
-    raised as UserError. `known`: further flags of the verb (verify's), for the hints.
-    """
-
-    def strict(parser: argparse.ArgumentParser) -> None:
-        parser.error = _usage_error
-        _, unknown = parser.parse_known_args(argv)
-        flags = [a for a in unknown if a.startswith("-")]
-        if flags:
-            every = [*known, "--labels", *(f"--{name}" for name in PipelineOptions([]).get_all_options())]
-            hints = [did_you_mean(flag.split("=", 1)[0], every) for flag in flags]
-            named = [f"{flag} ({hint})" if hint else flag for flag, hint in zip(flags, hints)]
-            raise UserError(f"unrecognized arguments: {' '.join(named)}")
-
-    PipelineOptions(argv).get_all_options(add_extra_args_fn=strict)
-
-
-def did_you_mean(word: str, choices: Iterable[str]) -> str | None:
-    """'did you mean --output_dir?' for a mistyped `word` (a flag with dashes for underscores, or
-    a close name, as difflib judges it), or None when nothing is close."""
-    choices = list(dict.fromkeys(choices))
-    if word.startswith("--"):
-        underscored = "--" + word[2:].replace("-", "_")
-        if underscored in choices:
-            return f"did you mean {underscored}?"
-        word = underscored
-    close = difflib.get_close_matches(word, choices, n=1, cutoff=0.75)
-    return f"did you mean {close[0]}?" if close else None
-
-
-def encode_settings(opts) -> EncodeSettings:
-    """The EncodeSettings of parsed ConvertOptions. Raises ValueError for bad values."""
-    if not 1 <= opts.jpeg_quality <= 100:
-        raise ValueError("--jpeg_quality must be between 1 and 100")
-    if opts.max_side < 0:
-        raise ValueError("--max_side must be positive")
-    resize = None
-    if opts.resize:  # WxH
-        match = re.fullmatch(r"\s*(\d+)\s*[xX]\s*(\d+)\s*", opts.resize)
-        if not match or int(match[1]) <= 0 or int(match[2]) <= 0:
-            raise ValueError(f"--resize: expected WxH with positive sizes, got {opts.resize!r}")
-        resize = int(match[1]), int(match[2])
-    if resize and opts.max_side:
-        raise ValueError("--resize and --max_side exclude each other")
-    renames = parse_renames(opts.rename_keys)
-    schema = get_schema(opts.schema, renames)  # checks the renames
-    if opts.store == "raw" and not schema.raw_ok:
-        raise ValueError(f"--store raw: readers of the {opts.schema} schema expect encoded images")
-    if schema.label_offset is not None and opts.label_offset > schema.label_offset:
-        raise ValueError(f"--schema {opts.schema} needs class ids from {schema.label_offset}")
-    as_given = ("max_pixels", "image_format", "jpeg_quality", "max_side", "resize_mode", "color", "store")
-    return EncodeSettings(
-        **{name: getattr(opts, name) for name in as_given},
-        invalid_boxes=getattr(opts, "invalid_boxes", "fail"),
-        trust_size=getattr(opts, "trust_size", "fail"),
-        masks=bool(getattr(opts, "masks", False)),
-        exif_transpose=opts.exif_transpose,
-        resize=resize,
-        single_frame=schema.single_frame,
-        schema=opts.schema,
-        rename_keys=renames,
-    )
-
-
-def label_offset(opts) -> int:
-    """The id of the first class: fixed by presets whose consumer needs it (odapi: 1)."""
-    schema = PRESETS[opts.schema]
-    return opts.label_offset if schema.label_offset is None else schema.label_offset

@@ -20,8 +20,9 @@ import apache_beam as beam
 from apache_beam.io.filesystems import FileSystems
 from apache_beam.options.pipeline_options import PipelineOptions
 
+from beam_pipeline.cli.argv import check_args
 from beam_pipeline.cli.help import Formatter, prog_name
-from beam_pipeline.cli.options import UserError, check_args
+from beam_pipeline.cli.options import UserError
 from transforms import gcs
 from transforms.encoding.dataset_format import DatasetFormat
 from transforms.output.publish import LABELS_FILE, MARKER_FILE, SUMMARY_FILE, folder_exists
@@ -53,6 +54,8 @@ def load_summary(output_dir: str) -> dict:
                 "end, or rerun the conversion"
             )
         if not gcs.exists(path):
+            if not folder_exists(output_dir):
+                raise UserError(f"{output_dir}: no such folder")
             raise UserError(f"{output_dir}: no {SUMMARY_FILE} (not a finished img2tfrecord dataset)")
         return json.loads(read_file(path).decode("utf-8"))
     except OSError as e:

@@ -32,7 +32,8 @@ from pathlib import Path
 import pytest
 from apache_beam.options.pipeline_options import GoogleCloudOptions, PipelineOptions, WorkerOptions
 
-from beam_pipeline.cli.options import ConvertOptions, check_args, validate
+from beam_pipeline.cli.argv import check_args
+from beam_pipeline.cli.options import ConvertOptions, validate
 from beam_pipeline.main import run as convert
 from tests.conftest import read_records, write_image
 from tests.gcs_emulator import start_emulator

@@ -11,7 +11,8 @@ import pytest
 from apache_beam.options.pipeline_options import PipelineOptions
 
 from beam_pipeline import flex
-from beam_pipeline.cli.options import ConvertOptions, UserError, check_args, validate
+from beam_pipeline.cli.argv import check_args
+from beam_pipeline.cli.options import ConvertOptions, UserError, validate
 
 METADATA = Path(__file__).resolve().parents[2] / "dataflow" / "metadata.json"
 

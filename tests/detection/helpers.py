@@ -57,6 +57,7 @@ def write_splits(
     for result in results:
         shards[result.split] = out / f"{result.split}-00000-of-00001.tfrecord"
         shutil.move(result.temp_path, shards[result.split])
+    (out / "labels.txt").write_text("".join(n + "\n" for n in class_index.names))
     write_reader_metadata(
         str(out),
         summary,
@@ -64,8 +65,9 @@ def write_splits(
         {result.split: [result.records] for result in results},
         "none",
         {f for result in results for f in result.formats},
+        class_index=class_index,
+        labels_file=str(out / "labels.txt"),
     )
     (out / "summary.json").write_text(json.dumps(summary))
-    (out / "labels.txt").write_text("".join(n + "\n" for n in class_index.names))
     os.makedirs(out, exist_ok=True)
     return outcomes, summary, shards
